@@ -1,0 +1,128 @@
+use super::{Backend, Buffer, BufferType, HostMemory};
+use crate::error::Result;
+use crate::tensor::{TensorDesc, TensorId};
+use std::fmt;
+use std::sync::Arc;
+
+/// What kind of hardware a device is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceType {
+    /// Host CPU.
+    Cpu,
+    /// Discrete GPU with its own memory.
+    Gpu,
+    /// Integrated GPU sharing host memory.
+    Igpu,
+    /// Other accelerator (used with a CPU for unsupported ops).
+    Accel,
+    /// A device made of other devices (tensor parallelism).
+    Meta,
+}
+
+impl fmt::Display for DeviceType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DeviceType::Cpu => "CPU",
+            DeviceType::Gpu => "GPU",
+            DeviceType::Igpu => "IGPU",
+            DeviceType::Accel => "ACCEL",
+            DeviceType::Meta => "META",
+        })
+    }
+}
+
+/// Free and total memory in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Bytes free now.
+    pub free: usize,
+    /// Bytes in all.
+    pub total: usize,
+}
+
+/// What a device can do beyond the required minimum.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCaps {
+    /// `compute` returns before the graph has run.
+    pub is_async: bool,
+    /// A pinned host buffer type exists.
+    pub host_buffer: bool,
+    /// Host memory can be wrapped as a buffer without copying.
+    pub buffer_from_host: bool,
+    /// Events are supported.
+    pub events: bool,
+}
+
+/// Whether a device can run an op.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Support {
+    /// It can.
+    Yes,
+    /// It cannot; the reason is printed by `test-ops` and the scheduler's debug output.
+    No(String),
+}
+
+impl Support {
+    /// Whether this is [`Support::Yes`].
+    pub fn is_yes(&self) -> bool {
+        matches!(self, Support::Yes)
+    }
+}
+
+/// Options for a new stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BackendOptions {
+    /// Worker threads for CPU-like devices; `None` = the device's default.
+    pub n_threads: Option<usize>,
+}
+
+impl BackendOptions {
+    /// Options with an explicit thread count.
+    pub fn with_threads(n: usize) -> BackendOptions {
+        BackendOptions { n_threads: Some(n) }
+    }
+}
+
+/// A device that owns memory and runs graphs.
+pub trait Device: Send + Sync + fmt::Debug {
+    /// Unique name, e.g. `CPU`, `CPU1`, `CUDA0`.
+    fn name(&self) -> &str;
+    /// Human description (CPU model, GPU name).
+    fn description(&self) -> String;
+    /// Name of the registry (vendor backend) the device belongs to, e.g. `cpu`.
+    fn backend_name(&self) -> &str;
+    /// The kind of hardware.
+    fn kind(&self) -> DeviceType;
+    /// Free and total memory.
+    fn memory(&self) -> MemoryInfo;
+    /// Capabilities.
+    fn caps(&self) -> DeviceCaps;
+    /// The device's own memory.
+    fn buffer_type(&self) -> Arc<dyn BufferType>;
+    /// Optional. Pinned host memory for fast transfers. Default: none.
+    fn host_buffer_type(&self) -> Option<Arc<dyn BufferType>> {
+        None
+    }
+    /// Whether the device can run node `node` of `tensors` (a graph's or context's descriptors).
+    fn supports_op(&self, tensors: &[TensorDesc], node: TensorId) -> Support;
+    /// Whether the device's streams can read and write buffers of `buft`.
+    fn supports_buffer_type(&self, buft: &dyn BufferType) -> bool;
+    /// Optional. Whether an op whose weights live on the host is worth moving here. Default: no.
+    fn offload_op(&self, _tensors: &[TensorDesc], _node: TensorId) -> bool {
+        false
+    }
+    /// Optional. Wraps host memory as a read-only buffer without copying. Default `Ok(None)`:
+    /// not supported, the caller copies into a normal buffer.
+    ///
+    /// # Errors
+    /// Vendor errors while registering the memory.
+    fn buffer_from_host(&self, _mem: HostMemory) -> Result<Option<Arc<dyn Buffer>>> {
+        Ok(None)
+    }
+    /// A new stream on this device.
+    ///
+    /// # Errors
+    /// Vendor errors, [`crate::Error::InvalidArgument`] for options the device cannot honour.
+    fn init_backend(&self, opts: &BackendOptions) -> Result<Box<dyn Backend>>;
+}
