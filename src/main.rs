@@ -1,1 +1,126 @@
-fn main(){}
+//! The `tessera` command line.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "Run tensor graphs on any device; split models across devices"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List backends, devices, memory and capabilities.
+    Devices,
+    /// Check every op against a scalar reference on each device; exits non-zero on any failure.
+    TestOps {
+        /// Only this op (e.g. MUL_MAT, SILU, ROPE).
+        #[arg(short = 'o', long)]
+        op: Option<String>,
+        /// Only devices of this backend or with this name.
+        #[arg(short = 'b', long)]
+        backend: Option<String>,
+        /// Devices: comma-separated names, or KIND:N (e.g. cpu:2).
+        #[arg(long)]
+        devices: Option<String>,
+        /// Print only failures and the summary.
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// Time single-op graphs: GFLOP/s and GB/s per op and shape.
+    BenchOps {
+        /// Only this op (e.g. MUL_MAT) or label prefix.
+        #[arg(short = 'o', long)]
+        op: Option<String>,
+        /// Only devices of this backend or with this name.
+        #[arg(short = 'b', long)]
+        backend: Option<String>,
+        /// Devices: comma-separated names, or KIND:N.
+        #[arg(long)]
+        devices: Option<String>,
+        /// Thread counts to run with, e.g. 1,2 (default: one per core of the device).
+        #[arg(short = 't', long)]
+        threads: Option<String>,
+        /// Reduction length k of the MUL_MAT shapes (m is 4096).
+        #[arg(short = 'k', long, default_value_t = 4096)]
+        k: usize,
+        /// Minimum seconds to measure each case.
+        #[arg(long, default_value_t = 1.0)]
+        min_time: f64,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Devices => cli::devices::run().map(|_| ExitCode::SUCCESS),
+        Command::TestOps {
+            op,
+            backend,
+            devices,
+            quiet,
+        } => {
+            let devs = cli::select_devices(devices.as_deref(), backend.as_deref())?;
+            let ok = cli::test_ops::run(&devs, op.as_deref(), quiet)?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::BenchOps {
+            op,
+            backend,
+            devices,
+            threads,
+            k,
+            min_time,
+        } => {
+            let devs = cli::select_devices(devices.as_deref(), backend.as_deref())?;
+            if devs.is_empty() {
+                anyhow::bail!("no device selected");
+            }
+            let threads = threads
+                .as_deref()
+                .map(cli::parse_list)
+                .transpose()?
+                .unwrap_or_default();
+            let min_time = Duration::from_secs_f64(min_time.clamp(0.0, 600.0));
+            cli::bench_ops::run(
+                &devs,
+                &cli::bench_ops::Options {
+                    op,
+                    threads,
+                    k,
+                    min_time,
+                },
+            )
+            .map(|_| ExitCode::SUCCESS)
+        }
+    }
+}

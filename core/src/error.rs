@@ -136,7 +136,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///
 /// # Errors
 /// [`Error::OutOfBounds`] naming `what` when it does not (overflow included).
-pub fn check_range(what: &dyn std::fmt::Display, offset: usize, len: usize, size: usize) -> Result<()> {
+pub fn check_range(
+    what: &dyn std::fmt::Display,
+    offset: usize,
+    len: usize,
+    size: usize,
+) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
         end => Err(Error::OutOfBounds {

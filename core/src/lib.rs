@@ -25,8 +25,8 @@ pub mod registry;
 pub mod tensor;
 
 pub use backend::{
-    Backend, BackendOptions, Bindings, Buffer, BufferType, Device, DeviceCaps, DeviceType, Event, MemoryInfo,
-    Support, TensorBuffer,
+    Backend, BackendOptions, Bindings, Buffer, BufferType, Device, DeviceCaps, DeviceType, Event,
+    MemoryInfo, Support, TensorBuffer,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

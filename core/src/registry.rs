@@ -82,8 +82,15 @@ pub struct DeviceRegistry {
 
 impl fmt::Debug for DeviceRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<String> = self.entries.read().iter().map(|e| e.registry.name().to_string()).collect();
-        f.debug_struct("DeviceRegistry").field("backends", &names).finish()
+        let names: Vec<String> = self
+            .entries
+            .read()
+            .iter()
+            .map(|e| e.registry.name().to_string())
+            .collect();
+        f.debug_struct("DeviceRegistry")
+            .field("backends", &names)
+            .finish()
     }
 }
 
@@ -119,9 +126,16 @@ impl DeviceRegistry {
             tracing::debug!(backend = registry.name(), "backend already registered");
             return;
         }
-        let devices = registry.probe().and_then(|_| registry.devices()).map_err(|e| e.to_string());
+        let devices = registry
+            .probe()
+            .and_then(|_| registry.devices())
+            .map_err(|e| e.to_string());
         match &devices {
-            Ok(d) => tracing::debug!(backend = registry.name(), devices = d.len(), "registered backend"),
+            Ok(d) => tracing::debug!(
+                backend = registry.name(),
+                devices = d.len(),
+                "registered backend"
+            ),
             Err(e) => tracing::info!(backend = registry.name(), reason = %e, "backend unavailable"),
         }
         entries.push(Entry { registry, devices });
@@ -132,18 +146,32 @@ impl DeviceRegistry {
         self.entries
             .read()
             .iter()
-            .map(|e| BackendInfo { name: e.registry.name().to_string(), origin: e.registry.origin(), devices: e.devices.clone() })
+            .map(|e| BackendInfo {
+                name: e.registry.name().to_string(),
+                origin: e.registry.origin(),
+                devices: e.devices.clone(),
+            })
             .collect()
     }
 
     /// The registry of backend `name` (case-insensitive).
     pub fn registry(&self, name: &str) -> Option<Arc<dyn Registry>> {
-        self.entries.read().iter().find(|e| e.registry.name().eq_ignore_ascii_case(name)).map(|e| e.registry.clone())
+        self.entries
+            .read()
+            .iter()
+            .find(|e| e.registry.name().eq_ignore_ascii_case(name))
+            .map(|e| e.registry.clone())
     }
 
     /// All devices of all available backends, in registration order.
     pub fn devices(&self) -> Vec<Arc<dyn Device>> {
-        self.entries.read().iter().filter_map(|e| e.devices.as_ref().ok()).flatten().cloned().collect()
+        self.entries
+            .read()
+            .iter()
+            .filter_map(|e| e.devices.as_ref().ok())
+            .flatten()
+            .cloned()
+            .collect()
     }
 
     /// The device named `name` (case-insensitive), or the `i`-th device for a number.
@@ -154,14 +182,28 @@ impl DeviceRegistry {
         let devs = self.devices();
         let found = match name.parse::<usize>() {
             Ok(i) => devs.get(i).cloned(),
-            Err(_) => devs.iter().find(|d| d.name().eq_ignore_ascii_case(name)).cloned(),
+            Err(_) => devs
+                .iter()
+                .find(|d| d.name().eq_ignore_ascii_case(name))
+                .cloned(),
         };
-        found.ok_or_else(|| Error::NoSuchDevice { wanted: name.to_string(), available: self.device_names() })
+        found.ok_or_else(|| Error::NoSuchDevice {
+            wanted: name.to_string(),
+            available: self.device_names(),
+        })
     }
 
     fn device_names(&self) -> String {
-        let names: Vec<String> = self.devices().iter().map(|d| d.name().to_string()).collect();
-        if names.is_empty() { "none".into() } else { names.join(", ") }
+        let names: Vec<String> = self
+            .devices()
+            .iter()
+            .map(|d| d.name().to_string())
+            .collect();
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        }
     }
 
     /// Devices for a `--devices` list: comma-separated device names, or `KIND:N` for `N` devices
@@ -174,14 +216,19 @@ impl DeviceRegistry {
         let mut out = Vec::new();
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             if let Some((kind, n)) = item.split_once(':') {
-                let n: usize = n
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| Error::InvalidArgument(format!("'{item}': the count after ':' must be a positive integer")))?;
+                let n: usize = n.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "'{item}': the count after ':' must be a positive integer"
+                    ))
+                })?;
                 let reg = self.registry(kind).ok_or_else(|| Error::NoSuchDevice {
                     wanted: item.to_string(),
-                    available: self.backends().iter().map(|b| b.name.clone()).collect::<Vec<_>>().join(", "),
+                    available: self
+                        .backends()
+                        .iter()
+                        .map(|b| b.name.clone())
+                        .collect::<Vec<_>>()
+                        .join(", "),
                 })?;
                 reg.probe()?;
                 out.extend(reg.devices_with_count(n)?);

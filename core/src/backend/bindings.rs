@@ -53,7 +53,11 @@ impl Bindings {
     ///
     /// # Errors
     /// [`Error::NotAllocated`] naming the tensor when neither it nor a tensor it views is bound.
-    pub fn resolve(&self, tensors: &[TensorDesc], id: TensorId) -> Result<(Arc<dyn Buffer>, usize)> {
+    pub fn resolve(
+        &self,
+        tensors: &[TensorDesc],
+        id: TensorId,
+    ) -> Result<(Arc<dyn Buffer>, usize)> {
         let mut cur = id;
         let mut offset = 0usize;
         // Views chain to a bound base; the chain is acyclic because views only point backwards.
@@ -66,7 +70,11 @@ impl Bindings {
                     offset += v.offset;
                     cur = v.src;
                 }
-                None => return Err(Error::NotAllocated { tensor: label_of(tensors, id) }),
+                None => {
+                    return Err(Error::NotAllocated {
+                        tensor: label_of(tensors, id),
+                    });
+                }
             }
         }
     }
@@ -80,7 +88,12 @@ impl Bindings {
         for &id in graph.leafs().iter().chain(graph.nodes()) {
             let (buf, off) = self.resolve(tensors, id)?;
             let t = &tensors[id.index()];
-            check_range(&format!("tensor {} in {}", label_of(tensors, id), buf.name()), off, t.nbytes(), buf.size())?;
+            check_range(
+                &format!("tensor {} in {}", label_of(tensors, id), buf.name()),
+                off,
+                t.nbytes(),
+                buf.size(),
+            )?;
         }
         Ok(())
     }
@@ -90,7 +103,13 @@ impl Bindings {
     ///
     /// # Errors
     /// [`Error::NotAllocated`], [`Error::OutOfBounds`], and the buffer's write errors.
-    pub fn write(&self, tensors: &[TensorDesc], id: TensorId, offset: usize, data: &[u8]) -> Result<()> {
+    pub fn write(
+        &self,
+        tensors: &[TensorDesc],
+        id: TensorId,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<()> {
         let (buf, base) = self.locate(tensors, id, offset, data.len())?;
         buf.write(base + offset, data)
     }
@@ -99,20 +118,40 @@ impl Bindings {
     ///
     /// # Errors
     /// As [`Bindings::write`].
-    pub fn read(&self, tensors: &[TensorDesc], id: TensorId, offset: usize, out: &mut [u8]) -> Result<()> {
+    pub fn read(
+        &self,
+        tensors: &[TensorDesc],
+        id: TensorId,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
         let (buf, base) = self.locate(tensors, id, offset, out.len())?;
         buf.read(base + offset, out)
     }
 
-    fn locate(&self, tensors: &[TensorDesc], id: TensorId, offset: usize, len: usize) -> Result<(Arc<dyn Buffer>, usize)> {
-        let t = tensors.get(id.index()).ok_or(Error::UnknownTensor { id: id.index(), len: tensors.len() })?;
+    fn locate(
+        &self,
+        tensors: &[TensorDesc],
+        id: TensorId,
+        offset: usize,
+        len: usize,
+    ) -> Result<(Arc<dyn Buffer>, usize)> {
+        let t = tensors.get(id.index()).ok_or(Error::UnknownTensor {
+            id: id.index(),
+            len: tensors.len(),
+        })?;
         if !t.is_contiguous() {
             return Err(Error::InvalidArgument(format!(
                 "tensor {} is not contiguous: copy it with cont() before reading or writing it as bytes",
                 label_of(tensors, id)
             )));
         }
-        check_range(&format!("tensor {}", label_of(tensors, id)), offset, len, t.nbytes())?;
+        check_range(
+            &format!("tensor {}", label_of(tensors, id)),
+            offset,
+            len,
+            t.nbytes(),
+        )?;
         self.resolve(tensors, id)
     }
 }
@@ -139,14 +178,24 @@ impl TensorBuffer {
         self.bindings.resolve(&self.tensors, id).is_ok()
     }
     fn expect_len(&self, id: TensorId, got: usize) -> Result<()> {
-        let t = self.tensors.get(id.index()).ok_or(Error::UnknownTensor { id: id.index(), len: self.tensors.len() })?;
+        let t = self.tensors.get(id.index()).ok_or(Error::UnknownTensor {
+            id: id.index(),
+            len: self.tensors.len(),
+        })?;
         if got != t.nbytes() {
-            return Err(Error::SizeMismatch { tensor: label_of(&self.tensors, id), got, expected: t.nbytes() });
+            return Err(Error::SizeMismatch {
+                tensor: label_of(&self.tensors, id),
+                got,
+                expected: t.nbytes(),
+            });
         }
         Ok(())
     }
     fn expect_dtype(&self, id: TensorId, want: DType) -> Result<()> {
-        let t = self.tensors.get(id.index()).ok_or(Error::UnknownTensor { id: id.index(), len: self.tensors.len() })?;
+        let t = self.tensors.get(id.index()).ok_or(Error::UnknownTensor {
+            id: id.index(),
+            len: self.tensors.len(),
+        })?;
         if t.dtype != want {
             return Err(Error::InvalidArgument(format!(
                 "tensor {} is {}, not {want}",
@@ -213,7 +262,10 @@ impl TensorBuffer {
         let t = &self.tensors[id.index()];
         let mut bytes = vec![0u8; t.nbytes()];
         self.get(id, &mut bytes)?;
-        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
     /// Reads an i32 tensor.
     ///
@@ -224,7 +276,10 @@ impl TensorBuffer {
         let t = &self.tensors[id.index()];
         let mut bytes = vec![0u8; t.nbytes()];
         self.get(id, &mut bytes)?;
-        Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 }
 
@@ -234,7 +289,11 @@ impl AsRef<Bindings> for TensorBuffer {
     }
 }
 
-pub(super) fn alloc_tensors(buft: &dyn BufferType, ctx: &Context, keep: impl Fn(&TensorDesc) -> bool) -> Result<TensorBuffer> {
+pub(super) fn alloc_tensors(
+    buft: &dyn BufferType,
+    ctx: &Context,
+    keep: impl Fn(&TensorDesc) -> bool,
+) -> Result<TensorBuffer> {
     let align = buft.alignment().max(1);
     let mut placements = Vec::new();
     let mut size = 0usize;
@@ -243,19 +302,34 @@ pub(super) fn alloc_tensors(buft: &dyn BufferType, ctx: &Context, keep: impl Fn(
             continue;
         }
         let offset = size.div_ceil(align) * align;
-        size = offset
-            .checked_add(buft.alloc_size(t))
-            .ok_or_else(|| Error::InvalidArgument(format!("tensor sizes overflow at {}", ctx.label(TensorId::from_index(i)))))?;
+        size = offset.checked_add(buft.alloc_size(t)).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "tensor sizes overflow at {}",
+                ctx.label(TensorId::from_index(i))
+            ))
+        })?;
         placements.push((TensorId::from_index(i), offset));
     }
     if size > buft.max_size() {
-        return Err(Error::OutOfMemory { device: buft.name().to_string(), requested: size });
+        return Err(Error::OutOfMemory {
+            device: buft.name().to_string(),
+            requested: size,
+        });
     }
-    tracing::debug!(buffer_type = buft.name(), bytes = size, tensors = placements.len(), "alloc_tensors");
+    tracing::debug!(
+        buffer_type = buft.name(),
+        bytes = size,
+        tensors = placements.len(),
+        "alloc_tensors"
+    );
     let buffer = buft.alloc(size)?;
     let mut bindings = Bindings::new();
     for (id, off) in placements {
         bindings.bind(id, buffer.clone(), off);
     }
-    Ok(TensorBuffer { buffer, bindings, tensors: ctx.tensors().to_vec().into() })
+    Ok(TensorBuffer {
+        buffer,
+        bindings,
+        tensors: ctx.tensors().to_vec().into(),
+    })
 }

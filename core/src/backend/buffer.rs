@@ -44,7 +44,11 @@ impl dyn BufferType {
     ///
     /// # Errors
     /// As [`alloc_tensors`](Self::alloc_tensors).
-    pub fn alloc_tensors_where(&self, ctx: &Context, keep: impl Fn(&TensorDesc) -> bool) -> Result<super::TensorBuffer> {
+    pub fn alloc_tensors_where(
+        &self,
+        ctx: &Context,
+        keep: impl Fn(&TensorDesc) -> bool,
+    ) -> Result<super::TensorBuffer> {
         super::bindings::alloc_tensors(self, ctx, keep)
     }
 }
@@ -77,10 +81,30 @@ pub trait Buffer: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// As [`Buffer::write`], checked before anything is copied.
-    fn write_2d(&self, offset: usize, src: &[u8], block: usize, n_blocks: usize, dst_stride: usize, src_stride: usize) -> Result<()> {
-        check_2d(&self.name(), self.size(), offset, src.len(), block, n_blocks, dst_stride, src_stride)?;
+    fn write_2d(
+        &self,
+        offset: usize,
+        src: &[u8],
+        block: usize,
+        n_blocks: usize,
+        dst_stride: usize,
+        src_stride: usize,
+    ) -> Result<()> {
+        check_2d(
+            &self.name(),
+            self.size(),
+            offset,
+            src.len(),
+            block,
+            n_blocks,
+            dst_stride,
+            src_stride,
+        )?;
         for i in 0..n_blocks {
-            self.write(offset + i * dst_stride, &src[i * src_stride..i * src_stride + block])?;
+            self.write(
+                offset + i * dst_stride,
+                &src[i * src_stride..i * src_stride + block],
+            )?;
         }
         Ok(())
     }
@@ -88,10 +112,30 @@ pub trait Buffer: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// As [`Buffer::read`], checked before anything is copied.
-    fn read_2d(&self, offset: usize, dst: &mut [u8], block: usize, n_blocks: usize, src_stride: usize, dst_stride: usize) -> Result<()> {
-        check_2d(&self.name(), self.size(), offset, dst.len(), block, n_blocks, src_stride, dst_stride)?;
+    fn read_2d(
+        &self,
+        offset: usize,
+        dst: &mut [u8],
+        block: usize,
+        n_blocks: usize,
+        src_stride: usize,
+        dst_stride: usize,
+    ) -> Result<()> {
+        check_2d(
+            &self.name(),
+            self.size(),
+            offset,
+            dst.len(),
+            block,
+            n_blocks,
+            src_stride,
+            dst_stride,
+        )?;
         for i in 0..n_blocks {
-            self.read(offset + i * src_stride, &mut dst[i * dst_stride..i * dst_stride + block])?;
+            self.read(
+                offset + i * src_stride,
+                &mut dst[i * dst_stride..i * dst_stride + block],
+            )?;
         }
         Ok(())
     }
@@ -100,7 +144,13 @@ pub trait Buffer: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// Range and vendor errors; declining is not an error.
-    fn copy_from(&self, _src: &dyn Buffer, _src_offset: usize, _dst_offset: usize, _len: usize) -> Result<bool> {
+    fn copy_from(
+        &self,
+        _src: &dyn Buffer,
+        _src_offset: usize,
+        _dst_offset: usize,
+        _len: usize,
+    ) -> Result<bool> {
         Ok(false)
     }
     /// Downcast support: a backend reaches its own buffers through this.
@@ -108,12 +158,25 @@ pub trait Buffer: Send + Sync + fmt::Debug {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn check_2d(name: &str, size: usize, offset: usize, host_len: usize, block: usize, n: usize, dev_stride: usize, host_stride: usize) -> Result<()> {
+fn check_2d(
+    name: &str,
+    size: usize,
+    offset: usize,
+    host_len: usize,
+    block: usize,
+    n: usize,
+    dev_stride: usize,
+    host_stride: usize,
+) -> Result<()> {
     if n == 0 || block == 0 {
         return Ok(());
     }
-    let dev_span = (n - 1).checked_mul(dev_stride).and_then(|s| s.checked_add(block));
-    let host_span = (n - 1).checked_mul(host_stride).and_then(|s| s.checked_add(block));
+    let dev_span = (n - 1)
+        .checked_mul(dev_stride)
+        .and_then(|s| s.checked_add(block));
+    let host_span = (n - 1)
+        .checked_mul(host_stride)
+        .and_then(|s| s.checked_add(block));
     check_range(&name, offset, dev_span.unwrap_or(usize::MAX), size)?;
     check_range(&"host data", 0, host_span.unwrap_or(usize::MAX), host_len)
 }
@@ -123,7 +186,13 @@ fn check_2d(name: &str, size: usize, offset: usize, host_len: usize, block: usiz
 ///
 /// # Errors
 /// Range and vendor errors of either buffer.
-pub fn copy_between(src: &dyn Buffer, src_offset: usize, dst: &dyn Buffer, dst_offset: usize, len: usize) -> Result<()> {
+pub fn copy_between(
+    src: &dyn Buffer,
+    src_offset: usize,
+    dst: &dyn Buffer,
+    dst_offset: usize,
+    len: usize,
+) -> Result<()> {
     check_range(&src.name(), src_offset, len, src.size())?;
     check_range(&dst.name(), dst_offset, len, dst.size())?;
     if len == 0 || dst.copy_from(src, src_offset, dst_offset, len)? {

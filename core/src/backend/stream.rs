@@ -47,7 +47,14 @@ pub trait Backend: Send + fmt::Debug {
     ///
     /// # Errors
     /// As [`copy_between`] and [`Backend::synchronize`].
-    fn copy_async(&mut self, src: &dyn Buffer, src_offset: usize, dst: &dyn Buffer, dst_offset: usize, len: usize) -> Result<()> {
+    fn copy_async(
+        &mut self,
+        src: &dyn Buffer,
+        src_offset: usize,
+        dst: &dyn Buffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
         self.synchronize()?;
         copy_between(src, src_offset, dst, dst_offset, len)
     }

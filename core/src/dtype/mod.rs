@@ -25,7 +25,14 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in ggml id order.
-    pub const ALL: [DType; 6] = [DType::F32, DType::F16, DType::Q4_0, DType::Q8_0, DType::I32, DType::BF16];
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F16,
+        DType::Q4_0,
+        DType::Q8_0,
+        DType::I32,
+        DType::BF16,
+    ];
 
     /// Elements per block.
     pub const fn block_size(self) -> usize {
@@ -57,7 +64,7 @@ impl DType {
 
     /// Bytes of a row of `ne0` elements, or `None` if `ne0` is not a multiple of the block size.
     pub const fn row_size(self, ne0: usize) -> Option<usize> {
-        if ne0 % self.block_size() != 0 {
+        if !ne0.is_multiple_of(self.block_size()) {
             return None;
         }
         Some(ne0 / self.block_size() * self.type_size())
@@ -94,7 +101,9 @@ impl DType {
 
     /// Parses a name as [`DType::name`] prints it (case-insensitive).
     pub fn parse(s: &str) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| d.name().eq_ignore_ascii_case(s))
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
     }
 }
 

@@ -8,7 +8,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::ops::{GluOp, Op, RopeParams, UnaryOp};
-use crate::tensor::{MAX_DIMS, Shape, TensorDesc, TensorFlags, TensorId, ViewOf, contiguous_strides};
+use crate::tensor::{
+    MAX_DIMS, Shape, TensorDesc, TensorFlags, TensorId, ViewOf, contiguous_strides,
+};
 
 /// Tensor descriptions and the ops between them.
 #[derive(Clone, Debug, Default)]
@@ -17,7 +19,11 @@ pub struct Context {
 }
 
 fn invalid(op: &Op, tensor: String, reason: impl Into<String>) -> Error {
-    Error::InvalidOp { op: op.name().to_string(), tensor, reason: reason.into() }
+    Error::InvalidOp {
+        op: op.name().to_string(),
+        tensor,
+        reason: reason.into(),
+    }
 }
 
 impl Context {
@@ -46,9 +52,10 @@ impl Context {
     /// # Errors
     /// [`Error::UnknownTensor`] if `id` is not from this context.
     pub fn tensor(&self, id: TensorId) -> Result<&TensorDesc> {
-        self.tensors
-            .get(id.index())
-            .ok_or(Error::UnknownTensor { id: id.index(), len: self.tensors.len() })
+        self.tensors.get(id.index()).ok_or(Error::UnknownTensor {
+            id: id.index(),
+            len: self.tensors.len(),
+        })
     }
 
     /// `'name' #3` or `#3`, for messages.
@@ -112,17 +119,36 @@ impl Context {
 
     fn get(&self, op: &Op, id: TensorId) -> Result<&TensorDesc> {
         self.tensors.get(id.index()).ok_or_else(|| {
-            invalid(op, id.to_string(), format!("unknown tensor id (context has {} tensors)", self.tensors.len()))
+            invalid(
+                op,
+                id.to_string(),
+                format!(
+                    "unknown tensor id (context has {} tensors)",
+                    self.tensors.len()
+                ),
+            )
         })
     }
 
-    fn check(&self, op: &Op, id: TensorId, ok: bool, reason: impl FnOnce() -> String) -> Result<()> {
-        if ok { Ok(()) } else { Err(invalid(op, self.label(id), reason())) }
+    fn check(
+        &self,
+        op: &Op,
+        id: TensorId,
+        ok: bool,
+        reason: impl FnOnce() -> String,
+    ) -> Result<()> {
+        if ok {
+            Ok(())
+        } else {
+            Err(invalid(op, self.label(id), reason()))
+        }
     }
 
     fn check_float(&self, op: &Op, id: TensorId) -> Result<&TensorDesc> {
         let t = self.get(op, id)?;
-        self.check(op, id, t.dtype.is_float(), || format!("dtype {} is not a float type", t.dtype))?;
+        self.check(op, id, t.dtype.is_float(), || {
+            format!("dtype {} is not a float type", t.dtype)
+        })?;
         Ok(t)
     }
 
@@ -138,11 +164,24 @@ impl Context {
             return Err(invalid(
                 &Op::None,
                 format!("#{}", self.tensors.len()),
-                format!("ne0 = {} is not a multiple of {}'s block size {}", ne[0], dtype, dtype.block_size()),
+                format!(
+                    "ne0 = {} is not a multiple of {}'s block size {}",
+                    ne[0],
+                    dtype,
+                    dtype.block_size()
+                ),
             ));
         }
-        if ne.iter().try_fold(1usize, |a, &b| a.checked_mul(b)).is_none() {
-            return Err(invalid(&Op::None, format!("#{}", self.tensors.len()), "element count overflows"));
+        if ne
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b))
+            .is_none()
+        {
+            return Err(invalid(
+                &Op::None,
+                format!("#{}", self.tensors.len()),
+                "element count overflows",
+            ));
         }
         Ok(self.push(TensorDesc::new(dtype, ne, Op::None)))
     }
@@ -159,13 +198,24 @@ impl Context {
 
     // ===== Views =====
 
-    fn push_view(&mut self, op: Op, src: TensorId, offset: usize, ne: [usize; MAX_DIMS], nb: [usize; MAX_DIMS]) -> TensorId {
+    fn push_view(
+        &mut self,
+        op: Op,
+        src: TensorId,
+        offset: usize,
+        ne: [usize; MAX_DIMS],
+        nb: [usize; MAX_DIMS],
+    ) -> TensorId {
         let base = &self.tensors[src.index()];
         let mut t = TensorDesc::new(base.dtype, ne, op);
         t.nb = nb;
         t.src[0] = Some(src);
         t.view = Some(ViewOf { src, offset });
-        t.name = if base.name.is_empty() { String::new() } else { format!("{} ({})", base.name, op.name().to_lowercase()) };
+        t.name = if base.name.is_empty() {
+            String::new()
+        } else {
+            format!("{} ({})", base.name, op.name().to_lowercase())
+        };
         self.push(t)
     }
 
@@ -174,18 +224,29 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::InvalidOp`] if the window reaches past `a`'s data or splits a quant block.
-    pub fn view(&mut self, a: TensorId, shape: impl Shape, nb: [usize; 3], offset: usize) -> Result<TensorId> {
+    pub fn view(
+        &mut self,
+        a: TensorId,
+        shape: impl Shape,
+        nb: [usize; 3],
+        offset: usize,
+    ) -> Result<TensorId> {
         let op = Op::View;
         let t = self.get(&op, a)?;
         let ne = shape.dims();
-        self.check(&op, a, t.dtype.row_size(ne[0]).is_some(), || format!("ne0 {} splits a {} block", ne[0], t.dtype))?;
+        self.check(&op, a, t.dtype.row_size(ne[0]).is_some(), || {
+            format!("ne0 {} splits a {} block", ne[0], t.dtype)
+        })?;
         let strides = [t.dtype.type_size(), nb[0], nb[1], nb[2]];
         let mut probe = TensorDesc::new(t.dtype, ne, op);
         probe.nb = strides;
         let end = offset.checked_add(probe.nbytes());
         let avail = t.nbytes();
         self.check(&op, a, end.is_some_and(|e| e <= avail), || {
-            format!("view of {} bytes at offset {offset} exceeds the source's {avail} bytes", probe.nbytes())
+            format!(
+                "view of {} bytes at offset {offset} exceeds the source's {avail} bytes",
+                probe.nbytes()
+            )
         })?;
         Ok(self.push_view(op, a, offset, ne, strides))
     }
@@ -198,11 +259,26 @@ impl Context {
         let op = Op::Reshape;
         let t = self.get(&op, a)?;
         let ne = shape.dims();
-        self.check(&op, a, t.is_contiguous(), || "source is not contiguous (use cont first)".into())?;
-        self.check(&op, a, ne.iter().product::<usize>() == t.nelements(), || {
-            format!("{:?} has {} elements, source {:?} has {}", ne, ne.iter().product::<usize>(), t.ne, t.nelements())
+        self.check(&op, a, t.is_contiguous(), || {
+            "source is not contiguous (use cont first)".into()
         })?;
-        self.check(&op, a, t.dtype.row_size(ne[0]).is_some(), || format!("ne0 {} splits a {} block", ne[0], t.dtype))?;
+        self.check(
+            &op,
+            a,
+            ne.iter().product::<usize>() == t.nelements(),
+            || {
+                format!(
+                    "{:?} has {} elements, source {:?} has {}",
+                    ne,
+                    ne.iter().product::<usize>(),
+                    t.ne,
+                    t.nelements()
+                )
+            },
+        )?;
+        self.check(&op, a, t.dtype.row_size(ne[0]).is_some(), || {
+            format!("ne0 {} splits a {} block", ne[0], t.dtype)
+        })?;
         let nb = contiguous_strides(t.dtype, ne);
         Ok(self.push_view(op, a, 0, ne, nb))
     }
@@ -217,11 +293,17 @@ impl Context {
         let mut seen = [false; 4];
         for &x in &axes {
             if x >= 4 || seen[x] {
-                return Err(invalid(&op, self.label(a), format!("{axes:?} is not a permutation of 0..4")));
+                return Err(invalid(
+                    &op,
+                    self.label(a),
+                    format!("{axes:?} is not a permutation of 0..4"),
+                ));
             }
             seen[x] = true;
         }
-        self.check(&op, a, !t.dtype.is_quantized() || axes[0] == 0, || "cannot move the block axis of a quantized tensor".into())?;
+        self.check(&op, a, !t.dtype.is_quantized() || axes[0] == 0, || {
+            "cannot move the block axis of a quantized tensor".into()
+        })?;
         let (mut ne, mut nb) = ([0; 4], [0; 4]);
         for i in 0..4 {
             ne[axes[i]] = t.ne[i];
@@ -236,7 +318,9 @@ impl Context {
     /// As [`Context::permute`].
     pub fn transpose(&mut self, a: TensorId) -> Result<TensorId> {
         let t = self.get(&Op::Transpose, a)?;
-        self.check(&Op::Transpose, a, !t.dtype.is_quantized(), || "cannot transpose a quantized tensor".into())?;
+        self.check(&Op::Transpose, a, !t.dtype.is_quantized(), || {
+            "cannot transpose a quantized tensor".into()
+        })?;
         let (mut ne, mut nb) = (t.ne, t.nb);
         ne.swap(0, 1);
         nb.swap(0, 1);
@@ -252,7 +336,12 @@ impl Context {
     pub fn cont(&mut self, a: TensorId) -> Result<TensorId> {
         let op = Op::Cont;
         let t = self.get(&op, a)?;
-        self.check(&op, a, !t.dtype.is_quantized() || t.is_row_contiguous(), || "quantized rows must be contiguous".into())?;
+        self.check(
+            &op,
+            a,
+            !t.dtype.is_quantized() || t.is_row_contiguous(),
+            || "quantized rows must be contiguous".into(),
+        )?;
         let (dtype, ne) = (t.dtype, t.ne);
         Ok(self.node(op, dtype, ne, &[a]))
     }
@@ -266,15 +355,29 @@ impl Context {
         let op = Op::Cpy;
         let (ta, tb) = (self.get(&op, a)?, self.get(&op, b)?);
         self.check(&op, a, ta.nelements() == tb.nelements(), || {
-            format!("{} elements into {} with {}", ta.nelements(), self.label(b), tb.nelements())
+            format!(
+                "{} elements into {} with {}",
+                ta.nelements(),
+                self.label(b),
+                tb.nelements()
+            )
         })?;
-        self.check(&op, a, (ta.dtype == DType::I32) == (tb.dtype == DType::I32), || {
-            format!("cannot convert {} to {}", ta.dtype, tb.dtype)
-        })?;
+        self.check(
+            &op,
+            a,
+            (ta.dtype == DType::I32) == (tb.dtype == DType::I32),
+            || format!("cannot convert {} to {}", ta.dtype, tb.dtype),
+        )?;
         if ta.dtype.is_quantized() || tb.dtype.is_quantized() {
-            self.check(&op, a, ta.ne == tb.ne && ta.is_row_contiguous() && tb.is_row_contiguous(), || {
-                "copies to or from quantized tensors need equal shapes and contiguous rows".into()
-            })?;
+            self.check(
+                &op,
+                a,
+                ta.ne == tb.ne && ta.is_row_contiguous() && tb.is_row_contiguous(),
+                || {
+                    "copies to or from quantized tensors need equal shapes and contiguous rows"
+                        .into()
+                },
+            )?;
         }
         let (dtype, ne, nb) = (tb.dtype, tb.ne, tb.nb);
         let mut t = TensorDesc::new(dtype, ne, op);
@@ -305,12 +408,28 @@ impl Context {
     pub fn get_rows(&mut self, a: TensorId, ids: TensorId) -> Result<TensorId> {
         let op = Op::GetRows;
         let (ta, ti) = (self.get(&op, a)?, self.get(&op, ids)?);
-        self.check(&op, ids, ti.dtype == DType::I32, || format!("indices must be i32, got {}", ti.dtype))?;
-        self.check(&op, ids, ti.ne[1] == ta.ne[2] && ti.ne[2] == ta.ne[3] && ti.ne[3] == 1, || {
-            format!("indices {:?} do not match table {:?} (want [n, {}, {}, 1])", ti.ne, ta.ne, ta.ne[2], ta.ne[3])
+        self.check(&op, ids, ti.dtype == DType::I32, || {
+            format!("indices must be i32, got {}", ti.dtype)
         })?;
-        self.check(&op, a, ta.is_row_contiguous(), || "table rows must be contiguous".into())?;
-        let dtype = if ta.dtype == DType::I32 { DType::I32 } else { DType::F32 };
+        self.check(
+            &op,
+            ids,
+            ti.ne[1] == ta.ne[2] && ti.ne[2] == ta.ne[3] && ti.ne[3] == 1,
+            || {
+                format!(
+                    "indices {:?} do not match table {:?} (want [n, {}, {}, 1])",
+                    ti.ne, ta.ne, ta.ne[2], ta.ne[3]
+                )
+            },
+        )?;
+        self.check(&op, a, ta.is_row_contiguous(), || {
+            "table rows must be contiguous".into()
+        })?;
+        let dtype = if ta.dtype == DType::I32 {
+            DType::I32
+        } else {
+            DType::F32
+        };
         let ne = [ta.ne[0], ti.ne[0], ti.ne[1], ti.ne[2]];
         Ok(self.node(op, dtype, ne, &[a, ids]))
     }
@@ -322,23 +441,45 @@ impl Context {
     /// [`Error::InvalidOp`] on mismatched shapes, non-i32 indices, or a non-float source.
     pub fn set_rows(&mut self, dst: TensorId, src: TensorId, ids: TensorId) -> Result<TensorId> {
         let op = Op::SetRows;
-        let (td, ts, ti) = (self.get(&op, dst)?, self.check_float(&op, src)?, self.get(&op, ids)?);
-        self.check(&op, ids, ti.dtype == DType::I32, || format!("indices must be i32, got {}", ti.dtype))?;
-        self.check(&op, src, td.ne[0] == ts.ne[0] && td.ne[2] == ts.ne[2] && td.ne[3] == ts.ne[3], || {
-            format!("rows {:?} do not fit destination {:?}", ts.ne, td.ne)
+        let (td, ts, ti) = (
+            self.get(&op, dst)?,
+            self.check_float(&op, src)?,
+            self.get(&op, ids)?,
+        );
+        self.check(&op, ids, ti.dtype == DType::I32, || {
+            format!("indices must be i32, got {}", ti.dtype)
         })?;
         self.check(
             &op,
+            src,
+            td.ne[0] == ts.ne[0] && td.ne[2] == ts.ne[2] && td.ne[3] == ts.ne[3],
+            || format!("rows {:?} do not fit destination {:?}", ts.ne, td.ne),
+        )?;
+        self.check(
+            &op,
             ids,
-            ts.ne[1] == ti.ne[0] && ti.ne[1] != 0 && ti.ne[2] != 0 && ts.ne[2] % ti.ne[1] == 0 && ts.ne[3] % ti.ne[2] == 0 && ti.ne[3] == 1,
+            ts.ne[1] == ti.ne[0]
+                && ti.ne[1] != 0
+                && ti.ne[2] != 0
+                && ts.ne[2] % ti.ne[1] == 0
+                && ts.ne[3] % ti.ne[2] == 0
+                && ti.ne[3] == 1,
             || format!("indices {:?} do not match rows {:?}", ti.ne, ts.ne),
         )?;
-        self.check(&op, dst, td.is_row_contiguous() && td.dtype != DType::I32, || "destination rows must be contiguous floats or blocks".into())?;
+        self.check(
+            &op,
+            dst,
+            td.is_row_contiguous() && td.dtype != DType::I32,
+            || "destination rows must be contiguous floats or blocks".into(),
+        )?;
         let (dtype, ne, nb) = (td.dtype, td.ne, td.nb);
         let mut t = TensorDesc::new(dtype, ne, op);
         t.nb = nb;
         t.src = [Some(src), Some(ids), None, None];
-        t.view = Some(ViewOf { src: dst, offset: 0 });
+        t.view = Some(ViewOf {
+            src: dst,
+            offset: 0,
+        });
         Ok(self.push(t))
     }
 
@@ -350,10 +491,23 @@ impl Context {
         let op = Op::Concat { dim };
         let (ta, tb) = (self.get(&op, a)?, self.get(&op, b)?);
         self.check(&op, a, dim < MAX_DIMS, || format!("dim {dim} out of range"))?;
-        self.check(&op, b, ta.dtype == tb.dtype && !ta.dtype.is_quantized(), || format!("dtypes {} and {}", ta.dtype, tb.dtype))?;
-        self.check(&op, b, (0..MAX_DIMS).all(|d| d == dim || ta.ne[d] == tb.ne[d]), || {
-            format!("shapes {:?} and {:?} differ outside axis {dim}", ta.ne, tb.ne)
-        })?;
+        self.check(
+            &op,
+            b,
+            ta.dtype == tb.dtype && !ta.dtype.is_quantized(),
+            || format!("dtypes {} and {}", ta.dtype, tb.dtype),
+        )?;
+        self.check(
+            &op,
+            b,
+            (0..MAX_DIMS).all(|d| d == dim || ta.ne[d] == tb.ne[d]),
+            || {
+                format!(
+                    "shapes {:?} and {:?} differ outside axis {dim}",
+                    ta.ne, tb.ne
+                )
+            },
+        )?;
         let mut ne = ta.ne;
         ne[dim] += tb.ne[dim];
         let dtype = ta.dtype;
@@ -365,7 +519,9 @@ impl Context {
     fn binary(&mut self, op: Op, a: TensorId, b: TensorId) -> Result<TensorId> {
         let ta = self.check_float(&op, a)?;
         let tb = self.check_float(&op, b)?;
-        self.check(&op, b, ta.can_broadcast(tb), || format!("{:?} cannot be broadcast to {:?}", tb.ne, ta.ne))?;
+        self.check(&op, b, ta.can_broadcast(tb), || {
+            format!("{:?} cannot be broadcast to {:?}", tb.ne, ta.ne)
+        })?;
         let (dtype, ne) = (ta.dtype, ta.ne);
         Ok(self.node(op, dtype, ne, &[a, b]))
     }
@@ -410,7 +566,13 @@ impl Context {
     /// # Errors
     /// [`Error::InvalidOp`] on a non-float operand.
     pub fn scale(&mut self, a: TensorId, s: f32) -> Result<TensorId> {
-        self.map(Op::Scale { scale: s, bias: 0.0 }, a)
+        self.map(
+            Op::Scale {
+                scale: s,
+                bias: 0.0,
+            },
+            a,
+        )
     }
     /// `a · s + b`.
     ///
@@ -471,7 +633,9 @@ impl Context {
     pub fn glu(&mut self, a: TensorId, f: GluOp, swapped: bool) -> Result<TensorId> {
         let op = Op::Glu { op: f, swapped };
         let t = self.check_float(&op, a)?;
-        self.check(&op, a, t.ne[0] % 2 == 0, || format!("ne0 {} is odd", t.ne[0]))?;
+        self.check(&op, a, t.ne[0] % 2 == 0, || {
+            format!("ne0 {} is odd", t.ne[0])
+        })?;
         let (dtype, mut ne) = (t.dtype, t.ne);
         ne[0] /= 2;
         Ok(self.node(op, dtype, ne, &[a]))
@@ -482,10 +646,15 @@ impl Context {
     /// # Errors
     /// [`Error::InvalidOp`] on non-float operands or different shapes.
     pub fn glu_split(&mut self, gate: TensorId, up: TensorId, f: GluOp) -> Result<TensorId> {
-        let op = Op::Glu { op: f, swapped: false };
+        let op = Op::Glu {
+            op: f,
+            swapped: false,
+        };
         let tg = self.check_float(&op, gate)?;
         let tu = self.check_float(&op, up)?;
-        self.check(&op, up, tg.ne == tu.ne, || format!("gate {:?} and up {:?} differ", tg.ne, tu.ne))?;
+        self.check(&op, up, tg.ne == tu.ne, || {
+            format!("gate {:?} and up {:?} differ", tg.ne, tu.ne)
+        })?;
         let (dtype, ne) = (tg.dtype, tg.ne);
         Ok(self.node(op, dtype, ne, &[gate, up]))
     }
@@ -551,17 +720,30 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::InvalidOp`] on non-float operands or a mask that does not cover `a`.
-    pub fn soft_max_ext(&mut self, a: TensorId, mask: Option<TensorId>, scale: f32, max_bias: f32) -> Result<TensorId> {
+    pub fn soft_max_ext(
+        &mut self,
+        a: TensorId,
+        mask: Option<TensorId>,
+        scale: f32,
+        max_bias: f32,
+    ) -> Result<TensorId> {
         let op = Op::SoftMax { scale, max_bias };
         let t = self.check_float(&op, a)?;
         let (dtype, ne) = (t.dtype, t.ne);
         if let Some(m) = mask {
             let tm = self.check_float(&op, m)?;
-            self.check(&op, m, tm.dtype != DType::BF16, || "mask must be f16 or f32".into())?;
+            self.check(&op, m, tm.dtype != DType::BF16, || {
+                "mask must be f16 or f32".into()
+            })?;
             self.check(
                 &op,
                 m,
-                tm.ne[0] == ne[0] && tm.ne[1] >= ne[1] && tm.ne[2] != 0 && tm.ne[3] != 0 && ne[2] % tm.ne[2] == 0 && ne[3] % tm.ne[3] == 0,
+                tm.ne[0] == ne[0]
+                    && tm.ne[1] >= ne[1]
+                    && tm.ne[2] != 0
+                    && tm.ne[3] != 0
+                    && ne[2] % tm.ne[2] == 0
+                    && ne[3] % tm.ne[3] == 0,
                 || format!("mask {:?} does not cover {:?}", tm.ne, ne),
             )?;
             Ok(self.node(op, dtype, ne, &[a, m]))
@@ -581,12 +763,28 @@ impl Context {
         let op = Op::Rope(p);
         let t = self.check_float(&op, a)?;
         let tp = self.get(&op, pos)?;
-        self.check(&op, pos, tp.dtype == DType::I32 && tp.ne[0] == t.ne[2] && tp.nelements() == tp.ne[0], || {
-            format!("positions must be i32 [{}], got {} {:?}", t.ne[2], tp.dtype, tp.ne)
-        })?;
-        self.check(&op, a, p.n_dims % 2 == 0 && p.n_dims <= t.ne[0] && p.n_dims > 0, || {
-            format!("n_dims {} must be even, positive and ≤ ne0 {}", p.n_dims, t.ne[0])
-        })?;
+        self.check(
+            &op,
+            pos,
+            tp.dtype == DType::I32 && tp.ne[0] == t.ne[2] && tp.nelements() == tp.ne[0],
+            || {
+                format!(
+                    "positions must be i32 [{}], got {} {:?}",
+                    t.ne[2], tp.dtype, tp.ne
+                )
+            },
+        )?;
+        self.check(
+            &op,
+            a,
+            p.n_dims.is_multiple_of(2) && p.n_dims <= t.ne[0] && p.n_dims > 0,
+            || {
+                format!(
+                    "n_dims {} must be even, positive and ≤ ne0 {}",
+                    p.n_dims, t.ne[0]
+                )
+            },
+        )?;
         let (dtype, ne) = (t.dtype, t.ne);
         Ok(self.node(op, dtype, ne, &[a, pos]))
     }
@@ -601,12 +799,21 @@ impl Context {
         let op = Op::MulMat;
         let ta = self.get(&op, a)?;
         let tb = self.check_float(&op, b)?;
-        self.check(&op, a, ta.dtype != DType::I32, || "weights cannot be i32".into())?;
-        self.check(&op, a, ta.is_row_contiguous(), || "weight rows must be contiguous (transposed weights are not supported)".into())?;
-        self.check(&op, b, ta.ne[0] == tb.ne[0], || format!("k differs: {:?} vs {:?}", ta.ne, tb.ne))?;
-        self.check(&op, b, ta.ne[2] != 0 && ta.ne[3] != 0 && tb.ne[2] % ta.ne[2] == 0 && tb.ne[3] % ta.ne[3] == 0, || {
-            format!("batch axes {:?} do not broadcast to {:?}", ta.ne, tb.ne)
+        self.check(&op, a, ta.dtype != DType::I32, || {
+            "weights cannot be i32".into()
         })?;
+        self.check(&op, a, ta.is_row_contiguous(), || {
+            "weight rows must be contiguous (transposed weights are not supported)".into()
+        })?;
+        self.check(&op, b, ta.ne[0] == tb.ne[0], || {
+            format!("k differs: {:?} vs {:?}", ta.ne, tb.ne)
+        })?;
+        self.check(
+            &op,
+            b,
+            ta.ne[2] != 0 && ta.ne[3] != 0 && tb.ne[2] % ta.ne[2] == 0 && tb.ne[3] % ta.ne[3] == 0,
+            || format!("batch axes {:?} do not broadcast to {:?}", ta.ne, tb.ne),
+        )?;
         let ne = [ta.ne[1], tb.ne[1], tb.ne[2], tb.ne[3]];
         Ok(self.node(op, DType::F32, ne, &[a, b]))
     }
@@ -628,20 +835,64 @@ impl Context {
         max_bias: f32,
         softcap: f32,
     ) -> Result<TensorId> {
-        let op = Op::FlashAttnExt { scale, max_bias, softcap };
-        let (tq, tk, tv) = (self.check_float(&op, q)?, self.check_float(&op, k)?, self.check_float(&op, v)?);
-        self.check(&op, q, tq.dtype == DType::F32, || format!("q must be f32, got {}", tq.dtype))?;
-        self.check(&op, v, tk.dtype == tv.dtype && tk.dtype != DType::BF16, || format!("k/v must both be f16 or f32, got {}/{}", tk.dtype, tv.dtype))?;
-        self.check(&op, k, tk.ne[0] == tq.ne[0], || format!("head size {} vs q {}", tk.ne[0], tq.ne[0]))?;
-        self.check(&op, v, tv.ne[1] == tk.ne[1] && tv.ne[2] == tk.ne[2] && tv.ne[3] == tk.ne[3], || format!("v {:?} does not match k {:?}", tv.ne, tk.ne))?;
-        self.check(&op, k, tk.ne[2] != 0 && tq.ne[2] % tk.ne[2] == 0 && tk.ne[3] == tq.ne[3], || format!("q heads {:?} not a multiple of kv heads {:?}", tq.ne, tk.ne))?;
-        self.check(&op, q, tk.is_row_contiguous() && tv.is_row_contiguous(), || "k/v rows must be contiguous".into())?;
+        let op = Op::FlashAttnExt {
+            scale,
+            max_bias,
+            softcap,
+        };
+        let (tq, tk, tv) = (
+            self.check_float(&op, q)?,
+            self.check_float(&op, k)?,
+            self.check_float(&op, v)?,
+        );
+        self.check(&op, q, tq.dtype == DType::F32, || {
+            format!("q must be f32, got {}", tq.dtype)
+        })?;
+        self.check(
+            &op,
+            v,
+            tk.dtype == tv.dtype && tk.dtype != DType::BF16,
+            || format!("k/v must both be f16 or f32, got {}/{}", tk.dtype, tv.dtype),
+        )?;
+        self.check(&op, k, tk.ne[0] == tq.ne[0], || {
+            format!("head size {} vs q {}", tk.ne[0], tq.ne[0])
+        })?;
+        self.check(
+            &op,
+            v,
+            tv.ne[1] == tk.ne[1] && tv.ne[2] == tk.ne[2] && tv.ne[3] == tk.ne[3],
+            || format!("v {:?} does not match k {:?}", tv.ne, tk.ne),
+        )?;
+        self.check(
+            &op,
+            k,
+            tk.ne[2] != 0 && tq.ne[2] % tk.ne[2] == 0 && tk.ne[3] == tq.ne[3],
+            || format!("q heads {:?} not a multiple of kv heads {:?}", tq.ne, tk.ne),
+        )?;
+        self.check(
+            &op,
+            q,
+            tk.is_row_contiguous() && tv.is_row_contiguous(),
+            || "k/v rows must be contiguous".into(),
+        )?;
         let mut src = vec![q, k, v];
         if let Some(m) = mask {
             let tm = self.check_float(&op, m)?;
-            self.check(&op, m, tm.dtype != DType::BF16 && tm.ne[0] == tk.ne[1] && tm.ne[1] >= tq.ne[1] && tm.ne[2] == 1 && tm.ne[3] == 1, || {
-                format!("mask {} {:?} must be f16/f32 [{}, ≥{}, 1, 1]", tm.dtype, tm.ne, tk.ne[1], tq.ne[1])
-            })?;
+            self.check(
+                &op,
+                m,
+                tm.dtype != DType::BF16
+                    && tm.ne[0] == tk.ne[1]
+                    && tm.ne[1] >= tq.ne[1]
+                    && tm.ne[2] == 1
+                    && tm.ne[3] == 1,
+                || {
+                    format!(
+                        "mask {} {:?} must be f16/f32 [{}, ≥{}, 1, 1]",
+                        tm.dtype, tm.ne, tk.ne[1], tq.ne[1]
+                    )
+                },
+            )?;
             src.push(m);
         }
         let ne = [tv.ne[0], tq.ne[2], tq.ne[1], tq.ne[3]];

@@ -35,7 +35,11 @@ impl Graph {
             while let Some((id, expanded)) = stack.pop() {
                 if expanded {
                     let t = &tensors[id.index()];
-                    if t.op.kind() == crate::ops::OpKind::None { leafs.push(id) } else { nodes.push(id) }
+                    if t.op.kind() == crate::ops::OpKind::None {
+                        leafs.push(id)
+                    } else {
+                        nodes.push(id)
+                    }
                     continue;
                 }
                 if visited[id.index()] {
@@ -54,7 +58,12 @@ impl Graph {
                 }
             }
         }
-        Graph { tensors, nodes, leafs, outputs: outs.to_vec() }
+        Graph {
+            tensors,
+            nodes,
+            leafs,
+            outputs: outs.to_vec(),
+        }
     }
 
     /// All descriptors of the context the graph was built from.
@@ -66,7 +75,10 @@ impl Graph {
     /// # Errors
     /// [`Error::UnknownTensor`].
     pub fn tensor(&self, id: TensorId) -> Result<&TensorDesc> {
-        self.tensors.get(id.index()).ok_or(Error::UnknownTensor { id: id.index(), len: self.tensors.len() })
+        self.tensors.get(id.index()).ok_or(Error::UnknownTensor {
+            id: id.index(),
+            len: self.tensors.len(),
+        })
     }
     /// Nodes (tensors with an op) in execution order.
     pub fn nodes(&self) -> &[TensorId] {
@@ -86,7 +98,12 @@ impl Graph {
     }
     /// A sub-graph of the same tensors with only `nodes` (in the given order).
     pub fn with_nodes(&self, nodes: Vec<TensorId>) -> Graph {
-        Graph { tensors: self.tensors.clone(), nodes, leafs: self.leafs.clone(), outputs: self.outputs.clone() }
+        Graph {
+            tensors: self.tensors.clone(),
+            nodes,
+            leafs: self.leafs.clone(),
+            outputs: self.outputs.clone(),
+        }
     }
 }
 
@@ -114,7 +131,10 @@ mod tests {
         let a = ctx.new_named("w", DType::Q8_0, [64, 8]).unwrap();
         let x = ctx.new_tensor(DType::F32, [32, 2]).unwrap();
         let err = ctx.mul_mat(a, x).unwrap_err().to_string();
-        assert!(err.contains("MUL_MAT") && err.contains("k differs"), "{err}");
+        assert!(
+            err.contains("MUL_MAT") && err.contains("k differs"),
+            "{err}"
+        );
         assert!(ctx.new_tensor(DType::Q4_0, [33]).is_err());
         assert!(ctx.reshape(x, [5, 5]).is_err());
         let t = ctx.transpose(x).unwrap();
@@ -122,6 +142,9 @@ mod tests {
         assert!(err.contains("not contiguous"), "{err}");
         assert!(ctx.view(x, [32, 3], [128, 384, 384], 0).is_err());
         assert!(ctx.permute(x, [0, 0, 1, 2]).is_err());
-        assert!(matches!(ctx.add(x, TensorId::from_index(999)), Err(Error::InvalidOp { .. })));
+        assert!(matches!(
+            ctx.add(x, TensorId::from_index(999)),
+            Err(Error::InvalidOp { .. })
+        ));
     }
 }

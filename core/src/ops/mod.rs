@@ -263,7 +263,10 @@ impl OpKind {
 
     /// Ops that only reinterpret their source's storage and compute nothing.
     pub const fn is_view(self) -> bool {
-        matches!(self, OpKind::None | OpKind::View | OpKind::Reshape | OpKind::Permute | OpKind::Transpose)
+        matches!(
+            self,
+            OpKind::None | OpKind::View | OpKind::Reshape | OpKind::Permute | OpKind::Transpose
+        )
     }
 }
 

@@ -164,7 +164,10 @@ impl TensorDesc {
     }
     /// Byte offset of element `(i0, i1, i2, i3)`; `i0` must be a multiple of the block size.
     pub fn offset_of(&self, i: [usize; MAX_DIMS]) -> usize {
-        i[0] / self.dtype.block_size() * self.nb[0] + i[1] * self.nb[1] + i[2] * self.nb[2] + i[3] * self.nb[3]
+        i[0] / self.dtype.block_size() * self.nb[0]
+            + i[1] * self.nb[1]
+            + i[2] * self.nb[2]
+            + i[3] * self.nb[3]
     }
     /// Whether two tensors have identical shapes.
     pub fn same_shape(&self, other: &TensorDesc) -> bool {
@@ -172,7 +175,7 @@ impl TensorDesc {
     }
     /// Whether `other` can be broadcast to this tensor's shape (each length divides).
     pub fn can_broadcast(&self, other: &TensorDesc) -> bool {
-        (0..MAX_DIMS).all(|d| other.ne[d] != 0 && self.ne[d] % other.ne[d] == 0)
+        (0..MAX_DIMS).all(|d| other.ne[d] != 0 && self.ne[d].is_multiple_of(other.ne[d]))
     }
 }
 

@@ -1,0 +1,223 @@
+//! Host memory buffers: owned, 64-byte aligned, zero-initialised allocations, and read-only
+//! wrappers of caller memory.
+#![allow(unsafe_code)]
+
+use parking_lot::RwLock;
+use std::alloc::Layout;
+use std::any::Any;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use tessera_core::backend::HostMemory;
+use tessera_core::error::check_range;
+use tessera_core::{Buffer, BufferType, Error, Result};
+
+/// Alignment of CPU allocations and tensor offsets (one cache line, AVX-512 width).
+pub const CPU_ALIGNMENT: usize = 64;
+
+/// The CPU buffer type.
+#[derive(Debug)]
+pub struct CpuBufferType {
+    name: String,
+}
+
+impl CpuBufferType {
+    pub(crate) fn new(name: &str) -> CpuBufferType {
+        CpuBufferType {
+            name: name.to_string(),
+        }
+    }
+}
+
+impl BufferType for CpuBufferType {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn alignment(&self) -> usize {
+        CPU_ALIGNMENT
+    }
+    fn is_host(&self) -> bool {
+        true
+    }
+    fn alloc(&self, size: usize) -> Result<Arc<dyn Buffer>> {
+        Ok(Arc::new(CpuBuffer::alloc(&self.name, size)?))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+enum Memory {
+    Owned { ptr: NonNull<u8>, layout: Layout },
+    Host(HostMemory),
+}
+
+/// Host memory a CPU stream computes on.
+///
+/// Host-side reads and writes take `access` exclusively; a queued graph holds it shared until it
+/// has run, so a `write` after `compute` waits for the graph, as a stream would order it.
+pub struct CpuBuffer {
+    name: String,
+    mem: Memory,
+    size: usize,
+    pub(crate) access: Arc<RwLock<()>>,
+}
+
+// SAFETY: the memory is owned (or kept alive by `HostMemory`, which is Send + Sync) and every
+// access goes through `access` or through graph runs that hold it shared.
+unsafe impl Send for CpuBuffer {}
+// SAFETY: as for Send.
+unsafe impl Sync for CpuBuffer {}
+
+impl std::fmt::Debug for CpuBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBuffer")
+            .field("name", &self.name)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl CpuBuffer {
+    fn alloc(device: &str, size: usize) -> Result<CpuBuffer> {
+        let layout = Layout::from_size_align(size.max(1), CPU_ALIGNMENT).map_err(|_| {
+            Error::OutOfMemory {
+                device: device.to_string(),
+                requested: size,
+            }
+        })?;
+        // SAFETY: the layout has non-zero size. Zeroed memory keeps unwritten tensors defined.
+        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(|| {
+            Error::OutOfMemory {
+                device: device.to_string(),
+                requested: size,
+            }
+        })?;
+        Ok(CpuBuffer {
+            name: format!("{device} buffer"),
+            mem: Memory::Owned { ptr, layout },
+            size,
+            access: Arc::default(),
+        })
+    }
+
+    pub(crate) fn from_host(device: &str, mem: HostMemory) -> CpuBuffer {
+        let size = (*mem).as_ref().len();
+        CpuBuffer {
+            name: format!("{device} host buffer"),
+            mem: Memory::Host(mem),
+            size,
+            access: Arc::default(),
+        }
+    }
+
+    /// Whether graphs may write into this buffer.
+    pub(crate) fn writable(&self) -> bool {
+        matches!(self.mem, Memory::Owned { .. })
+    }
+
+    /// Base address for graph runs. Writing through it is allowed only for writable buffers.
+    pub(crate) fn base_ptr(&self) -> *mut u8 {
+        match &self.mem {
+            Memory::Owned { ptr, .. } => ptr.as_ptr(),
+            Memory::Host(m) => (**m).as_ref().as_ptr() as *mut u8,
+        }
+    }
+}
+
+impl Drop for CpuBuffer {
+    fn drop(&mut self) {
+        if let Memory::Owned { ptr, layout } = self.mem {
+            // SAFETY: allocated in `alloc` with this layout; graphs hold an Arc to the buffer while
+            // they run, so no one uses the memory any more.
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) }
+        }
+    }
+}
+
+impl Buffer for CpuBuffer {
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn is_host(&self) -> bool {
+        true
+    }
+    fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        check_range(&self.name, offset, src.len(), self.size)?;
+        if !self.writable() {
+            return Err(Error::ReadOnly(self.name.clone()));
+        }
+        let _g = self.access.write();
+        // SAFETY: range checked above; exclusive access held; `src` cannot alias owned memory
+        // mutably borrowed elsewhere because all other access also takes `access`.
+        unsafe { std::ptr::copy(src.as_ptr(), self.base_ptr().add(offset), src.len()) };
+        Ok(())
+    }
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_range(&self.name, offset, dst.len(), self.size)?;
+        let _g = self.access.write();
+        // SAFETY: range checked; exclusive access held while copying out.
+        unsafe { std::ptr::copy(self.base_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+    fn memset(&self, offset: usize, len: usize, value: u8) -> Result<()> {
+        check_range(&self.name, offset, len, self.size)?;
+        if !self.writable() {
+            return Err(Error::ReadOnly(self.name.clone()));
+        }
+        let _g = self.access.write();
+        // SAFETY: range checked; exclusive access held.
+        unsafe { std::ptr::write_bytes(self.base_ptr().add(offset), value, len) };
+        Ok(())
+    }
+    fn copy_from(
+        &self,
+        src: &dyn Buffer,
+        src_offset: usize,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<bool> {
+        let Some(src) = src.as_any().downcast_ref::<CpuBuffer>() else {
+            return Ok(false);
+        };
+        check_range(&src.name, src_offset, len, src.size)?;
+        check_range(&self.name, dst_offset, len, self.size)?;
+        if !self.writable() {
+            return Err(Error::ReadOnly(self.name.clone()));
+        }
+        if std::ptr::eq(src, self) {
+            let _g = self.access.write();
+            // SAFETY: both ranges checked inside this buffer; `copy` handles overlap.
+            unsafe {
+                std::ptr::copy(
+                    self.base_ptr().add(src_offset),
+                    self.base_ptr().add(dst_offset),
+                    len,
+                )
+            };
+        } else {
+            // Lock in address order so two opposite copies cannot deadlock.
+            let (first, second) = if (self as *const CpuBuffer) < (src as *const CpuBuffer) {
+                (self, src)
+            } else {
+                (src, self)
+            };
+            let _a = first.access.write();
+            let _b = second.access.write();
+            // SAFETY: ranges checked; distinct allocations, both locked exclusively.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.base_ptr().add(src_offset),
+                    self.base_ptr().add(dst_offset),
+                    len,
+                )
+            };
+        }
+        Ok(true)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,115 @@
+//! Element-wise ops: broadcast binaries, unary maps, gated units. Every row is decoded to f32,
+//! transformed, and encoded into the destination, so any float dtype and stride works.
+
+use super::{Exec, ThreadScratch, row_index, split_range};
+use tessera_core::{GluOp, Op, TensorId, UnaryOp};
+
+pub(crate) fn gelu(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
+}
+
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn unary(f: UnaryOp, x: f32) -> f32 {
+    match f {
+        UnaryOp::Silu => silu(x),
+        UnaryOp::Gelu => gelu(x),
+        UnaryOp::GeluQuick => x / (1.0 + (-1.702 * x).exp()),
+        UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Neg => -x,
+        UnaryOp::Exp => x.exp(),
+    }
+}
+
+pub(crate) fn binary(
+    exec: &Exec<'_>,
+    node: TensorId,
+    ith: usize,
+    nth: usize,
+    ts: &mut ThreadScratch,
+) {
+    let (dst, a, b) = (exec.view(node), exec.src(node, 0), exec.src(node, 1));
+    let op = *exec.desc(node).op();
+    let n = dst.ne[0];
+    let nb0 = b.ne[0];
+    for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
+        let (i1, i2, i3) = row_index(r, dst.ne);
+        let (x, y, _) = ts.rows(n.max(nb0));
+        a.read_row(i1, i2, i3, x);
+        b.read_row(i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3], y);
+        let x = &mut x[..n];
+        let y = &y[..nb0];
+        match op {
+            Op::Add => x.iter_mut().enumerate().for_each(|(i, v)| *v += y[i % nb0]),
+            Op::Sub => x.iter_mut().enumerate().for_each(|(i, v)| *v -= y[i % nb0]),
+            Op::Mul => x.iter_mut().enumerate().for_each(|(i, v)| *v *= y[i % nb0]),
+            Op::Div => x.iter_mut().enumerate().for_each(|(i, v)| *v /= y[i % nb0]),
+            _ => {}
+        }
+        dst.write_row(i1, i2, i3, x);
+    }
+}
+
+pub(crate) fn map(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &mut ThreadScratch) {
+    let (dst, a) = (exec.view(node), exec.src(node, 0));
+    let op = *exec.desc(node).op();
+    let n = dst.ne[0];
+    for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
+        let (i1, i2, i3) = row_index(r, dst.ne);
+        let (x, _, _) = ts.rows(n);
+        a.read_row(i1, i2, i3, x);
+        match op {
+            Op::Scale { scale, bias } => x.iter_mut().for_each(|v| *v = *v * scale + bias),
+            Op::Sqr => x.iter_mut().for_each(|v| *v *= *v),
+            Op::Sqrt => x.iter_mut().for_each(|v| *v = v.sqrt()),
+            Op::Clamp { min, max } => x.iter_mut().for_each(|v| *v = v.clamp(min, max)),
+            Op::Unary(f) => x.iter_mut().for_each(|v| *v = unary(f, *v)),
+            _ => {}
+        }
+        dst.write_row(i1, i2, i3, x);
+    }
+}
+
+pub(crate) fn glu(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &mut ThreadScratch) {
+    let dst = exec.view(node);
+    let t = exec.desc(node);
+    let Op::Glu { op, swapped } = *t.op() else {
+        return;
+    };
+    let act = |x: f32| match op {
+        GluOp::Swiglu => silu(x),
+        GluOp::Geglu => gelu(x),
+    };
+    let n = dst.ne[0];
+    let split = t.src(1).is_some();
+    let a = exec.src(node, 0);
+    let b = if split { Some(exec.src(node, 1)) } else { None };
+    for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
+        let (i1, i2, i3) = row_index(r, dst.ne);
+        let (x, y, out) = ts.rows(2 * n);
+        let (gate, up): (&[f32], &[f32]) = match b {
+            Some(b) => {
+                a.read_row(i1, i2, i3, x);
+                b.read_row(i1, i2, i3, y);
+                (&x[..n], &y[..n])
+            }
+            None => {
+                a.read_row(i1, i2, i3, x);
+                let (lo, hi) = x.split_at(n);
+                if swapped {
+                    (&hi[..n], lo)
+                } else {
+                    (lo, &hi[..n])
+                }
+            }
+        };
+        for i in 0..n {
+            out[i] = act(gate[i]) * up[i];
+        }
+        dst.write_row(i1, i2, i3, out);
+    }
+}

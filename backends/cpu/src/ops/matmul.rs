@@ -1,0 +1,121 @@
+//! MUL_MAT: activations are converted once per node into the form the weight type wants (f32 or
+//! Q8_0 blocks) in shared scratch; then threads take (plane × row-block × column-block) chunks
+//! from a shared counter and run the kernels crate's tile function on each.
+
+use super::{Exec, ThreadScratch, row_index, split_range};
+use std::sync::atomic::Ordering;
+use tessera_core::{DType, TensorDesc, TensorId};
+use tessera_kernels::cpu::{self as k, ActType, WeightType};
+
+/// Weight rows per chunk when there is one column (GEMV): small, so all threads stay busy.
+const GEMV_ROWS: usize = 16;
+/// Weight rows per chunk for GEMM.
+const GEMM_ROWS: usize = 64;
+/// Activation columns per chunk for GEMM.
+const GEMM_COLS: usize = 64;
+
+fn weight_type(d: DType) -> WeightType {
+    match d {
+        DType::F16 => WeightType::F16,
+        DType::BF16 => WeightType::BF16,
+        DType::Q8_0 => WeightType::Q8_0,
+        DType::Q4_0 => WeightType::Q4_0,
+        _ => WeightType::F32,
+    }
+}
+
+/// Shared scratch bytes for the prepared activations of MUL_MAT node `t`.
+pub(crate) fn act_bytes(tensors: &[TensorDesc], t: &TensorDesc) -> usize {
+    let (Some(a), Some(b)) = (t.src(0), t.src(1)) else {
+        return 0;
+    };
+    let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
+    let act = k::act_type(weight_type(a.dtype()));
+    k::act_row_bytes(act, b.ne()[0]) * b.nrows()
+}
+
+pub(crate) fn mul_mat(
+    exec: &Exec<'_>,
+    node: TensorId,
+    ith: usize,
+    nth: usize,
+    ts: &mut ThreadScratch,
+) {
+    let (dst, w, x) = (exec.view(node), exec.src(node, 0), exec.src(node, 1));
+    let kdim = w.ne[0];
+    let wt = weight_type(w.dtype);
+    let act = k::act_type(wt);
+    let arb = k::act_row_bytes(act, kdim);
+    let ncols = x.ne[1] * x.ne[2] * x.ne[3];
+
+    // Phase 1: each thread prepares a share of the activation columns.
+    for c in split_range(ncols, ith, nth) {
+        let (i1, i2, i3) = row_index(c, x.ne);
+        let (row, _, _) = ts.rows(kdim);
+        x.read_row(i1, i2, i3, row);
+        // SAFETY: column `c`'s range is written by this thread alone before the barrier below.
+        #[allow(unsafe_code)]
+        let out = unsafe { exec.shared.slice_mut(c * arb..(c + 1) * arb) };
+        match act {
+            ActType::F32 => {
+                for (o, v) in out.chunks_exact_mut(4).zip(row.iter()) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            ActType::Q8_0 => k::prepare_act(act, row, out),
+        }
+    }
+    if ith == 0 {
+        exec.counter.store(0, Ordering::Relaxed);
+    }
+    exec.barrier.wait();
+
+    // Phase 2: dynamically scheduled chunks.
+    let (m, n) = (dst.ne[0], dst.ne[1]);
+    let (rows_per, cols_per) = if n == 1 {
+        (GEMV_ROWS, 1)
+    } else {
+        (GEMM_ROWS, GEMM_COLS)
+    };
+    let row_blocks = m.div_ceil(rows_per);
+    let col_blocks = n.div_ceil(cols_per);
+    let planes = dst.ne[2] * dst.ne[3];
+    let total = planes * row_blocks * col_blocks;
+    let (r2, r3) = (dst.ne[2] / w.ne[2], dst.ne[3] / w.ne[3]);
+    let mut tile: Vec<f32> = Vec::new();
+    loop {
+        let chunk = exec.counter.fetch_add(1, Ordering::Relaxed);
+        if chunk >= total {
+            break;
+        }
+        let plane = chunk / (row_blocks * col_blocks);
+        let rb = (chunk / col_blocks) % row_blocks;
+        let cb = chunk % col_blocks;
+        let (i2, i3) = (plane % dst.ne[2], plane / dst.ne[2]);
+        let r0 = rb * rows_per;
+        let rows = rows_per.min(m - r0);
+        let c0 = cb * cols_per;
+        let cols = cols_per.min(n - c0);
+        let wbytes = w.rows_raw(r0, rows, i2 / r2, i3 / r3);
+        let first_col = (i3 * dst.ne[2] + i2) * n + c0;
+        let xbytes = exec.shared.slice(first_col * arb..(first_col + cols) * arb);
+        tile.clear();
+        tile.resize(rows * cols, 0.0);
+        k::mul_mat_tile(
+            wt,
+            wbytes,
+            w.nb[1],
+            rows,
+            xbytes,
+            arb,
+            cols,
+            kdim,
+            &mut tile,
+            rows,
+            &mut ts.bytes,
+        );
+        for c in 0..cols {
+            dst.write_f32_at(r0, c0 + c, i2, i3, &tile[c * rows..(c + 1) * rows]);
+        }
+    }
+}

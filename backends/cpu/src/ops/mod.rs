@@ -1,0 +1,232 @@
+//! The CPU implementation of every op. Each op family has its own file; this one dispatches
+//! nodes, answers `supports_op`, and holds the per-run shared state.
+//!
+//! Threads walk the graph together: every thread calls each node's kernel with its index, the
+//! kernel handles that thread's share of the output rows, and a barrier separates nodes.
+
+mod attn;
+mod copy;
+mod elementwise;
+mod matmul;
+mod norm;
+mod rope;
+
+use crate::pool::Barrier;
+use crate::tview::TView;
+use parking_lot::Mutex;
+use std::ops::Range;
+use std::sync::atomic::AtomicUsize;
+use tessera_core::{DType, Graph, Op, OpKind, Support, TensorDesc, TensorId};
+
+/// State shared by the threads of one graph run.
+pub(crate) struct Exec<'a> {
+    pub graph: &'a Graph,
+    pub views: &'a [Option<TView>],
+    pub barrier: &'a Barrier,
+    pub shared: &'a SharedScratch,
+    /// Work counter for dynamically scheduled chunks; reset by thread 0 before a barrier.
+    pub counter: &'a AtomicUsize,
+    /// The first data-dependent failure (e.g. a row index out of range).
+    pub error: &'a Mutex<Option<String>>,
+}
+
+impl Exec<'_> {
+    pub(crate) fn desc(&self, id: TensorId) -> &TensorDesc {
+        &self.graph.tensors()[id.index()]
+    }
+    pub(crate) fn view(&self, id: TensorId) -> TView {
+        // Every tensor of the graph was resolved in `prepare`; a missing one is a Tessera bug.
+        self.views[id.index()].unwrap_or_else(|| unreachable!("tensor {id} not resolved"))
+    }
+    pub(crate) fn src(&self, node: TensorId, i: usize) -> TView {
+        let id = self
+            .desc(node)
+            .src(i)
+            .unwrap_or_else(|| unreachable!("node {node} lacks source {i}"));
+        self.view(id)
+    }
+    pub(crate) fn fail(&self, msg: String) {
+        self.error.lock().get_or_insert(msg);
+    }
+}
+
+/// Per-thread reusable buffers.
+#[derive(Default)]
+pub(crate) struct ThreadScratch {
+    pub a: Vec<f32>,
+    pub b: Vec<f32>,
+    pub c: Vec<f32>,
+    pub bytes: Vec<u8>,
+}
+
+impl ThreadScratch {
+    pub(crate) fn rows(&mut self, n: usize) -> (&mut [f32], &mut [f32], &mut [f32]) {
+        for v in [&mut self.a, &mut self.b, &mut self.c] {
+            if v.len() < n {
+                v.resize(n, 0.0);
+            }
+        }
+        (&mut self.a[..n], &mut self.b[..n], &mut self.c[..n])
+    }
+}
+
+/// Scratch memory shared by the threads of a run (quantized activations of MUL_MAT). Threads
+/// write disjoint ranges, separated from the readers by a barrier.
+#[derive(Default)]
+pub(crate) struct SharedScratch {
+    mem: Vec<u64>,
+}
+
+#[allow(unsafe_code)]
+impl SharedScratch {
+    pub(crate) fn ensure(&mut self, bytes: usize) {
+        let words = bytes.div_ceil(8);
+        if self.mem.len() < words {
+            self.mem.resize(words, 0);
+        }
+    }
+    fn len(&self) -> usize {
+        self.mem.len() * 8
+    }
+    /// Mutable access to `range`.
+    ///
+    /// # Safety
+    /// No other thread may access `range` until the next barrier.
+    // Threads share `&SharedScratch` and each writes its own range: a mutable slice from a
+    // shared reference is the point, with exclusivity as the documented contract.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice_mut(&self, range: Range<usize>) -> &mut [u8] {
+        assert!(range.end <= self.len(), "shared scratch overrun");
+        // SAFETY: in bounds (checked); exclusivity is the caller's contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                (self.mem.as_ptr() as *mut u8).add(range.start),
+                range.len(),
+            )
+        }
+    }
+    /// Read access to `range` once the writers have passed a barrier.
+    pub(crate) fn slice(&self, range: Range<usize>) -> &[u8] {
+        assert!(range.end <= self.len(), "shared scratch overrun");
+        // SAFETY: in bounds; writers finished before the barrier that precedes every reader.
+        unsafe {
+            std::slice::from_raw_parts(
+                (self.mem.as_ptr() as *const u8).add(range.start),
+                range.len(),
+            )
+        }
+    }
+}
+
+/// The rows `ith` handles when `total` rows are split evenly over `nth` threads.
+pub(crate) fn split_range(total: usize, ith: usize, nth: usize) -> Range<usize> {
+    let per = total.div_ceil(nth.max(1));
+    let start = (ith * per).min(total);
+    start..(start + per).min(total)
+}
+
+/// `(i1, i2, i3)` of flat row `r` of a tensor with shape `ne`.
+pub(crate) fn row_index(r: usize, ne: [usize; 4]) -> (usize, usize, usize) {
+    (r % ne[1], (r / ne[1]) % ne[2], r / (ne[1] * ne[2]))
+}
+
+/// Runs every node of the graph on thread `ith` of `nth`.
+pub(crate) fn run_nodes(exec: &Exec<'_>, ith: usize, nth: usize) {
+    let mut ts = ThreadScratch::default();
+    for &node in exec.graph.nodes() {
+        let t = exec.desc(node);
+        if t.op().kind().is_view() || t.nelements() == 0 {
+            continue;
+        }
+        compute_node(exec, node, ith, nth, &mut ts);
+        exec.barrier.wait();
+    }
+}
+
+fn compute_node(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &mut ThreadScratch) {
+    let t = exec.desc(node);
+    match *t.op() {
+        Op::Add | Op::Sub | Op::Mul | Op::Div => elementwise::binary(exec, node, ith, nth, ts),
+        Op::Scale { .. } | Op::Sqr | Op::Sqrt | Op::Clamp { .. } | Op::Unary(_) => {
+            elementwise::map(exec, node, ith, nth, ts)
+        }
+        Op::Glu { .. } => elementwise::glu(exec, node, ith, nth, ts),
+        Op::RmsNorm { .. } | Op::Norm { .. } => norm::norm(exec, node, ith, nth, ts),
+        Op::SumRows => norm::sum_rows(exec, node, ith, nth, ts),
+        Op::Argmax => norm::argmax(exec, node, ith, nth, ts),
+        Op::SoftMax { .. } => norm::soft_max(exec, node, ith, nth, ts),
+        Op::Rope(p) => rope::rope(exec, node, &p, ith, nth, ts),
+        Op::MulMat => matmul::mul_mat(exec, node, ith, nth, ts),
+        Op::FlashAttnExt { .. } => attn::flash_attn_ext(exec, node, ith, nth, ts),
+        Op::Cont | Op::Cpy => copy::cpy(exec, node, ith, nth, ts),
+        Op::GetRows => copy::get_rows(exec, node, ith, nth, ts),
+        Op::SetRows => copy::set_rows(exec, node, ith, nth, ts),
+        Op::Concat { dim } => copy::concat(exec, node, dim, ith, nth, ts),
+        // View-like ops compute nothing; future ops are refused by `supports` before a run.
+        _ => {}
+    }
+}
+
+/// Whether the CPU kernels implement node `node` for its dtypes.
+pub(crate) fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
+    let Some(t) = tensors.get(node.index()) else {
+        return Support::No(format!("unknown tensor {node}"));
+    };
+    let src_dtype = |i: usize| {
+        t.src(i)
+            .and_then(|s| tensors.get(s.index()))
+            .map(|s| s.dtype())
+    };
+    match t.op().kind() {
+        OpKind::Concat if t.dtype() == DType::I32 => Support::No("CONCAT of i32 tensors".into()),
+        OpKind::FlashAttnExt if !matches!(src_dtype(1), Some(DType::F16 | DType::F32)) => {
+            Support::No("FLASH_ATTN_EXT needs f16 or f32 K/V".into())
+        }
+        OpKind::None
+        | OpKind::View
+        | OpKind::Reshape
+        | OpKind::Permute
+        | OpKind::Transpose
+        | OpKind::Cont
+        | OpKind::Cpy
+        | OpKind::GetRows
+        | OpKind::SetRows
+        | OpKind::Concat
+        | OpKind::Add
+        | OpKind::Sub
+        | OpKind::Mul
+        | OpKind::Div
+        | OpKind::Scale
+        | OpKind::Sqr
+        | OpKind::Sqrt
+        | OpKind::Clamp
+        | OpKind::Unary
+        | OpKind::Glu
+        | OpKind::RmsNorm
+        | OpKind::Norm
+        | OpKind::SumRows
+        | OpKind::Argmax
+        | OpKind::SoftMax
+        | OpKind::Rope
+        | OpKind::MulMat
+        | OpKind::FlashAttnExt => Support::Yes,
+        other => Support::No(format!("{other} has no CPU kernel")),
+    }
+}
+
+/// Bytes of shared scratch the graph's nodes need (the largest MUL_MAT activation set).
+pub(crate) fn shared_scratch_bytes(graph: &Graph) -> usize {
+    graph
+        .nodes()
+        .iter()
+        .map(|&n| {
+            let t = &graph.tensors()[n.index()];
+            if t.op().kind() == OpKind::MulMat {
+                matmul::act_bytes(graph.tensors(), t)
+            } else {
+                0
+            }
+        })
+        .max()
+        .unwrap_or(0)
+}

@@ -1,0 +1,279 @@
+//! [`CpuBackend`]: a stream on a CPU device. `compute` validates and resolves the graph on the
+//! caller's thread, then queues it for the stream's own thread, which runs it on the device's
+//! pool as thread 0. `synchronize` waits for the queue to drain.
+
+use crate::buffer::CpuBuffer;
+use crate::ops::{self, Exec, SharedScratch};
+use crate::pool::{Barrier, Pool};
+use crate::tview::TView;
+use parking_lot::lock_api::ArcRwLockReadGuard;
+use parking_lot::{Condvar, Mutex, RawRwLock};
+use std::any::Any;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::mpsc;
+use tessera_core::backend::HostEvent;
+use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result, Support};
+
+enum Job {
+    Compute(Box<Prepared>),
+    Signal(Arc<HostEvent>),
+    Wait(Event),
+}
+
+/// A graph with every tensor resolved to host memory, plus what keeps that memory valid.
+struct Prepared {
+    graph: Graph,
+    views: Vec<Option<TView>>,
+    scratch_bytes: usize,
+    _buffers: Vec<Arc<dyn Buffer>>,
+    _guards: Vec<ArcRwLockReadGuard<RawRwLock, ()>>,
+}
+
+struct Status {
+    pending: Mutex<usize>,
+    idle: Condvar,
+    error: Mutex<Option<Error>>,
+}
+
+/// A stream of work on a CPU device.
+pub struct CpuBackend {
+    device: String,
+    n_threads: usize,
+    tx: Option<mpsc::Sender<Job>>,
+    status: Arc<Status>,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend")
+            .field("device", &self.device)
+            .field("n_threads", &self.n_threads)
+            .finish()
+    }
+}
+
+impl CpuBackend {
+    pub(crate) fn new(device: &str, n_threads: usize, cores: Vec<usize>) -> Result<CpuBackend> {
+        let status = Arc::new(Status {
+            pending: Mutex::new(0),
+            idle: Condvar::new(),
+            error: Mutex::new(None),
+        });
+        let (tx, rx) = mpsc::channel::<Job>();
+        let st = status.clone();
+        let name = device.to_string();
+        let io = |e: std::io::Error| Error::Unavailable {
+            backend: "cpu".into(),
+            reason: format!("cannot start threads for {device}: {e}"),
+        };
+        let pool = Pool::new(device, n_threads, cores.clone()).map_err(io)?;
+        let worker = std::thread::Builder::new()
+            .name(format!("{device}-stream"))
+            .spawn(move || {
+                crate::sys::pin_current_thread(
+                    cores.first().map(std::slice::from_ref).unwrap_or(&[]),
+                );
+                stream_loop(&name, pool, rx, st)
+            })
+            .map_err(io)?;
+        tracing::debug!(device, n_threads, "CPU stream started");
+        Ok(CpuBackend {
+            device: device.to_string(),
+            n_threads,
+            tx: Some(tx),
+            status,
+            worker: Some(worker),
+        })
+    }
+
+    /// Worker threads of this stream.
+    pub fn n_threads(&self) -> usize {
+        self.n_threads
+    }
+
+    fn enqueue(&mut self, job: Job) -> Result<()> {
+        *self.status.pending.lock() += 1;
+        let sent = self
+            .tx
+            .as_ref()
+            .map(|tx| tx.send(job).is_ok())
+            .unwrap_or(false);
+        if !sent {
+            *self.status.pending.lock() -= 1;
+            return Err(Error::Compute {
+                device: self.device.clone(),
+                reason: "stream thread has stopped".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn prepare(&self, graph: &Graph, bindings: &Bindings) -> Result<Prepared> {
+        bindings.check_graph(graph)?;
+        let tensors = graph.tensors();
+        for &n in graph.nodes() {
+            if let Support::No(reason) = ops::supports(tensors, n) {
+                let t = &tensors[n.index()];
+                return Err(Error::Unsupported {
+                    op: t.op().name().to_string(),
+                    dtype: t
+                        .src(0)
+                        .map(|s| tensors[s.index()].dtype())
+                        .unwrap_or(t.dtype()),
+                    device: self.device.clone(),
+                    reason,
+                });
+            }
+        }
+        let mut views = vec![None; tensors.len()];
+        let mut buffers: Vec<Arc<dyn Buffer>> = Vec::new();
+        for &id in graph.leafs().iter().chain(graph.nodes()) {
+            let (buf, off) = bindings.resolve(tensors, id)?;
+            let cpu = buf
+                .as_any()
+                .downcast_ref::<CpuBuffer>()
+                .ok_or_else(|| Error::Foreign {
+                    backend: format!("cpu ({})", self.device),
+                    what: format!(
+                        "tensor {} lives in {}, not CPU memory",
+                        graph.label(id),
+                        buf.name()
+                    ),
+                })?;
+            let t = &tensors[id.index()];
+            if !t.op().kind().is_view() && !cpu.writable() {
+                return Err(Error::ReadOnly(format!(
+                    "{} (written by {} of {})",
+                    buf.name(),
+                    t.op().name(),
+                    graph.label(id)
+                )));
+            }
+            // SAFETY: `check_graph` verified `off + nbytes <= buf.size()`, and the Arc kept in
+            // `buffers` plus the read guard keep the memory alive and host access out until the run ends.
+            views[id.index()] = Some(unsafe_view(cpu, off, t));
+            if !buffers.iter().any(|b| Arc::ptr_eq(b, &buf)) {
+                buffers.push(buf);
+            }
+        }
+        let guards = buffers
+            .iter()
+            .filter_map(|b| b.as_any().downcast_ref::<CpuBuffer>())
+            .map(|b| b.access.read_arc())
+            .collect();
+        Ok(Prepared {
+            graph: graph.clone(),
+            views,
+            scratch_bytes: ops::shared_scratch_bytes(graph),
+            _buffers: buffers,
+            _guards: guards,
+        })
+    }
+}
+
+#[allow(unsafe_code)]
+fn unsafe_view(buf: &CpuBuffer, offset: usize, t: &tessera_core::TensorDesc) -> TView {
+    // SAFETY: the caller checked that `offset + t.nbytes()` lies inside `buf`.
+    unsafe { TView::new(buf.base_ptr().wrapping_add(offset), t) }
+}
+
+fn stream_loop(device: &str, pool: Pool, rx: mpsc::Receiver<Job>, status: Arc<Status>) {
+    let mut scratch = SharedScratch::default();
+    while let Ok(job) = rx.recv() {
+        let outcome = match job {
+            Job::Compute(p) => run_graph(device, &pool, &p, &mut scratch),
+            Job::Signal(e) => {
+                e.signal();
+                Ok(())
+            }
+            Job::Wait(e) => e.synchronize(),
+        };
+        if let Err(e) = outcome {
+            tracing::error!(device, error = %e, "CPU stream job failed");
+            status.error.lock().get_or_insert(e);
+        }
+        let mut pending = status.pending.lock();
+        *pending -= 1;
+        if *pending == 0 {
+            status.idle.notify_all();
+        }
+    }
+}
+
+fn run_graph(device: &str, pool: &Pool, p: &Prepared, scratch: &mut SharedScratch) -> Result<()> {
+    scratch.ensure(p.scratch_bytes);
+    let barrier = Barrier::new(pool.n_threads());
+    let counter = AtomicUsize::new(0);
+    let errors = Mutex::new(None::<String>);
+    let exec = Exec {
+        graph: &p.graph,
+        views: &p.views,
+        barrier: &barrier,
+        shared: scratch,
+        counter: &counter,
+        error: &errors,
+    };
+    // The region borrows `exec` only for the duration of `pool.run`, which joins every thread
+    // before returning; the 'static bound of the pool is met by smuggling the address.
+    let addr = &exec as *const Exec<'_> as usize;
+    pool.run(Arc::new(move |ith, nth| {
+        #[allow(unsafe_code)]
+        // SAFETY: `exec` outlives `pool.run`, which does not return until every thread is done.
+        let exec = unsafe { &*(addr as *const Exec<'_>) };
+        ops::run_nodes(exec, ith, nth);
+    }));
+    match errors.into_inner() {
+        Some(reason) => Err(Error::Compute {
+            device: device.to_string(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        &self.device
+    }
+    fn compute(&mut self, graph: &Graph, bindings: &Bindings) -> Result<()> {
+        let prepared = self.prepare(graph, bindings)?;
+        self.enqueue(Job::Compute(Box::new(prepared)))
+    }
+    fn synchronize(&mut self) -> Result<()> {
+        let mut pending = self.status.pending.lock();
+        while *pending > 0 {
+            self.status.idle.wait(&mut pending);
+        }
+        drop(pending);
+        match self.status.error.lock().take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+    fn record_event(&mut self) -> Result<Option<Event>> {
+        let ev = HostEvent::new();
+        self.enqueue(Job::Signal(ev.clone()))?;
+        Ok(Some(Event(ev)))
+    }
+    fn wait_event(&mut self, event: &Event) -> Result<()> {
+        if event.is_complete() {
+            return Ok(());
+        }
+        self.enqueue(Job::Wait(event.clone()))
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl Drop for CpuBackend {
+    fn drop(&mut self) {
+        // Closing the channel ends the stream loop after the queued work.
+        self.tx.take();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}

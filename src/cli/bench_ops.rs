@@ -1,0 +1,207 @@
+//! `tessera bench-ops`: time single-op graphs and report GFLOP/s and GB/s, like
+//! `test-backend-ops perf`.
+
+use super::inputs::{Rng, fill};
+use std::time::{Duration, Instant};
+use tessera::{BackendOptions, Context, DType, Device, Result, RopeMode, RopeParams, TensorId};
+
+/// Builds a single-op graph and returns its output.
+type BuildFn = Box<dyn Fn(&mut Context) -> Result<TensorId>>;
+
+/// One benchmark: a single-op graph plus its arithmetic and memory traffic.
+struct BenchCase {
+    op: &'static str,
+    label: String,
+    build: BuildFn,
+    flops: f64,
+    bytes: f64,
+}
+
+fn cases(k: usize) -> Vec<BenchCase> {
+    let mut v = Vec::new();
+    let m = 4096;
+    for dtype in [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+    ] {
+        for n in [1usize, 512] {
+            let wbytes = (dtype.row_size(k).unwrap_or(0) * m) as f64;
+            v.push(BenchCase {
+                op: "MUL_MAT",
+                label: format!("MUL_MAT(type_a={dtype},type_b=f32,m={m},n={n},k={k})"),
+                build: Box::new(move |c| {
+                    let w = c.new_tensor(dtype, [k, m])?;
+                    let x = c.new_tensor(DType::F32, [k, n])?;
+                    c.mul_mat(w, x)
+                }),
+                flops: 2.0 * (m * n * k) as f64,
+                bytes: wbytes + (4 * k * n + 4 * m * n) as f64,
+            });
+        }
+    }
+    let (ne0, rows) = (4096usize, 512usize);
+    v.push(BenchCase {
+        op: "RMS_NORM",
+        label: format!("RMS_NORM(type=f32,ne=[{ne0},{rows}])"),
+        build: Box::new(move |c| {
+            let a = c.new_tensor(DType::F32, [ne0, rows])?;
+            c.rms_norm(a, 1e-6)
+        }),
+        flops: 3.0 * (ne0 * rows) as f64,
+        bytes: 8.0 * (ne0 * rows) as f64,
+    });
+    v.push(BenchCase {
+        op: "SOFT_MAX",
+        label: format!("SOFT_MAX(type=f32,ne=[{ne0},{rows}],mask=f16,scale=0.125)"),
+        build: Box::new(move |c| {
+            let a = c.new_tensor(DType::F32, [ne0, rows])?;
+            let mask = c.new_tensor(DType::F16, [ne0, rows])?;
+            c.soft_max_ext(a, Some(mask), 0.125, 0.0)
+        }),
+        flops: 5.0 * (ne0 * rows) as f64,
+        bytes: 10.0 * (ne0 * rows) as f64,
+    });
+    let (hd, heads, toks) = (128usize, 32usize, 512usize);
+    v.push(BenchCase {
+        op: "ROPE",
+        label: format!("ROPE(type=f32,ne=[{hd},{heads},{toks}],mode=neox)"),
+        build: Box::new(move |c| {
+            let a = c.new_tensor(DType::F32, [hd, heads, toks])?;
+            let p = c.new_tensor(DType::I32, [toks])?;
+            c.rope(
+                a,
+                p,
+                RopeParams {
+                    n_dims: hd,
+                    mode: RopeMode::Neox,
+                    freq_base: 10000.0,
+                    freq_scale: 1.0,
+                },
+            )
+        }),
+        flops: 6.0 * (hd * heads * toks) as f64,
+        bytes: 8.0 * (hd * heads * toks) as f64,
+    });
+    for n_q in [1usize, 512] {
+        let (d, h, hkv, nkv) = (128usize, 32usize, 8usize, 4096usize);
+        v.push(BenchCase {
+            op: "FLASH_ATTN_EXT",
+            label: format!(
+                "FLASH_ATTN_EXT(hs={d},nh={h},nh_kv={hkv},kv={nkv},nb={n_q},type_KV=f16,mask=f16)"
+            ),
+            build: Box::new(move |c| {
+                let q = c.new_tensor(DType::F32, [d, n_q, h])?;
+                let kk = c.new_tensor(DType::F16, [d, nkv, hkv])?;
+                let vv = c.new_tensor(DType::F16, [d, nkv, hkv])?;
+                let mask = c.new_tensor(DType::F16, [nkv, n_q])?;
+                c.flash_attn_ext(q, kk, vv, Some(mask), 1.0 / (d as f32).sqrt(), 0.0, 0.0)
+            }),
+            flops: 4.0 * (d * nkv * h * n_q) as f64,
+            bytes: (2 * 2 * d * nkv * hkv + 4 * d * h * n_q * 2) as f64,
+        });
+    }
+    v
+}
+
+/// Options of `bench-ops`.
+pub struct Options {
+    /// Only ops whose name or label starts with this (case-insensitive).
+    pub op: Option<String>,
+    /// Thread counts to try; empty = the device's default.
+    pub threads: Vec<usize>,
+    /// Reduction length of the MUL_MAT shapes.
+    pub k: usize,
+    /// Minimum measuring time per case.
+    pub min_time: Duration,
+}
+
+fn time_case(
+    dev: &dyn Device,
+    case: &BenchCase,
+    threads: Option<usize>,
+    min_time: Duration,
+) -> anyhow::Result<(usize, f64)> {
+    let mut ctx = Context::new();
+    let out = (case.build)(&mut ctx)?;
+    let graph = ctx.build_forward(out)?;
+    let buf = dev.buffer_type().alloc_tensors(&ctx)?;
+    let mut rng = Rng::new(0x7e55e7a);
+    for &leaf in graph.leafs() {
+        fill(&buf, ctx.tensor(leaf)?, leaf, &mut rng, 100)?;
+    }
+    let opts = threads
+        .map(BackendOptions::with_threads)
+        .unwrap_or_default();
+    let mut backend = dev.init_backend(&opts)?;
+    backend.compute(&graph, buf.bindings())?;
+    backend.synchronize()?;
+    let (mut runs, start) = (0usize, Instant::now());
+    while runs < 3 || (start.elapsed() < min_time && runs < 10_000) {
+        backend.compute(&graph, buf.bindings())?;
+        backend.synchronize()?;
+        runs += 1;
+    }
+    Ok((runs, start.elapsed().as_secs_f64() / runs as f64))
+}
+
+/// Runs the benchmarks on `devices` and prints one table row per case, device and thread count.
+pub fn run(devices: &[std::sync::Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
+    let all = cases(opts.k);
+    let selected: Vec<&BenchCase> = all
+        .iter()
+        .filter(|c| {
+            opts.op.as_ref().is_none_or(|o| {
+                c.op.eq_ignore_ascii_case(o)
+                    || c.label.to_lowercase().starts_with(&o.to_lowercase())
+            })
+        })
+        .collect();
+    if selected.is_empty() {
+        anyhow::bail!(
+            "no benchmark matches -o {}",
+            opts.op.as_deref().unwrap_or("")
+        );
+    }
+    println!(
+        "| {:<62} | {:<6} | {:>3} | {:>6} | {:>11} | {:>9} | {:>8} |",
+        "case", "device", "thr", "runs", "us/run", "GFLOP/s", "GB/s"
+    );
+    println!(
+        "|{:-<64}|{:-<8}|{:-<5}|{:-<8}|{:-<13}|{:-<11}|{:-<10}|",
+        "", "", "", "", "", "", ""
+    );
+    let thread_opts: Vec<Option<usize>> = if opts.threads.is_empty() {
+        vec![None]
+    } else {
+        opts.threads.iter().map(|&t| Some(t)).collect()
+    };
+    for dev in devices {
+        for case in &selected {
+            for &t in &thread_opts {
+                let shown = t.map(|t| t.to_string()).unwrap_or_else(|| "def".into());
+                match time_case(dev.as_ref(), case, t, opts.min_time) {
+                    Ok((runs, secs)) => println!(
+                        "| {:<62} | {:<6} | {:>3} | {:>6} | {:>11.1} | {:>9.2} | {:>8.2} |",
+                        case.label,
+                        dev.name(),
+                        shown,
+                        runs,
+                        secs * 1e6,
+                        case.flops / secs / 1e9,
+                        case.bytes / secs / 1e9
+                    ),
+                    Err(e) => println!(
+                        "| {:<62} | {:<6} | {:>3} | error: {e}",
+                        case.label,
+                        dev.name(),
+                        shown
+                    ),
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! Deterministic pseudo-random tensor contents for benchmarks.
+
+use tessera::{DType, Result, TensorBuffer, TensorDesc, TensorId};
+
+/// SplitMix64: tiny, fast, and good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    /// Next value uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// Fills leaf `id`: floats uniform in [-1, 1) encoded to the tensor's dtype, i32 as `0..n` modulo
+/// `i32_modulo`.
+pub fn fill(
+    buf: &TensorBuffer,
+    desc: &TensorDesc,
+    id: TensorId,
+    rng: &mut Rng,
+    i32_modulo: usize,
+) -> Result<()> {
+    let n = desc.nelements();
+    let bytes = if desc.dtype() == DType::I32 {
+        let v: Vec<f32> = (0..n).map(|i| (i % i32_modulo.max(1)) as f32).collect();
+        tessera::encode_f32(DType::I32, &v)?
+    } else {
+        let v: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
+        tessera::encode_f32(desc.dtype(), &v)?
+    };
+    buf.set(id, &bytes)
+}

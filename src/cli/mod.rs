@@ -1,0 +1,39 @@
+//! The `tessera` command line: device listing, op conformance and op benchmarks.
+
+pub mod bench_ops;
+pub mod devices;
+pub mod inputs;
+pub mod test_ops;
+
+use std::sync::Arc;
+use tessera::{Device, registry};
+
+/// Devices for a `--devices` list, or every registered device when none is given.
+pub fn select_devices(
+    list: Option<&str>,
+    backend: Option<&str>,
+) -> anyhow::Result<Vec<Arc<dyn Device>>> {
+    let reg = registry();
+    let mut devs = match list {
+        Some(l) => reg.select(l)?,
+        None => reg.devices(),
+    };
+    if let Some(b) = backend {
+        devs.retain(|d| {
+            d.backend_name().eq_ignore_ascii_case(b) || d.name().eq_ignore_ascii_case(b)
+        });
+    }
+    Ok(devs)
+}
+
+/// Parses a comma-separated list of positive integers (`1,2`).
+pub fn parse_list(s: &str) -> anyhow::Result<Vec<usize>> {
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|_| anyhow::anyhow!("'{x}' is not a positive integer"))
+        })
+        .filter(|r| !matches!(r, Ok(0)))
+        .collect()
+}

@@ -1,0 +1,168 @@
+//! Tessera: run tensor compute graphs on CPUs and GPUs of every vendor, and split one model
+//! across several devices.
+//!
+//! This facade re-exports `tessera-core` and registers the backends compiled in through cargo
+//! features (`cpu` by default).
+//!
+//! ```
+//! use tessera::{BackendOptions, Context, DType};
+//! let reg = tessera::registry();
+//! let dev = reg.device("CPU").unwrap();
+//! let backend_opts = BackendOptions::with_threads(1);
+//! let mut backend = dev.init_backend(&backend_opts).unwrap();
+//! let mut ctx = Context::new();
+//! let w = ctx.new_tensor(DType::Q8_0, [64, 8]).unwrap();
+//! let x = ctx.new_tensor(DType::F32, [64, 1]).unwrap();
+//! let y = ctx.mul_mat(w, x).unwrap();
+//! let graph = ctx.build_forward(y).unwrap();
+//! let buf = dev.buffer_type().alloc_tensors(&ctx).unwrap();
+//! buf.set(w, &tessera::encode_f32(DType::Q8_0, &vec![0.5; 64 * 8]).unwrap()).unwrap();
+//! buf.set_f32(x, &vec![1.0; 64]).unwrap();
+//! backend.compute(&graph, buf.bindings()).unwrap();
+//! backend.synchronize().unwrap();
+//! assert_eq!(buf.get_f32(y).unwrap(), vec![32.0; 8]);
+//! ```
+#![deny(unsafe_code)]
+
+pub use tessera_core::*;
+
+#[cfg(feature = "cpu")]
+pub use tessera_cpu as cpu;
+
+use std::sync::Once;
+
+/// Vendor backends Tessera knows, and whether this build includes each.
+pub const BACKENDS: [(&str, bool); 4] = [
+    ("cpu", cfg!(feature = "cpu")),
+    ("cuda", false),
+    ("hip", false),
+    ("sycl", false),
+];
+
+/// The process-wide registry with every compiled-in backend registered.
+pub fn registry() -> &'static DeviceRegistry {
+    static INIT: Once = Once::new();
+    let reg = DeviceRegistry::global();
+    INIT.call_once(|| {
+        #[cfg(feature = "cpu")]
+        reg.register(tessera_cpu::registry());
+    });
+    reg
+}
+
+/// Encodes f32 values as `dtype` bytes (quantizing for Q8_0/Q4_0, rounding to nearest for
+/// F16/BF16, truncating toward zero for I32).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if the value count is not a multiple of the block size.
+pub fn encode_f32(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
+    use tessera_kernels::cpu as k;
+    let bytes = dtype.row_size(values.len()).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{} values are not a whole number of {dtype} blocks of {}",
+            values.len(),
+            dtype.block_size()
+        ))
+    })?;
+    let mut out = vec![0u8; bytes];
+    match dtype {
+        DType::F32 => out
+            .chunks_exact_mut(4)
+            .zip(values)
+            .for_each(|(o, v)| o.copy_from_slice(&v.to_le_bytes())),
+        DType::F16 => out
+            .chunks_exact_mut(2)
+            .zip(values)
+            .for_each(|(o, v)| o.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes())),
+        DType::BF16 => out
+            .chunks_exact_mut(2)
+            .zip(values)
+            .for_each(|(o, v)| o.copy_from_slice(&half::bf16::from_f32(*v).to_le_bytes())),
+        DType::I32 => out
+            .chunks_exact_mut(4)
+            .zip(values)
+            .for_each(|(o, v)| o.copy_from_slice(&(*v as i32).to_le_bytes())),
+        DType::Q8_0 => k::quantize_row_q8_0(values, &mut out),
+        DType::Q4_0 => k::quantize_row_q4_0(values, &mut out),
+        other => return Err(Error::InvalidArgument(format!("cannot encode {other}"))),
+    }
+    Ok(out)
+}
+
+/// Decodes `dtype` bytes to f32 values (the inverse of [`encode_f32`]).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if the byte count is not a whole number of blocks.
+pub fn decode_to_f32(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
+    use tessera_kernels::cpu as k;
+    if !bytes.len().is_multiple_of(dtype.type_size()) {
+        return Err(Error::InvalidArgument(format!(
+            "{} bytes are not a whole number of {dtype} blocks",
+            bytes.len()
+        )));
+    }
+    let n = bytes.len() / dtype.type_size() * dtype.block_size();
+    let mut out = vec![0f32; n];
+    match dtype {
+        DType::F32 => out
+            .iter_mut()
+            .zip(bytes.chunks_exact(4))
+            .for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        DType::F16 => out
+            .iter_mut()
+            .zip(bytes.chunks_exact(2))
+            .for_each(|(o, c)| *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+        DType::BF16 => out
+            .iter_mut()
+            .zip(bytes.chunks_exact(2))
+            .for_each(|(o, c)| *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+        DType::I32 => out
+            .iter_mut()
+            .zip(bytes.chunks_exact(4))
+            .for_each(|(o, c)| *o = i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32),
+        DType::Q8_0 => k::dequantize_row_q8_0(bytes, &mut out),
+        DType::Q4_0 => k::dequantize_row_q4_0(bytes, &mut out),
+        other => return Err(Error::InvalidArgument(format!("cannot decode {other}"))),
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encode_decode_round_trip() {
+        let v: Vec<f32> = (0..64).map(|i| i as f32 / 8.0 - 4.0).collect();
+        for d in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+        ] {
+            let back = decode_to_f32(d, &encode_f32(d, &v).unwrap()).unwrap();
+            let err = v
+                .iter()
+                .zip(&back)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            let tol = if d == DType::Q4_0 { 0.3 } else { 0.02 };
+            assert!(err <= tol, "{d}: max error {err}");
+        }
+        assert!(encode_f32(DType::Q8_0, &[1.0; 31]).is_err());
+    }
+
+    #[test]
+    fn registry_lists_the_cpu_device() {
+        let reg = registry();
+        assert!(reg.device("CPU").is_ok() || std::env::var(cpu::DEVICES_ENV).is_ok());
+        assert!(matches!(
+            reg.device("nope"),
+            Err(Error::NoSuchDevice { .. })
+        ));
+        assert_eq!(reg.select("cpu:3").unwrap().len(), 3);
+        assert!(reg.select("cpu:x").is_err());
+        assert!(reg.select("cuda:1").is_err());
+    }
+}
