@@ -128,6 +128,20 @@ pub(crate) fn concat(
     let (dst, a, b) = (exec.view(node), exec.src(node, 0), exec.src(node, 1));
     for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
         let (i1, i2, i3) = row_index(r, dst.ne);
+        if dst.dtype == DType::I32 {
+            // Element copies: i32 must not pass through f32.
+            for i0 in 0..dst.ne[0] {
+                let mut i = [i0, i1, i2, i3];
+                let v = if i[dim] < a.ne[dim] {
+                    a.get_i32(i)
+                } else {
+                    i[dim] -= a.ne[dim];
+                    b.get_i32(i)
+                };
+                dst.set_i32([i0, i1, i2, i3], v);
+            }
+            continue;
+        }
         let (x, y, _) = ts.rows(dst.ne[0]);
         if dim == 0 {
             a.read_row(i1, i2, i3, x);

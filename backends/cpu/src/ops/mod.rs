@@ -178,7 +178,6 @@ pub(crate) fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
             .map(|s| s.dtype())
     };
     match t.op().kind() {
-        OpKind::Concat if t.dtype() == DType::I32 => Support::No("CONCAT of i32 tensors".into()),
         OpKind::FlashAttnExt if !matches!(src_dtype(1), Some(DType::F16 | DType::F32)) => {
             Support::No("FLASH_ATTN_EXT needs f16 or f32 K/V".into())
         }

@@ -1,0 +1,209 @@
+//! Safe dispatchers for the dot products.
+//!
+//! Each function picks the implementation for [`active_isa`]; the
+//! `_with_isa` variants take an explicit level (lowered to what the CPU
+//! supports) so tests can compare every path.
+
+use super::features::{Isa, active_isa};
+use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES};
+
+/// Dot product of two f32 slices (SIMD with FMA where available).
+///
+/// # Panics
+/// If `a.len() != b.len()`.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    dot_f32_with_isa(active_isa(), a, b)
+}
+
+/// [`dot_f32`] with an explicit instruction set.
+///
+/// # Panics
+/// If `a.len() != b.len()`.
+pub fn dot_f32_with_isa(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f32: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::x86::dot_f32(isa, a, b)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        super::generic::dot_f32(a, b)
+    }
+}
+
+/// Dot product of two Q8_0 rows with the same number of blocks.
+///
+/// # Panics
+/// If `x.len() != y.len()` or the length is not a multiple of 34.
+pub fn vec_dot_q8_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    vec_dot_q8_0_q8_0_with_isa(active_isa(), x, y)
+}
+
+/// [`vec_dot_q8_0_q8_0`] with an explicit instruction set.
+///
+/// # Panics
+/// As [`vec_dot_q8_0_q8_0`].
+pub fn vec_dot_q8_0_q8_0_with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
+    assert!(
+        x.len() == y.len() && x.len().is_multiple_of(BLOCK_Q8_0_BYTES),
+        "vec_dot_q8_0_q8_0: lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::x86::vec_dot_q::<false>(isa, x, y)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        super::generic::vec_dot_q8_0_q8_0(x, y)
+    }
+}
+
+/// Dot product of a Q4_0 row with a Q8_0 row of the same element count.
+///
+/// # Panics
+/// If the lengths are not whole blocks of the same count
+/// (`x.len() / 18 == y.len() / 34`).
+pub fn vec_dot_q4_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    vec_dot_q4_0_q8_0_with_isa(active_isa(), x, y)
+}
+
+/// [`vec_dot_q4_0_q8_0`] with an explicit instruction set.
+///
+/// # Panics
+/// As [`vec_dot_q4_0_q8_0`].
+pub fn vec_dot_q4_0_q8_0_with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
+    assert!(
+        x.len().is_multiple_of(BLOCK_Q4_0_BYTES)
+            && y.len().is_multiple_of(BLOCK_Q8_0_BYTES)
+            && x.len() / BLOCK_Q4_0_BYTES == y.len() / BLOCK_Q8_0_BYTES,
+        "vec_dot_q4_0_q8_0: lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::x86::vec_dot_q::<true>(isa, x, y)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        super::generic::vec_dot_q4_0_q8_0(x, y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::quant::{
+        dequantize_row_q4_0, dequantize_row_q8_0, quantize_row_q4_0, quantize_row_q8_0,
+    };
+
+    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn supported_isas() -> Vec<Isa> {
+        Isa::ALL
+            .into_iter()
+            .filter(|isa| {
+                let ok = isa.is_supported();
+                if !ok {
+                    println!("skipping {isa}: not supported by this CPU");
+                }
+                ok
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dot_f32_paths_agree() {
+        for n in [0usize, 1, 7, 15, 16, 17, 31, 63, 64, 65, 100, 1000, 4099] {
+            let a = rand_vec(n + 1, n as u64 + 1);
+            let b = rand_vec(n + 1, n as u64 + 1000);
+            // Offset by one element: no 64-byte alignment.
+            let (a, b) = (&a[1..], &b[1..]);
+            let exact: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            let mag: f64 = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (*x as f64 * *y as f64).abs())
+                .sum();
+            let scalar = dot_f32_with_isa(Isa::Scalar, a, b);
+            for isa in supported_isas() {
+                let v = dot_f32_with_isa(isa, a, b);
+                // 1e-5 relative to the sum of |a_i b_i| (the scale of the rounding errors).
+                assert!(
+                    ((v - scalar) as f64).abs() <= 1e-5 * mag + 1e-30,
+                    "{isa} n={n}: {v} vs scalar {scalar}"
+                );
+                assert!(
+                    (v as f64 - exact).abs() <= 1e-5 * mag + 1e-30,
+                    "{isa} n={n}: {v} vs exact {exact}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn quant_dots_paths_agree() {
+        for nb in [1usize, 2, 3, 4, 5, 7, 8, 9, 33] {
+            let n = nb * 32;
+            let xf = rand_vec(n, nb as u64 * 3 + 1);
+            let yf: Vec<f32> = rand_vec(n, nb as u64 * 7 + 2)
+                .iter()
+                .map(|v| v * 3.0)
+                .collect();
+            // Leading byte so the blocks are at odd addresses.
+            let mut x8 = vec![0u8; 1 + nb * 34];
+            let mut x4 = vec![0u8; 1 + nb * 18];
+            let mut y8 = vec![0u8; 1 + nb * 34];
+            quantize_row_q8_0(&xf, &mut x8[1..]);
+            quantize_row_q4_0(&xf, &mut x4[1..]);
+            quantize_row_q8_0(&yf, &mut y8[1..]);
+            let (x8, x4, y8) = (&x8[1..], &x4[1..], &y8[1..]);
+            let mut dx8 = vec![0.0f32; n];
+            let mut dx4 = vec![0.0f32; n];
+            let mut dy = vec![0.0f32; n];
+            dequantize_row_q8_0(x8, &mut dx8);
+            dequantize_row_q4_0(x4, &mut dx4);
+            dequantize_row_q8_0(y8, &mut dy);
+            for (x, dx, q4) in [(x8, &dx8, false), (x4, &dx4, true)] {
+                let exact: f64 = dx.iter().zip(&dy).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let mag: f64 = dx
+                    .iter()
+                    .zip(&dy)
+                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                    .sum();
+                let f = |isa| {
+                    if q4 {
+                        vec_dot_q4_0_q8_0_with_isa(isa, x, y8)
+                    } else {
+                        vec_dot_q8_0_q8_0_with_isa(isa, x, y8)
+                    }
+                };
+                let scalar = f(Isa::Scalar);
+                for isa in supported_isas() {
+                    let v = f(isa);
+                    // 1e-4 relative to sum |x_i y_i| (integer block sums are exact;
+                    // only the f32 scaling/accumulation order differs).
+                    assert!(
+                        ((v - scalar) as f64).abs() <= 1e-4 * mag,
+                        "{isa} q4={q4} nb={nb}: {v} vs {scalar}"
+                    );
+                    assert!(
+                        (v as f64 - exact).abs() <= 1e-4 * mag,
+                        "{isa} q4={q4} nb={nb}: {v} vs {exact}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Portable scalar implementations (the reference the SIMD paths are tested
+//! against, and the fallback on CPUs without AVX2).
+
+use super::matmul::WeightType;
+use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK8_0, block_scale};
+
+/// Returns a 64-byte aligned `f32` region of `n` elements inside `scratch`,
+/// growing it as needed.
+pub(crate) fn scratch_f32(scratch: &mut Vec<u8>, n: usize) -> &mut [f32] {
+    let need = n * 4 + 64;
+    if scratch.len() < need {
+        scratch.resize(need, 0);
+    }
+    let off = scratch.as_ptr().align_offset(64).min(63) & !3;
+    bytemuck::cast_slice_mut(&mut scratch[off..off + n * 4])
+}
+
+/// Plain dot product, 8 interleaved partial sums.
+pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// Q8_0 x Q8_0 dot product over `min(x, y)` whole blocks.
+pub(crate) fn vec_dot_q8_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x
+        .chunks_exact(BLOCK_Q8_0_BYTES)
+        .zip(y.chunks_exact(BLOCK_Q8_0_BYTES))
+    {
+        let mut isum = 0i32;
+        for (&a, &b) in bx[2..].iter().zip(&by[2..]) {
+            isum += (a as i8 as i32) * (b as i8 as i32);
+        }
+        sum += isum as f32 * (block_scale(bx) * block_scale(by));
+    }
+    sum
+}
+
+/// Q4_0 x Q8_0 dot product over whole blocks.
+pub(crate) fn vec_dot_q4_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x
+        .chunks_exact(BLOCK_Q4_0_BYTES)
+        .zip(y.chunks_exact(BLOCK_Q8_0_BYTES))
+    {
+        let mut isum = 0i32;
+        for j in 0..QK8_0 / 2 {
+            let q = bx[2 + j];
+            let lo = (q & 0x0F) as i32 - 8;
+            let hi = (q >> 4) as i32 - 8;
+            isum += lo * (by[2 + j] as i8 as i32) + hi * (by[2 + j + QK8_0 / 2] as i8 as i32);
+        }
+        sum += isum as f32 * (block_scale(bx) * block_scale(by));
+    }
+    sum
+}
+
+/// Exact f16 -> f32 conversion in plain integer/float arithmetic (fast
+/// without F16C; handles subnormals, infinities and NaN).
+pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let sign = (h & 0x8000) << 16;
+    let mut o = (h & 0x7FFF) << 13;
+    let exp = o & (0x7C00 << 13);
+    o += (127 - 15) << 23;
+    if exp == 0x7C00 << 13 {
+        o += (128 - 16) << 23; // Inf / NaN
+    } else if exp == 0 {
+        // Zero / subnormal: renormalize through a float subtraction.
+        o += 1 << 23;
+        o = (f32::from_bits(o) - f32::from_bits(113 << 23)).to_bits();
+    }
+    f32::from_bits(o | sign)
+}
+
+/// Decodes one weight row of `k` float-type elements into `dst`.
+fn decode_float_row(wt: WeightType, src: &[u8], dst: &mut [f32]) {
+    match wt {
+        WeightType::F32 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+            }
+        }
+        WeightType::F16 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = f16_bits_to_f32(u16::from_le_bytes([s[0], s[1]]));
+            }
+        }
+        WeightType::BF16 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = f32::from_bits((u16::from_le_bytes([s[0], s[1]]) as u32) << 16);
+            }
+        }
+        // Not float types: callers never pass them here.
+        WeightType::Q8_0 | WeightType::Q4_0 => {}
+    }
+}
+
+/// Scalar tile matmul; arguments are validated by the caller
+/// (`matmul::mul_mat_tile`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mul_mat_tile(
+    wt: WeightType,
+    w: &[u8],
+    w_stride: usize,
+    rows: usize,
+    x: &[u8],
+    x_stride: usize,
+    cols: usize,
+    k: usize,
+    out: &mut [f32],
+    ldo: usize,
+    scratch: &mut Vec<u8>,
+) {
+    let wrow = wt.row_bytes(k);
+    match wt {
+        WeightType::Q8_0 | WeightType::Q4_0 => {
+            let xrow = k / QK8_0 * BLOCK_Q8_0_BYTES;
+            let dot = if wt == WeightType::Q8_0 {
+                vec_dot_q8_0_q8_0
+            } else {
+                vec_dot_q4_0_q8_0
+            };
+            for r in 0..rows {
+                let wr = &w[r * w_stride..r * w_stride + wrow];
+                for c in 0..cols {
+                    let xc = &x[c * x_stride..c * x_stride + xrow];
+                    out[c * ldo + r] = dot(wr, xc);
+                }
+            }
+        }
+        WeightType::F32 | WeightType::F16 | WeightType::BF16 => {
+            let buf = scratch_f32(scratch, (cols + 1) * k);
+            let (xs, wbuf) = buf.split_at_mut(cols * k);
+            for c in 0..cols {
+                decode_float_row(
+                    WeightType::F32,
+                    &x[c * x_stride..c * x_stride + k * 4],
+                    &mut xs[c * k..(c + 1) * k],
+                );
+            }
+            for r in 0..rows {
+                decode_float_row(wt, &w[r * w_stride..r * w_stride + wrow], wbuf);
+                for c in 0..cols {
+                    out[c * ldo + r] = dot_f32(wbuf, &xs[c * k..(c + 1) * k]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_conversion_is_exact_for_all_bit_patterns() {
+        for bits in 0..=u16::MAX {
+            let want = half::f16::from_bits(bits).to_f32();
+            let got = f16_bits_to_f32(bits);
+            if want.is_nan() {
+                assert!(got.is_nan(), "{bits:#x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{bits:#x}");
+            }
+        }
+    }
+}

@@ -1,0 +1,516 @@
+//! Tile-level matrix multiplication entry points.
+//!
+//! [`mul_mat_tile`] computes `out[c * ldo + r] = sum_i W[r][i] * X[c][i]` for
+//! one (rows x columns) tile; the backend splits a matmul into tiles and
+//! runs them on its worker threads. Activations are first brought into the
+//! form [`act_type`] of the weight type asks for, with [`prepare_act`].
+
+use super::features::{Isa, active_isa};
+use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK4_0, QK8_0, quantize_row_q8_0};
+
+/// Weight element type of a matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightType {
+    /// 32-bit float.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// ggml Q8_0 blocks (32 elements, 34 bytes).
+    Q8_0,
+    /// ggml Q4_0 blocks (32 elements, 18 bytes).
+    Q4_0,
+}
+
+impl WeightType {
+    /// All weight types.
+    pub const ALL: [WeightType; 5] = [
+        WeightType::F32,
+        WeightType::F16,
+        WeightType::BF16,
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+    ];
+
+    /// Elements per block (1 for the float types).
+    pub fn block_elems(self) -> usize {
+        match self {
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
+            WeightType::Q8_0 => QK8_0,
+            WeightType::Q4_0 => QK4_0,
+        }
+    }
+
+    /// Bytes per element for the float types, 0 for the block types.
+    pub fn element_bytes(self) -> usize {
+        match self {
+            WeightType::F32 => 4,
+            WeightType::F16 | WeightType::BF16 => 2,
+            WeightType::Q8_0 | WeightType::Q4_0 => 0,
+        }
+    }
+
+    /// Bytes of one row of `k` elements (`k` must be a multiple of
+    /// [`block_elems`](Self::block_elems) for the block types).
+    pub fn row_bytes(self, k: usize) -> usize {
+        match self {
+            WeightType::F32 => k * 4,
+            WeightType::F16 | WeightType::BF16 => k * 2,
+            WeightType::Q8_0 => k / QK8_0 * BLOCK_Q8_0_BYTES,
+            WeightType::Q4_0 => k / QK4_0 * BLOCK_Q4_0_BYTES,
+        }
+    }
+
+    /// Whether this is a block-quantized type.
+    pub fn is_quantized(self) -> bool {
+        matches!(self, WeightType::Q8_0 | WeightType::Q4_0)
+    }
+}
+
+/// The form the activations must be in for a weight type: F32 for
+/// F32/F16/BF16 weights, Q8_0 for Q8_0/Q4_0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActType {
+    /// f32, little-endian.
+    F32,
+    /// Q8_0 blocks.
+    Q8_0,
+}
+
+/// The activation form the kernels for weight type `w` expect.
+pub fn act_type(w: WeightType) -> ActType {
+    if w.is_quantized() {
+        ActType::Q8_0
+    } else {
+        ActType::F32
+    }
+}
+
+/// Bytes of one activation column of `k` elements in form `a`
+/// (`k * 4`, or `k / 32 * 34`).
+pub fn act_row_bytes(a: ActType, k: usize) -> usize {
+    match a {
+        ActType::F32 => k * 4,
+        ActType::Q8_0 => k / QK8_0 * BLOCK_Q8_0_BYTES,
+    }
+}
+
+/// Converts one activation column (`src`, f32, `k` elements) into form `a`
+/// in `dst` (length [`act_row_bytes`]). Q8_0 uses the reference
+/// quantization (bit-exact with ggml's `quantize_row_q8_0_ref`).
+///
+/// # Panics
+/// If `dst.len() != act_row_bytes(a, src.len())`, or for Q8_0 if
+/// `src.len()` is not a multiple of 32.
+pub fn prepare_act(a: ActType, src: &[f32], dst: &mut [u8]) {
+    match a {
+        ActType::F32 => {
+            assert_eq!(dst.len(), src.len() * 4, "prepare_act: dst length");
+            for (d, s) in dst.chunks_exact_mut(4).zip(src) {
+                d.copy_from_slice(&s.to_le_bytes());
+            }
+        }
+        ActType::Q8_0 => quantize_row_q8_0(src, dst),
+    }
+}
+
+fn span(count: usize, stride: usize, last: usize) -> Option<usize> {
+    if count == 0 {
+        return Some(0);
+    }
+    (count - 1).checked_mul(stride)?.checked_add(last)
+}
+
+/// Checks the arguments of a tile matmul; panics with a message if they are
+/// inconsistent.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_tile_args(
+    wt: WeightType,
+    w: &[u8],
+    w_stride: usize,
+    rows: usize,
+    x: &[u8],
+    x_stride: usize,
+    cols: usize,
+    k: usize,
+    out: &[f32],
+    ldo: usize,
+) {
+    assert!(
+        k.is_multiple_of(wt.block_elems()),
+        "mul_mat_tile: k = {k} is not a multiple of the {wt:?} block size"
+    );
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let wrow = wt.row_bytes(k);
+    let xrow = act_row_bytes(act_type(wt), k);
+    assert!(
+        rows == 1 || w_stride >= wrow,
+        "mul_mat_tile: w_stride {w_stride} < row bytes {wrow}"
+    );
+    assert!(
+        span(rows, w_stride, wrow).is_some_and(|n| n <= w.len()),
+        "mul_mat_tile: w too short"
+    );
+    assert!(
+        cols == 1 || x_stride >= xrow,
+        "mul_mat_tile: x_stride {x_stride} < column bytes {xrow}"
+    );
+    assert!(
+        span(cols, x_stride, xrow).is_some_and(|n| n <= x.len()),
+        "mul_mat_tile: x too short"
+    );
+    assert!(
+        cols == 1 || ldo >= rows,
+        "mul_mat_tile: ldo {ldo} < rows {rows}"
+    );
+    assert!(
+        span(cols, ldo, rows).is_some_and(|n| n <= out.len()),
+        "mul_mat_tile: out too short"
+    );
+}
+
+/// Tile matmul: for `r < rows`, `c < cols`:
+/// `out[c * ldo + r] = sum_{i<k} W[r][i] * X[c][i]`.
+///
+/// * `w`: `rows` rows of `k` elements of type `wt`; row `r` starts at byte
+///   `r * w_stride` (`w_stride >= wt.row_bytes(k)`).
+/// * `x`: `cols` activation columns already in [`act_type`]`(wt)` form
+///   (see [`prepare_act`]); column `c` starts at byte `c * x_stride`.
+/// * `scratch`: a per-thread buffer the kernel grows and reuses.
+///
+/// Single-threaded; uses the instruction set [`active_isa`] picks.
+/// No alignment of `w` or `x` is assumed.
+///
+/// # Panics
+/// If `k` is not a multiple of 32 for a quantized `wt`, if a stride is
+/// smaller than a row/column (when there is more than one), if `ldo < rows`
+/// (when `cols > 1`), or if `w`, `x` or `out` is too short for the shape.
+#[allow(clippy::too_many_arguments)]
+pub fn mul_mat_tile(
+    wt: WeightType,
+    w: &[u8],
+    w_stride: usize,
+    rows: usize,
+    x: &[u8],
+    x_stride: usize,
+    cols: usize,
+    k: usize,
+    out: &mut [f32],
+    ldo: usize,
+    scratch: &mut Vec<u8>,
+) {
+    mul_mat_tile_with_isa(
+        active_isa(),
+        wt,
+        w,
+        w_stride,
+        rows,
+        x,
+        x_stride,
+        cols,
+        k,
+        out,
+        ldo,
+        scratch,
+    )
+}
+
+/// [`mul_mat_tile`] with an explicit instruction set (lowered to the best one
+/// the CPU supports). Used by tests and benchmarks to cover every path.
+///
+/// # Panics
+/// As [`mul_mat_tile`].
+#[allow(clippy::too_many_arguments)]
+pub fn mul_mat_tile_with_isa(
+    isa: Isa,
+    wt: WeightType,
+    w: &[u8],
+    w_stride: usize,
+    rows: usize,
+    x: &[u8],
+    x_stride: usize,
+    cols: usize,
+    k: usize,
+    out: &mut [f32],
+    ldo: usize,
+    scratch: &mut Vec<u8>,
+) {
+    check_tile_args(wt, w, w_stride, rows, x, x_stride, cols, k, out, ldo);
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    if k == 0 {
+        for c in 0..cols {
+            out[c * ldo..c * ldo + rows].fill(0.0);
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::x86::mul_mat_tile(
+            isa, wt, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
+        )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        super::generic::mul_mat_tile(
+            wt, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::quant::{dequantize_row_q4_0, dequantize_row_q8_0, quantize_row_q4_0};
+
+    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Encodes `vals` (one row) as weight type `wt`; returns the bytes and
+    /// the values the bytes decode to.
+    fn encode_row(wt: WeightType, vals: &[f32]) -> (Vec<u8>, Vec<f32>) {
+        let k = vals.len();
+        let mut bytes = vec![0u8; wt.row_bytes(k)];
+        let mut dec = vec![0.0f32; k];
+        match wt {
+            WeightType::F32 => {
+                for (b, v) in bytes.chunks_exact_mut(4).zip(vals) {
+                    b.copy_from_slice(&v.to_le_bytes());
+                }
+                dec.copy_from_slice(vals);
+            }
+            WeightType::F16 => {
+                for ((b, v), d) in bytes.chunks_exact_mut(2).zip(vals).zip(dec.iter_mut()) {
+                    let h = half::f16::from_f32(*v);
+                    b.copy_from_slice(&h.to_bits().to_le_bytes());
+                    *d = h.to_f32();
+                }
+            }
+            WeightType::BF16 => {
+                for ((b, v), d) in bytes.chunks_exact_mut(2).zip(vals).zip(dec.iter_mut()) {
+                    let h = half::bf16::from_f32(*v);
+                    b.copy_from_slice(&h.to_bits().to_le_bytes());
+                    *d = h.to_f32();
+                }
+            }
+            WeightType::Q8_0 => {
+                quantize_row_q8_0(vals, &mut bytes);
+                dequantize_row_q8_0(&bytes, &mut dec);
+            }
+            WeightType::Q4_0 => {
+                quantize_row_q4_0(vals, &mut bytes);
+                dequantize_row_q4_0(&bytes, &mut dec);
+            }
+        }
+        (bytes, dec)
+    }
+
+    /// Builds a tile's operands with the given strides and leading offsets,
+    /// runs `mul_mat_tile_with_isa` and returns the NMSE against an f64
+    /// reference over the decoded operands (and checks that `out` entries
+    /// outside the tile are untouched).
+    #[allow(clippy::too_many_arguments)]
+    fn run_case(
+        isa: Isa,
+        wt: WeightType,
+        rows: usize,
+        cols: usize,
+        k: usize,
+        w_off: usize,
+        x_off: usize,
+        pad: usize,
+    ) -> f64 {
+        let at = act_type(wt);
+        let wrow = wt.row_bytes(k);
+        let xrow = act_row_bytes(at, k);
+        let w_stride = wrow + pad;
+        let x_stride = xrow + pad + 2;
+        let ldo = rows + 3;
+        let mut w = vec![0xA5u8; w_off + rows * w_stride];
+        let mut wdec = vec![0.0f32; rows * k];
+        for r in 0..rows {
+            let vals = rand_vec(k, (r * 31 + k) as u64 + wt as u64 * 1000);
+            let (bytes, dec) = encode_row(wt, &vals);
+            w[w_off + r * w_stride..w_off + r * w_stride + wrow].copy_from_slice(&bytes);
+            wdec[r * k..(r + 1) * k].copy_from_slice(&dec);
+        }
+        let mut x = vec![0x5Au8; x_off + cols * x_stride];
+        let mut xdec = vec![0.0f32; cols * k];
+        for c in 0..cols {
+            let vals: Vec<f32> = rand_vec(k, (c * 17 + 5) as u64)
+                .iter()
+                .map(|v| v * 2.0)
+                .collect();
+            let dst = &mut x[x_off + c * x_stride..x_off + c * x_stride + xrow];
+            prepare_act(at, &vals, dst);
+            match at {
+                ActType::F32 => xdec[c * k..(c + 1) * k].copy_from_slice(&vals),
+                ActType::Q8_0 => dequantize_row_q8_0(dst, &mut xdec[c * k..(c + 1) * k]),
+            }
+        }
+        let mut out = vec![f32::NAN; cols * ldo];
+        let mut scratch = Vec::new();
+        mul_mat_tile_with_isa(
+            isa,
+            wt,
+            &w[w_off..],
+            w_stride,
+            rows,
+            &x[x_off..],
+            x_stride,
+            cols,
+            k,
+            &mut out,
+            ldo,
+            &mut scratch,
+        );
+        let (mut err, mut norm) = (0.0f64, 0.0f64);
+        for c in 0..cols {
+            for r in 0..ldo {
+                let v = out[c * ldo + r];
+                if r >= rows {
+                    assert!(v.is_nan(), "out[{c}*ldo+{r}] outside the tile was written");
+                    continue;
+                }
+                let reference: f64 = (0..k)
+                    .map(|i| wdec[r * k + i] as f64 * xdec[c * k + i] as f64)
+                    .sum();
+                err += (v as f64 - reference).powi(2);
+                norm += reference * reference;
+            }
+        }
+        err / norm.max(1e-300)
+    }
+
+    #[test]
+    fn mul_mat_tile_matches_reference() {
+        for isa in Isa::ALL {
+            if !isa.is_supported() {
+                println!("skipping {isa}: not supported by this CPU");
+                continue;
+            }
+            for wt in WeightType::ALL {
+                // Tolerances (NMSE vs an f64 loop over the decoded operands): the
+                // float types only differ by f32 accumulation order (<= 1e-10);
+                // the quantized types compute exact integer block sums, scaled
+                // and accumulated in f32 (<= 1e-8).
+                let tol = if wt.is_quantized() { 1e-8 } else { 1e-10 };
+                for &k in &[32usize, 64, 288] {
+                    for &rows in &[1usize, 5, 37] {
+                        for &cols in &[1usize, 3, 17, 33] {
+                            for (w_off, x_off, pad) in [(0, 0, 0), (1, 3, 6)] {
+                                let nmse = run_case(isa, wt, rows, cols, k, w_off, x_off, pad);
+                                assert!(
+                                    nmse <= tol,
+                                    "{isa} {wt:?} rows={rows} cols={cols} k={k} offsets=({w_off},{x_off},{pad}): NMSE {nmse:e} > {tol:e}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn float_k_not_multiple_of_simd_width() {
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            for wt in [WeightType::F32, WeightType::F16, WeightType::BF16] {
+                for k in [1usize, 7, 13, 31, 45] {
+                    for cols in [1usize, 2, 9] {
+                        let nmse = run_case(isa, wt, 6, cols, k, 1, 1, 2);
+                        assert!(nmse <= 1e-10, "{isa} {wt:?} k={k} cols={cols}: {nmse:e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn large_k_single_column() {
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            for wt in WeightType::ALL {
+                let nmse = run_case(isa, wt, 9, 1, 4096, 0, 0, 0);
+                let tol = if wt.is_quantized() { 1e-8 } else { 1e-10 };
+                assert!(nmse <= tol, "{isa} {wt:?}: {nmse:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn empty_and_zero_k() {
+        let mut out = vec![1.0f32; 6];
+        let mut scratch = Vec::new();
+        mul_mat_tile(
+            WeightType::F32,
+            &[],
+            0,
+            3,
+            &[],
+            0,
+            2,
+            0,
+            &mut out,
+            3,
+            &mut scratch,
+        );
+        assert!(out.iter().all(|&v| v == 0.0));
+        mul_mat_tile(
+            WeightType::Q8_0,
+            &[],
+            0,
+            0,
+            &[],
+            0,
+            0,
+            64,
+            &mut [],
+            0,
+            &mut scratch,
+        );
+    }
+
+    #[test]
+    fn act_helpers() {
+        assert_eq!(act_type(WeightType::F16), ActType::F32);
+        assert_eq!(act_type(WeightType::Q4_0), ActType::Q8_0);
+        assert_eq!(act_row_bytes(ActType::F32, 64), 256);
+        assert_eq!(act_row_bytes(ActType::Q8_0, 64), 68);
+        let mut d = [0u8; 8];
+        prepare_act(ActType::F32, &[1.0, -2.0], &mut d);
+        assert_eq!(&d[..4], &1.0f32.to_le_bytes());
+    }
+
+    #[test]
+    #[should_panic(expected = "w too short")]
+    fn short_weights_panic() {
+        let mut out = vec![0.0f32; 4];
+        mul_mat_tile(
+            WeightType::F32,
+            &[0u8; 15],
+            16,
+            1,
+            &[0u8; 16],
+            16,
+            1,
+            4,
+            &mut out,
+            1,
+            &mut Vec::new(),
+        );
+    }
+}

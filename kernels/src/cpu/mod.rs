@@ -1,0 +1,35 @@
+//! CPU kernels.
+//!
+//! * [`quant`]: Q8_0 / Q4_0 block formats with reference (ggml bit-exact)
+//!   quantization and dequantization;
+//! * [`convert`]: f16 / bf16 <-> f32 row conversions;
+//! * [`features`]: runtime instruction-set detection (`TESSERA_CPU_ISA`
+//!   override);
+//! * [`dot`]: dot products;
+//! * [`matmul`]: the tile matmul the CPU backend runs on its threads.
+//!
+//! The main items are re-exported here.
+
+pub mod convert;
+pub mod dot;
+pub mod features;
+pub mod matmul;
+pub mod quant;
+
+mod generic;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use convert::{bf16_to_f32_row, f16_to_f32_row, f32_to_bf16_row, f32_to_f16_row};
+pub use dot::{
+    dot_f32, dot_f32_with_isa, vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_with_isa, vec_dot_q8_0_q8_0,
+    vec_dot_q8_0_q8_0_with_isa,
+};
+pub use features::{Isa, active_isa, detected_isa};
+pub use matmul::{
+    ActType, WeightType, act_row_bytes, act_type, mul_mat_tile, mul_mat_tile_with_isa, prepare_act,
+};
+pub use quant::{
+    BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK4_0, QK8_0, dequantize_row_q4_0, dequantize_row_q8_0,
+    quantize_row_q4_0, quantize_row_q8_0,
+};

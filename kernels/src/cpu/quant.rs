@@ -1,0 +1,274 @@
+//! Block quantization formats (GGUF/ggml-compatible) and their reference
+//! scalar quantization and dequantization.
+//!
+//! Quantized rows are plain little-endian byte slices made of whole blocks;
+//! no alignment is assumed.
+//!
+//! * Q8_0: blocks of [`QK8_0`] elements, [`BLOCK_Q8_0_BYTES`] bytes each: an
+//!   f16 scale `d` followed by 32 `i8` quants; element `i` is `qs[i] * d`.
+//! * Q4_0: blocks of [`QK4_0`] elements, [`BLOCK_Q4_0_BYTES`] bytes each: an
+//!   f16 scale `d` followed by 16 bytes; byte `j` holds element `j` in its low
+//!   nibble and element `j + 16` in its high nibble; an element is
+//!   `(nibble - 8) * d`.
+
+use half::f16;
+
+/// Elements per Q8_0 block.
+pub const QK8_0: usize = 32;
+/// Elements per Q4_0 block.
+pub const QK4_0: usize = 32;
+/// Bytes per Q8_0 block (f16 scale + 32 quants).
+pub const BLOCK_Q8_0_BYTES: usize = 34;
+/// Bytes per Q4_0 block (f16 scale + 16 bytes of nibbles).
+pub const BLOCK_Q4_0_BYTES: usize = 18;
+
+/// Reads the f16 scale at the start of a block as f32.
+#[inline]
+pub(crate) fn block_scale(block: &[u8]) -> f32 {
+    f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32()
+}
+
+/// Quantizes `src` to Q8_0, bit-exactly like ggml's `quantize_row_q8_0_ref`.
+///
+/// # Panics
+/// If `src.len()` is not a multiple of [`QK8_0`] or
+/// `dst.len() != src.len() / 32 * 34`.
+pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) {
+    assert!(
+        src.len().is_multiple_of(QK8_0),
+        "quantize_row_q8_0: src length {} not a multiple of 32",
+        src.len()
+    );
+    assert_eq!(
+        dst.len(),
+        src.len() / QK8_0 * BLOCK_Q8_0_BYTES,
+        "quantize_row_q8_0: dst length"
+    );
+    for (x, y) in src
+        .chunks_exact(QK8_0)
+        .zip(dst.chunks_exact_mut(BLOCK_Q8_0_BYTES))
+    {
+        let mut amax = 0.0f32;
+        for &v in x {
+            // ggml: MAX(amax, fabsf(v)) == (amax > |v| ? amax : |v|)
+            let a = v.abs();
+            amax = if amax > a { amax } else { a };
+        }
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        for (q, &v) in y[2..].iter_mut().zip(x) {
+            // roundf: half away from zero; the float-to-int cast saturates.
+            *q = ((v * id).round() as i8) as u8;
+        }
+    }
+}
+
+/// Dequantizes a Q8_0 row.
+///
+/// # Panics
+/// If `src.len()` is not a multiple of [`BLOCK_Q8_0_BYTES`] or
+/// `dst.len() != src.len() / 34 * 32`.
+pub fn dequantize_row_q8_0(src: &[u8], dst: &mut [f32]) {
+    assert!(
+        src.len().is_multiple_of(BLOCK_Q8_0_BYTES),
+        "dequantize_row_q8_0: src length"
+    );
+    assert_eq!(
+        dst.len(),
+        src.len() / BLOCK_Q8_0_BYTES * QK8_0,
+        "dequantize_row_q8_0: dst length"
+    );
+    for (x, y) in src
+        .chunks_exact(BLOCK_Q8_0_BYTES)
+        .zip(dst.chunks_exact_mut(QK8_0))
+    {
+        let d = block_scale(x);
+        for (o, &q) in y.iter_mut().zip(&x[2..]) {
+            *o = (q as i8) as f32 * d;
+        }
+    }
+}
+
+/// Quantizes `src` to Q4_0, bit-exactly like ggml's `quantize_row_q4_0_ref`.
+///
+/// # Panics
+/// If `src.len()` is not a multiple of [`QK4_0`] or
+/// `dst.len() != src.len() / 32 * 18`.
+pub fn quantize_row_q4_0(src: &[f32], dst: &mut [u8]) {
+    assert!(
+        src.len().is_multiple_of(QK4_0),
+        "quantize_row_q4_0: src length {} not a multiple of 32",
+        src.len()
+    );
+    assert_eq!(
+        dst.len(),
+        src.len() / QK4_0 * BLOCK_Q4_0_BYTES,
+        "quantize_row_q4_0: dst length"
+    );
+    for (x, y) in src
+        .chunks_exact(QK4_0)
+        .zip(dst.chunks_exact_mut(BLOCK_Q4_0_BYTES))
+    {
+        let mut amax = 0.0f32;
+        let mut max = 0.0f32;
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        for j in 0..QK4_0 / 2 {
+            let x0 = x[j] * id;
+            let x1 = x[j + QK4_0 / 2] * id;
+            // (int8_t)(v + 8.5f): truncating (saturating in Rust) cast, then MIN(15, .)
+            let q0 = ((x0 + 8.5) as i8).min(15) as u8;
+            let q1 = ((x1 + 8.5) as i8).min(15) as u8;
+            y[2 + j] = q0 | (q1 << 4);
+        }
+    }
+}
+
+/// Dequantizes a Q4_0 row.
+///
+/// # Panics
+/// If `src.len()` is not a multiple of [`BLOCK_Q4_0_BYTES`] or
+/// `dst.len() != src.len() / 18 * 32`.
+pub fn dequantize_row_q4_0(src: &[u8], dst: &mut [f32]) {
+    assert!(
+        src.len().is_multiple_of(BLOCK_Q4_0_BYTES),
+        "dequantize_row_q4_0: src length"
+    );
+    assert_eq!(
+        dst.len(),
+        src.len() / BLOCK_Q4_0_BYTES * QK4_0,
+        "dequantize_row_q4_0: dst length"
+    );
+    for (x, y) in src
+        .chunks_exact(BLOCK_Q4_0_BYTES)
+        .zip(dst.chunks_exact_mut(QK4_0))
+    {
+        let d = block_scale(x);
+        let (lo, hi) = y.split_at_mut(QK4_0 / 2);
+        for j in 0..QK4_0 / 2 {
+            let q = x[2 + j];
+            lo[j] = ((q & 0x0F) as i32 - 8) as f32 * d;
+            hi[j] = ((q >> 4) as i32 - 8) as f32 * d;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_0_known_vector() {
+        // amax = 127 -> d = 1.0 exactly, id = 1.0.
+        let mut x = [0.0f32; 32];
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = i as f32 - 16.0;
+        }
+        x[0] = -127.0;
+        x[1] = 2.5; // rounds away from zero -> 3
+        x[2] = -2.5; // -> -3
+        x[3] = 0.49; // -> 0
+        let mut q = [0u8; 34];
+        quantize_row_q8_0(&x, &mut q);
+        assert_eq!(&q[..2], &[0x00, 0x3C]); // f16 1.0 = 0x3C00
+        assert_eq!(q[2] as i8, -127);
+        assert_eq!(q[3] as i8, 3);
+        assert_eq!(q[4] as i8, -3);
+        assert_eq!(q[5] as i8, 0);
+        for i in 4..32 {
+            assert_eq!(q[2 + i] as i8, i as i8 - 16);
+        }
+        // All zeros: d = 0, quants 0.
+        let mut q0 = [0xFFu8; 34];
+        quantize_row_q8_0(&[0.0; 32], &mut q0);
+        assert!(q0.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn q4_0_known_vector() {
+        // max-magnitude element is -16 -> d = -16 / -8 = 2.0, id = 0.5.
+        let mut x = [0.0f32; 32];
+        x[0] = -16.0; // q = (int)(-8 + 8.5) = 0
+        x[1] = 14.0; // 7 + 8.5 = 15.5 -> 15
+        x[2] = 1.0; // 0.5 + 8.5 = 9
+        x[3] = -1.0; // -0.5 + 8.5 = 8
+        x[16] = 15.9; // 7.95 + 8.5 = 16.45 -> 16 -> min 15
+        x[17] = -3.0; // -1.5 + 8.5 = 7
+        let mut q = [0u8; 18];
+        quantize_row_q4_0(&x, &mut q);
+        assert_eq!(&q[..2], &[0x00, 0x40]); // f16 2.0 = 0x4000
+        assert_eq!(q[2], 15 << 4);
+        assert_eq!(q[3], 15 | (7 << 4));
+        assert_eq!(q[4], 9 | (8 << 4));
+        assert_eq!(q[5], 8 | (8 << 4));
+        assert_eq!(q[6], 8 | (8 << 4)); // zeros -> 8
+        let mut y = [0.0f32; 32];
+        dequantize_row_q4_0(&q, &mut y);
+        assert_eq!(y[0], -16.0);
+        assert_eq!(y[1], 14.0);
+        assert_eq!(y[2], 2.0);
+        assert_eq!(y[3], 0.0);
+        assert_eq!(y[16], 14.0);
+        assert_eq!(y[17], -2.0);
+        // Positive max: d negative.
+        let mut x2 = [0.0f32; 32];
+        x2[5] = 8.0; // d = -1, id = -1: 8 -> -8 + 8.5 = 0.5 -> 0 -> value (0-8)*-1 = 8
+        let mut q2 = [0u8; 18];
+        quantize_row_q4_0(&x2, &mut q2);
+        assert_eq!(&q2[..2], &[0x00, 0xBC]); // f16 -1.0 = 0xBC00
+        assert_eq!(q2[2 + 5] & 0x0F, 0);
+        dequantize_row_q4_0(&q2, &mut y);
+        assert_eq!(y[5], 8.0);
+    }
+
+    fn pseudo_random(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(12345);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn round_trips() {
+        let x = pseudo_random(32 * 40, 7);
+        let mut q8 = vec![0u8; 40 * 34];
+        quantize_row_q8_0(&x, &mut q8);
+        let mut y = vec![0.0f32; x.len()];
+        dequantize_row_q8_0(&q8, &mut y);
+        for (b, (xb, yb)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = block_scale(&q8[b * 34..]);
+            for (a, c) in xb.iter().zip(yb) {
+                assert!((a - c).abs() <= 0.5 * d * 1.01 + amax * 1e-3, "{a} vs {c}");
+            }
+        }
+        let mut q4 = vec![0u8; 40 * 18];
+        quantize_row_q4_0(&x, &mut q4);
+        dequantize_row_q4_0(&q4, &mut y);
+        for (b, (xb, yb)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+            let d = block_scale(&q4[b * 18..]).abs();
+            for (a, c) in xb.iter().zip(yb) {
+                // The largest bucket is clamped at 15: error up to 1 step there.
+                assert!((a - c).abs() <= d * 1.01, "{a} vs {c} (d={d})");
+            }
+        }
+        // Re-quantizing dequantized Q8_0 data reproduces it exactly.
+        let mut q8b = vec![0u8; q8.len()];
+        dequantize_row_q8_0(&q8, &mut y);
+        quantize_row_q8_0(&y, &mut q8b);
+        assert_eq!(q8, q8b);
+    }
+}

@@ -1,0 +1,257 @@
+//! AVX2 + FMA + F16C kernels.
+//!
+//! Every function here is `unsafe`: the caller must make sure the CPU
+//! supports AVX2, FMA and F16C and that every pointer is valid for the reads
+//! the documentation states. No alignment is assumed anywhere.
+
+use std::arch::x86_64::*;
+
+use super::{WT_BF16, WT_F16, WT_F32};
+
+/// Horizontal sum of 8 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Converts one f16 bit pattern to f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn f16_bits_to_f32(bits: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// Reads the (unaligned, little-endian) f16 scale of a block as f32.
+///
+/// # Safety
+/// `p` must be valid for reading 2 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scale_at(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees 2 readable bytes at `p`.
+    f16_bits_to_f32(unsafe { (p as *const u16).read_unaligned() })
+}
+
+/// Dot product of `n` f32 values.
+///
+/// # Safety
+/// AVX2/FMA/F16C must be available; `a` and `b` must be valid for reading
+/// `n` f32 each.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f32(a: *const f32, b: *const f32, n: usize) -> f32 {
+    // SAFETY: every load reads elements below `n` of `a` and `b`.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let va = _mm256_loadu_ps(a.add(i + 8 * j));
+                let vb = _mm256_loadu_ps(b.add(i + 8 * j));
+                *acc = _mm256_fmadd_ps(va, vb, *acc);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc[0]);
+            i += 8;
+        }
+        let mut tail = 0.0f32;
+        while i < n {
+            tail += *a.add(i) * *b.add(i);
+            i += 1;
+        }
+        hsum(_mm256_add_ps(
+            _mm256_add_ps(acc[0], acc[1]),
+            _mm256_add_ps(acc[2], acc[3]),
+        )) + tail
+    }
+}
+
+/// Loads 8 weights of type `WT` starting at element `i` as f32.
+///
+/// # Safety
+/// `p` must be valid for reading elements `i..i + 8`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load_w8<const WT: u8>(p: *const u8, i: usize) -> __m256 {
+    // SAFETY: the caller guarantees elements `i..i + 8` are readable.
+    unsafe {
+        match WT {
+            WT_F32 => _mm256_loadu_ps(p.add(i * 4) as *const f32),
+            WT_F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.add(i * 2) as *const __m128i)),
+            _ => {
+                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(i * 2) as *const __m128i));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+            }
+        }
+    }
+}
+
+/// Scalar load of weight element `i` of type `WT`.
+///
+/// # Safety
+/// `p` must be valid for reading element `i`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load_w1<const WT: u8>(p: *const u8, i: usize) -> f32 {
+    // SAFETY: the caller guarantees element `i` is readable.
+    unsafe {
+        match WT {
+            WT_F32 => (p.add(i * 4) as *const f32).read_unaligned(),
+            WT_F16 => f16_bits_to_f32((p.add(i * 2) as *const u16).read_unaligned()),
+            _ => f32::from_bits(((p.add(i * 2) as *const u16).read_unaligned() as u32) << 16),
+        }
+    }
+}
+
+/// `R` weight rows (type `WT`) times `C` f32 columns, `k` elements each:
+/// returns `res[r][c] = dot(w[r], x[c])`.
+///
+/// # Safety
+/// AVX2/FMA/F16C must be available; every `wp[r]` must be valid for reading
+/// `k` elements of type `WT` and every `xp[c]` for reading `k` f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn f_tile<const WT: u8, const R: usize, const C: usize>(
+    wp: &[*const u8; R],
+    xp: &[*const u8; C],
+    k: usize,
+) -> [[f32; C]; R] {
+    // SAFETY: all loads are of elements below `k` of the rows/columns given.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        let mut i = 0;
+        while i + 8 <= k {
+            let mut xv = [_mm256_setzero_ps(); C];
+            for c in 0..C {
+                xv[c] = _mm256_loadu_ps((xp[c] as *const f32).add(i));
+            }
+            for r in 0..R {
+                let wv = load_w8::<WT>(wp[r], i);
+                for c in 0..C {
+                    acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+                }
+            }
+            i += 8;
+        }
+        let mut res = [[0.0f32; C]; R];
+        for r in 0..R {
+            for c in 0..C {
+                let mut t = 0.0f32;
+                for j in i..k {
+                    t += load_w1::<WT>(wp[r], j) * (xp[c] as *const f32).add(j).read_unaligned();
+                }
+                res[r][c] = hsum(acc[r][c]) + t;
+            }
+        }
+        res
+    }
+}
+
+/// Converts `n` f16 (`BF16 == false`) or bf16 values at `src` to f32 at `dst`.
+///
+/// # Safety
+/// AVX2/FMA/F16C must be available; `src` must be valid for reading `2 * n`
+/// bytes and `dst` for writing `n` f32 (no alignment needed).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn convert_half_row<const BF16: bool>(src: *const u8, dst: *mut f32, n: usize) {
+    // SAFETY: reads and writes stay below `n` elements.
+    unsafe {
+        let mut i = 0;
+        while i + 8 <= n {
+            let v = if BF16 {
+                load_w8::<WT_BF16>(src, i)
+            } else {
+                load_w8::<WT_F16>(src, i)
+            };
+            _mm256_storeu_ps(dst.add(i), v);
+            i += 8;
+        }
+        while i < n {
+            let v = if BF16 {
+                load_w1::<WT_BF16>(src, i)
+            } else {
+                load_w1::<WT_F16>(src, i)
+            };
+            dst.add(i).write_unaligned(v);
+            i += 1;
+        }
+    }
+}
+
+/// Loads one Q8_0 (`Q4 == false`) or Q4_0 block's 32 quants as signed i8.
+///
+/// # Safety
+/// `p` must point to a whole readable block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load_q<const Q4: bool>(p: *const u8) -> __m256i {
+    // SAFETY: a Q4_0 block has 16 quant bytes after the scale, Q8_0 32.
+    unsafe {
+        if Q4 {
+            let q = _mm_loadu_si128(p.add(2) as *const __m128i);
+            let v = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
+            _mm256_sub_epi8(
+                _mm256_and_si256(v, _mm256_set1_epi8(0x0F)),
+                _mm256_set1_epi8(8),
+            )
+        } else {
+            _mm256_loadu_si256(p.add(2) as *const __m256i)
+        }
+    }
+}
+
+/// `R` quantized weight rows (Q4_0 if `Q4`, else Q8_0) times `C` Q8_0
+/// columns of `nb` blocks: `res[r][c] = dot(w[r], x[c])`.
+///
+/// # Safety
+/// AVX2/FMA/F16C must be available; every `wp[r]` must be valid for reading
+/// `nb` weight blocks and every `xp[c]` for reading `nb` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q_tile<const Q4: bool, const R: usize, const C: usize>(
+    wp: &[*const u8; R],
+    xp: &[*const u8; C],
+    nb: usize,
+) -> [[f32; C]; R] {
+    let blk = if Q4 { 18 } else { 34 };
+    // SAFETY: every block read is below `nb` blocks of its row/column.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        for b in 0..nb {
+            let mut wv = [_mm256_setzero_si256(); R];
+            let mut ax = [_mm256_setzero_si256(); R];
+            let mut dw = [0.0f32; R];
+            for r in 0..R {
+                let p = wp[r].add(b * blk);
+                dw[r] = scale_at(p);
+                wv[r] = load_q::<Q4>(p);
+                ax[r] = _mm256_abs_epi8(wv[r]);
+            }
+            for c in 0..C {
+                let p = xp[c].add(b * 34);
+                let dy = scale_at(p);
+                let y = _mm256_loadu_si256(p.add(2) as *const __m256i);
+                for r in 0..R {
+                    let sy = _mm256_sign_epi8(y, wv[r]);
+                    let s = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[r], sy), ones);
+                    acc[r][c] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(s),
+                        _mm256_set1_ps(dw[r] * dy),
+                        acc[r][c],
+                    );
+                }
+            }
+        }
+        let mut res = [[0.0f32; C]; R];
+        for r in 0..R {
+            for c in 0..C {
+                res[r][c] = hsum(acc[r][c]);
+            }
+        }
+        res
+    }
+}

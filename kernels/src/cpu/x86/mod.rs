@@ -1,0 +1,585 @@
+//! x86-64 SIMD kernels (AVX2 and AVX-512) and the safe wrappers the
+//! dispatchers call.
+//!
+//! This is the only module of the crate that contains `unsafe` code. Every
+//! wrapper here clamps the requested [`Isa`] to the detected one and checks
+//! (or re-checks) every bound the unsafe kernels rely on.
+#![allow(unsafe_code)]
+
+pub(crate) mod avx2;
+pub(crate) mod avx512;
+
+use super::features::Isa;
+use super::generic::{self, scratch_f32};
+use super::matmul::{WeightType, check_tile_args};
+use super::quant::{BLOCK_Q8_0_BYTES, QK8_0, block_scale};
+
+/// Weight type code of the float kernels: f32.
+pub(crate) const WT_F32: u8 = 0;
+/// Weight type code of the float kernels: f16.
+pub(crate) const WT_F16: u8 = 1;
+/// Weight type code of the float kernels: bf16.
+pub(crate) const WT_BF16: u8 = 2;
+
+/// From this many columns on, AVX2 float tiles go through `gemm`.
+pub(crate) const GEMM_MIN_COLS: usize = 8;
+
+/// Dot product of the first `min(a.len(), b.len())` elements.
+pub(crate) fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    match isa.clamp_to_supported() {
+        Isa::Avx512 => {
+            // SAFETY: AVX-512 is supported (clamped); both slices hold `n` f32.
+            unsafe { avx512::dot_f32(a.as_ptr(), b.as_ptr(), n) }
+        }
+        Isa::Avx2 => {
+            // SAFETY: AVX2 is supported (clamped); both slices hold `n` f32.
+            unsafe { avx2::dot_f32(a.as_ptr(), b.as_ptr(), n) }
+        }
+        Isa::Scalar => generic::dot_f32(a, b),
+    }
+}
+
+/// Dot product of a Q8_0 (`Q4 == false`) or Q4_0 row with a Q8_0 row, over
+/// the whole blocks both hold.
+pub(crate) fn vec_dot_q<const Q4: bool>(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
+    let blk = if Q4 { 18 } else { 34 };
+    let nb = (x.len() / blk).min(y.len() / BLOCK_Q8_0_BYTES);
+    match isa.clamp_to_supported() {
+        Isa::Avx512 => {
+            // SAFETY: AVX-512 is supported; `x` and `y` hold `nb` blocks each.
+            unsafe { avx512::vec_dot_q::<Q4>(x.as_ptr(), y.as_ptr(), nb) }
+        }
+        Isa::Avx2 => {
+            // SAFETY: AVX2 is supported; `x` and `y` hold `nb` blocks each.
+            unsafe { avx2::q_tile::<Q4, 1, 1>(&[x.as_ptr()], &[y.as_ptr()], nb)[0][0] }
+        }
+        Isa::Scalar => {
+            if Q4 {
+                generic::vec_dot_q4_0_q8_0(x, y)
+            } else {
+                generic::vec_dot_q8_0_q8_0(x, y)
+            }
+        }
+    }
+}
+
+/// Pointers to rows `r0..r0 + R`, clamped to the last row (the extra rows'
+/// results are discarded).
+fn row_ptrs<const R: usize>(w: &[u8], stride: usize, rows: usize, r0: usize) -> [*const u8; R] {
+    std::array::from_fn(|i| w[(r0 + i).min(rows - 1) * stride..].as_ptr())
+}
+
+/// Pointers to columns `c0..c0 + C` (all must exist).
+fn col_ptrs<const C: usize>(x: &[u8], stride: usize, c0: usize) -> [*const u8; C] {
+    std::array::from_fn(|j| x[(c0 + j) * stride..].as_ptr())
+}
+
+/// Writes `res[i][j]` to `out[(c0 + j) * ldo + r0 + i]` for the rows that exist.
+fn store<const R: usize, const C: usize>(
+    out: &mut [f32],
+    ldo: usize,
+    rows: usize,
+    r0: usize,
+    c0: usize,
+    res: &[[f32; C]; R],
+) {
+    for (i, row) in res.iter().enumerate() {
+        let r = r0 + i;
+        if r >= rows {
+            break;
+        }
+        for (j, v) in row.iter().enumerate() {
+            out[(c0 + j) * ldo + r] = *v;
+        }
+    }
+}
+
+/// Expands `$body` with the const `$C` set to `$cc` (1 to 4).
+macro_rules! by_cols {
+    ($cc:expr, $C:ident => $body:block) => {
+        match $cc {
+            1 => {
+                const $C: usize = 1;
+                $body
+            }
+            2 => {
+                const $C: usize = 2;
+                $body
+            }
+            3 => {
+                const $C: usize = 3;
+                $body
+            }
+            _ => {
+                const $C: usize = 4;
+                $body
+            }
+        }
+    };
+}
+
+/// SIMD tile matmul (see [`crate::cpu::mul_mat_tile`]); falls back to the
+/// scalar kernels when `isa` is [`Isa::Scalar`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mul_mat_tile(
+    isa: Isa,
+    wt: WeightType,
+    w: &[u8],
+    w_stride: usize,
+    rows: usize,
+    x: &[u8],
+    x_stride: usize,
+    cols: usize,
+    k: usize,
+    out: &mut [f32],
+    ldo: usize,
+    scratch: &mut Vec<u8>,
+) {
+    check_tile_args(wt, w, w_stride, rows, x, x_stride, cols, k, out, ldo);
+    if rows == 0 || cols == 0 || k == 0 {
+        return generic::mul_mat_tile(
+            wt, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
+        );
+    }
+    let isa = isa.clamp_to_supported();
+    if isa == Isa::Scalar {
+        return generic::mul_mat_tile(
+            wt, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
+        );
+    }
+    match wt {
+        WeightType::F32 | WeightType::F16 | WeightType::BF16
+            if isa == Isa::Avx512 && cols >= PANEL_MIN_COLS =>
+        {
+            match wt {
+                WeightType::F32 => {
+                    panel_tile::<WT_F32>(w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch)
+                }
+                WeightType::F16 => {
+                    panel_tile::<WT_F16>(w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch)
+                }
+                _ => panel_tile::<WT_BF16>(
+                    w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
+                ),
+            }
+        }
+        WeightType::F32 | WeightType::F16 | WeightType::BF16 if cols >= GEMM_MIN_COLS => gemm_tile(
+            isa, wt, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
+        ),
+        WeightType::F32 => {
+            float_small::<WT_F32>(isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo)
+        }
+        WeightType::F16 => {
+            float_small::<WT_F16>(isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo)
+        }
+        WeightType::BF16 => {
+            float_small::<WT_BF16>(isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo)
+        }
+        WeightType::Q8_0 => quant_tile::<false>(
+            isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
+        ),
+        WeightType::Q4_0 => quant_tile::<true>(
+            isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
+        ),
+    }
+}
+
+/// Float weights, few columns: register-blocked dot products.
+/// Arguments were checked by `check_tile_args`; `isa` is a supported SIMD level.
+#[allow(clippy::too_many_arguments)]
+fn float_small<const WT: u8>(
+    isa: Isa,
+    w: &[u8],
+    w_stride: usize,
+    rows: usize,
+    x: &[u8],
+    x_stride: usize,
+    cols: usize,
+    k: usize,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    if isa == Isa::Avx512 {
+        if cols == 1 {
+            let xp = col_ptrs::<1>(x, x_stride, 0);
+            for r0 in (0..rows).step_by(8) {
+                let wp = row_ptrs::<8>(w, w_stride, rows, r0);
+                // SAFETY: AVX-512 is supported; every row pointer starts a row of
+                // `k` weights and the column holds `k` f32 (checked by check_tile_args).
+                let res = unsafe { avx512::f_tile::<WT, 8, 1>(&wp, &xp, k) };
+                store(out, ldo, rows, r0, 0, &res);
+            }
+            return;
+        }
+        for c0 in (0..cols).step_by(4) {
+            by_cols!((cols - c0).min(4), C => {
+                let xp = col_ptrs::<C>(x, x_stride, c0);
+                for r0 in (0..rows).step_by(4) {
+                    let wp = row_ptrs::<4>(w, w_stride, rows, r0);
+                    // SAFETY: AVX-512 is supported; rows hold `k` weights and
+                    // columns `k` f32 (checked by check_tile_args).
+                    let res = unsafe { avx512::f_tile::<WT, 4, C>(&wp, &xp, k) };
+                    store(out, ldo, rows, r0, c0, &res);
+                }
+            });
+        }
+    } else {
+        for c0 in (0..cols).step_by(2) {
+            let xp1 = col_ptrs::<1>(x, x_stride, c0);
+            for r0 in (0..rows).step_by(4) {
+                let wp = row_ptrs::<4>(w, w_stride, rows, r0);
+                if c0 + 1 < cols {
+                    let xp = col_ptrs::<2>(x, x_stride, c0);
+                    // SAFETY: AVX2 is supported; rows hold `k` weights and
+                    // columns `k` f32 (checked by check_tile_args).
+                    let res = unsafe { avx2::f_tile::<WT, 4, 2>(&wp, &xp, k) };
+                    store(out, ldo, rows, r0, c0, &res);
+                } else {
+                    // SAFETY: as above, with one column.
+                    let res = unsafe { avx2::f_tile::<WT, 4, 1>(&wp, &xp1, k) };
+                    store(out, ldo, rows, r0, c0, &res);
+                }
+            }
+        }
+    }
+}
+
+/// Per-column activation tables for the AVX-512 quantized kernel: for
+/// column `c` and block `b`, `comp[(c * nb + b) * 4 + t]` is
+/// `-off * (sum of y[4t..4t + 4] and y[16 + 4t..16 + 4t + 4])` and
+/// `dy[c * nb + b]` the block scale.
+fn act_tables<'a>(
+    off: i32,
+    x: &[u8],
+    x_stride: usize,
+    cols: usize,
+    nb: usize,
+    scratch: &'a mut Vec<u8>,
+) -> (&'a [i32], &'a [f32]) {
+    let buf = scratch_f32(scratch, cols * nb * 5);
+    let (cbuf, dbuf) = buf.split_at_mut(cols * nb * 4);
+    let cbuf: &mut [i32] = bytemuck::cast_slice_mut(cbuf);
+    for c in 0..cols {
+        let col = &x[c * x_stride..c * x_stride + nb * BLOCK_Q8_0_BYTES];
+        for (b, blk) in col.chunks_exact(BLOCK_Q8_0_BYTES).enumerate() {
+            dbuf[c * nb + b] = block_scale(blk);
+            let q = &blk[2..];
+            for t in 0..4 {
+                let mut s = 0i32;
+                for e in 0..4 {
+                    s += q[4 * t + e] as i8 as i32 + q[16 + 4 * t + e] as i8 as i32;
+                }
+                cbuf[(c * nb + b) * 4 + t] = -off * s;
+            }
+        }
+    }
+    (cbuf, dbuf)
+}
+
+/// Quantized weights (Q4_0 if `Q4`, else Q8_0) times Q8_0 activations.
+/// Arguments were checked by `check_tile_args`; `isa` is a supported SIMD level.
+#[allow(clippy::too_many_arguments)]
+fn quant_tile<const Q4: bool>(
+    isa: Isa,
+    w: &[u8],
+    w_stride: usize,
+    rows: usize,
+    x: &[u8],
+    x_stride: usize,
+    cols: usize,
+    k: usize,
+    out: &mut [f32],
+    ldo: usize,
+    scratch: &mut Vec<u8>,
+) {
+    let nb = k / QK8_0;
+    if isa == Isa::Avx512 {
+        let (comp, dy) = act_tables(if Q4 { 8 } else { 128 }, x, x_stride, cols, nb, scratch);
+        for r0 in (0..rows).step_by(8) {
+            let wp = [
+                row_ptrs::<4>(w, w_stride, rows, r0),
+                row_ptrs::<4>(w, w_stride, rows, r0 + 4),
+            ];
+            for c0 in (0..cols).step_by(4) {
+                by_cols!((cols - c0).min(4), C => {
+                    let xp = col_ptrs::<C>(x, x_stride, c0);
+                    let cp: [*const i32; C] = std::array::from_fn(|j| comp[(c0 + j) * nb * 4..].as_ptr());
+                    let dp: [*const f32; C] = std::array::from_fn(|j| dy[(c0 + j) * nb..].as_ptr());
+                    // SAFETY: AVX-512 is supported; rows hold `nb` weight blocks and
+                    // columns `nb` Q8_0 blocks (check_tile_args); the tables hold
+                    // `4 * nb` and `nb` entries per column.
+                    let res = unsafe { avx512::q_tile::<Q4, 2, C>(&wp, &xp, &cp, &dp, nb) };
+                    for (s, rs) in res.iter().enumerate() {
+                        let t: [[f32; C]; 4] = std::array::from_fn(|i| std::array::from_fn(|j| rs[j][i]));
+                        store(out, ldo, rows, r0 + 4 * s, c0, &t);
+                    }
+                });
+            }
+        }
+    } else if cols == 1 {
+        let xp = col_ptrs::<1>(x, x_stride, 0);
+        for r0 in (0..rows).step_by(4) {
+            let wp = row_ptrs::<4>(w, w_stride, rows, r0);
+            // SAFETY: AVX2 is supported; rows hold `nb` weight blocks and the
+            // column `nb` Q8_0 blocks (check_tile_args).
+            let res = unsafe { avx2::q_tile::<Q4, 4, 1>(&wp, &xp, nb) };
+            store(out, ldo, rows, r0, 0, &res);
+        }
+    } else {
+        for c0 in (0..cols).step_by(2) {
+            for r0 in (0..rows).step_by(2) {
+                let wp = row_ptrs::<2>(w, w_stride, rows, r0);
+                if c0 + 1 < cols {
+                    let xp = col_ptrs::<2>(x, x_stride, c0);
+                    // SAFETY: as above, two rows by two columns.
+                    let res = unsafe { avx2::q_tile::<Q4, 2, 2>(&wp, &xp, nb) };
+                    store(out, ldo, rows, r0, c0, &res);
+                } else {
+                    let xp = col_ptrs::<1>(x, x_stride, c0);
+                    // SAFETY: as above, two rows by one column.
+                    let res = unsafe { avx2::q_tile::<Q4, 2, 1>(&wp, &xp, nb) };
+                    store(out, ldo, rows, r0, c0, &res);
+                }
+            }
+        }
+    }
+}
+
+/// From this many columns on, float tiles use the packed-panel AVX-512 kernel.
+/// From this many columns on, AVX-512 float tiles use the packed-panel
+/// kernel (below, register-blocked dot products are faster: the packing is
+/// not amortized).
+pub(crate) const PANEL_MIN_COLS: usize = 8;
+
+/// k elements per packed panel of the AVX-512 float kernel.
+const PANEL_KC: usize = 256;
+
+/// Float weights, many columns, AVX-512: 32-row panels of weights are
+/// converted to f32 and packed k-major (`PANEL_KC` elements at a time), then
+/// multiplied by up to 12 columns at a time with register-resident 32 x C
+/// accumulators (activations are broadcast straight from `x`).
+/// Arguments were checked by `check_tile_args`; AVX-512 is supported.
+#[allow(clippy::too_many_arguments)]
+fn panel_tile<const WT: u8>(
+    w: &[u8],
+    w_stride: usize,
+    rows: usize,
+    x: &[u8],
+    x_stride: usize,
+    cols: usize,
+    k: usize,
+    out: &mut [f32],
+    ldo: usize,
+    scratch: &mut Vec<u8>,
+) {
+    use avx512::{PANEL_ROWS, pack_panel, panel_kernel};
+    let wp = scratch_f32(scratch, PANEL_ROWS * PANEL_KC).as_mut_ptr();
+    let ob = out.as_mut_ptr();
+    for k0 in (0..k).step_by(PANEL_KC) {
+        let kc = PANEL_KC.min(k - k0);
+        for r0 in (0..rows).step_by(PANEL_ROWS) {
+            let rp = row_ptrs::<PANEL_ROWS>(w, w_stride, rows, r0);
+            // SAFETY: AVX-512 is supported; rows hold `k` elements
+            // (check_tile_args); `k0 + kc <= k`; the panel buffer holds
+            // 32 * PANEL_KC f32 and PANEL_KC is a multiple of 16.
+            unsafe { pack_panel::<WT>(&rp, k0, kc, k, wp) };
+            let valid = (rows - r0).min(PANEL_ROWS);
+            let mask = if valid == 32 {
+                u32::MAX
+            } else {
+                (1u32 << valid) - 1
+            };
+            let mut c0 = 0;
+            while c0 < cols {
+                let rem = cols - c0;
+                macro_rules! run {
+                    ($c:literal) => {{
+                        let xp: [*const f32; $c] = std::array::from_fn(|j| {
+                            x[(c0 + j) * x_stride + 4 * k0..].as_ptr() as *const f32
+                        });
+                        // Column bases: `(c0 + j) * ldo + r0 < out.len()` (check_tile_args).
+                        let op: [*mut f32; $c] = std::array::from_fn(|j| {
+                            let idx = (c0 + j) * ldo + r0;
+                            assert!(idx < out.len());
+                            ob.wrapping_add(idx)
+                        });
+                        // SAFETY: AVX-512 is supported; the panel holds 32 * kc
+                        // packed f32; each column has `k - k0 >= kc` f32 left
+                        // from `xp[j]`; for every row `r0 + i` with its mask bit
+                        // set, `op[j] + i` is inside `out`, which is exclusively
+                        // borrowed and not otherwise accessed meanwhile.
+                        unsafe { panel_kernel::<$c>(wp, &xp, kc, &op, mask, k0 > 0) };
+                        c0 += $c;
+                    }};
+                }
+                if rem >= 12 {
+                    run!(12)
+                } else if rem >= 8 {
+                    run!(8)
+                } else if rem >= 4 {
+                    run!(4)
+                } else if rem >= 2 {
+                    run!(2)
+                } else {
+                    run!(1)
+                }
+            }
+        }
+    }
+}
+
+/// Rows of weights converted per `gemm` call (bounded scratch).
+fn gemm_row_block(k: usize) -> usize {
+    ((2 << 20) / (4 * k.max(1))).clamp(16, 512)
+}
+
+/// Float weights, many columns: weights converted to f32 panels (unless they
+/// are already aligned f32) and multiplied with `gemm`.
+/// Arguments were checked by `check_tile_args`; `isa` is a supported SIMD level.
+#[allow(clippy::too_many_arguments)]
+fn gemm_tile(
+    isa: Isa,
+    wt: WeightType,
+    w: &[u8],
+    w_stride: usize,
+    rows: usize,
+    x: &[u8],
+    x_stride: usize,
+    cols: usize,
+    k: usize,
+    out: &mut [f32],
+    ldo: usize,
+    scratch: &mut Vec<u8>,
+) {
+    let x_direct = x.as_ptr().align_offset(4) == 0 && x_stride.is_multiple_of(4);
+    let w_direct =
+        wt == WeightType::F32 && w.as_ptr().align_offset(4) == 0 && w_stride.is_multiple_of(4);
+    let rb = if w_direct {
+        rows
+    } else {
+        gemm_row_block(k).min(rows)
+    };
+    let x_len = if x_direct { 0 } else { cols * k };
+    let w_len = if w_direct { 0 } else { rb * k };
+    let buf = scratch_f32(scratch, x_len + w_len);
+    let (xbuf, wbuf) = buf.split_at_mut(x_len);
+    let (xs, x_cs): (&[f32], usize) = if x_direct {
+        (
+            bytemuck::cast_slice(&x[..(cols - 1) * x_stride + k * 4]),
+            x_stride / 4,
+        )
+    } else {
+        for c in 0..cols {
+            let src = &x[c * x_stride..c * x_stride + k * 4];
+            for (d, s) in xbuf[c * k..(c + 1) * k].iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+            }
+        }
+        (&*xbuf, k)
+    };
+    let wrow = wt.row_bytes(k);
+    for r0 in (0..rows).step_by(rb) {
+        let n = rb.min(rows - r0);
+        let (ws, w_rs): (&[f32], usize) = if w_direct {
+            (
+                bytemuck::cast_slice(&w[r0 * w_stride..(r0 + n - 1) * w_stride + k * 4]),
+                w_stride / 4,
+            )
+        } else {
+            for i in 0..n {
+                let src = &w[(r0 + i) * w_stride..(r0 + i) * w_stride + wrow];
+                convert_row(isa, wt, src, &mut wbuf[i * k..(i + 1) * k]);
+            }
+            (&wbuf[..n * k], k)
+        };
+        gemm_f32(n, cols, k, ws, w_rs, xs, x_cs, &mut out[r0..], ldo);
+    }
+}
+
+/// Decodes one float-type weight row into f32.
+fn convert_row(isa: Isa, wt: WeightType, src: &[u8], dst: &mut [f32]) {
+    let n = dst.len().min(src.len() / wt.element_bytes().max(1));
+    match wt {
+        WeightType::F16 | WeightType::BF16 if isa >= Isa::Avx2 && isa.is_supported() => {
+            // SAFETY: AVX2 is supported; `src` holds `n` 2-byte elements and
+            // `dst` has room for `n` f32.
+            unsafe {
+                if wt == WeightType::BF16 {
+                    avx2::convert_half_row::<true>(src.as_ptr(), dst.as_mut_ptr(), n)
+                } else {
+                    avx2::convert_half_row::<false>(src.as_ptr(), dst.as_mut_ptr(), n)
+                }
+            }
+        }
+        _ => {
+            for (d, s) in dst
+                .iter_mut()
+                .zip(src.chunks_exact(wt.element_bytes().max(1)))
+            {
+                *d = match wt {
+                    WeightType::F16 => {
+                        half::f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32()
+                    }
+                    WeightType::BF16 => {
+                        f32::from_bits((u16::from_le_bytes([s[0], s[1]]) as u32) << 16)
+                    }
+                    _ => f32::from_le_bytes([s[0], s[1], s[2], s[3]]),
+                };
+            }
+        }
+    }
+}
+
+/// `dst[c * ldo + r] = sum_i lhs[r * lhs_rs + i] * rhs[c * rhs_cs + i]` for
+/// `r < m`, `c < n`, `i < k`, single-threaded `gemm`.
+///
+/// # Panics
+/// If a slice is too short for the given shape and strides.
+#[allow(clippy::too_many_arguments)]
+fn gemm_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: &[f32],
+    lhs_rs: usize,
+    rhs: &[f32],
+    rhs_cs: usize,
+    dst: &mut [f32],
+    ldo: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(k > 0);
+    assert!(lhs.len() >= (m - 1) * lhs_rs + k && (m == 1 || lhs_rs >= k));
+    assert!(rhs.len() >= (n - 1) * rhs_cs + k && (n == 1 || rhs_cs >= k));
+    assert!(dst.len() >= (n - 1) * ldo + m && (n == 1 || ldo >= m));
+    let to_i = |v: usize| isize::try_from(v).unwrap_or(isize::MAX);
+    // SAFETY: the asserts above keep every element gemm reads or writes
+    // inside the slices; slices of f32 are properly aligned; `dst` is
+    // exclusively borrowed and does not overlap the inputs.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            to_i(ldo),
+            1,
+            false,
+            lhs.as_ptr(),
+            1,
+            to_i(lhs_rs),
+            rhs.as_ptr(),
+            to_i(rhs_cs),
+            1,
+            0.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}

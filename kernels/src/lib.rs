@@ -1,0 +1,11 @@
+//! Tessera kernels: compute functions on plain slices.
+//!
+//! The [`cpu`] module holds the CPU kernels: GGUF/ggml-compatible block
+//! quantization formats, f16/bf16 conversions, dot products and the tile-level
+//! matrix multiplication used by the CPU backend. Every kernel has a portable
+//! scalar implementation plus AVX2 and AVX-512 implementations selected at
+//! runtime.
+
+#![deny(unsafe_code)]
+
+pub mod cpu;

@@ -1,0 +1,1389 @@
+//! The conformance cases, as data: each [`Case`] builds a small graph, says how its leaves are
+//! filled ([`Init`]) and how close a device's result must be to the reference ([`Tolerance`]).
+//!
+//! Labels follow ggml's `test-backend-ops` style, e.g.
+//! `MUL_MAT(type_a=q4_0,type_b=f32,m=32,n=7,k=256,bs=[1,1],nr=[1,1])`.
+//!
+//! Tolerances are normalized mean squared errors, `NMSE = Σ(out−ref)² / Σ ref²`, against the `f64`
+//! reference run on the same leaf bytes:
+//! - [`NMSE_F32`] 1e-7: f32 element-wise results, where only f32 rounding separates the two.
+//! - [`NMSE_F32_MATH`] 1e-6: f32 results of transcendental functions, reductions over rows and
+//!   softmax-like ops (f32 `exp`/`tanh`/`rsqrt` approximations, f32 accumulation).
+//! - [`NMSE_F16`] 5e-4: F16 (or BF16) outputs or inputs: half precision is ~1e-3 relative, so
+//!   rounding alone gives an NMSE of ~1e-6..1e-4 after a few rounded intermediates.
+//! - [`NMSE_MUL_MAT_QUANT`] 5e-4: MUL_MAT with Q8_0/Q4_0 weights, where the backend quantizes
+//!   the activations to Q8_0 while the reference uses the f32 activations.
+//! - [`NMSE_MUL_MAT_F16`] 1e-5 and [`NMSE_MUL_MAT_BF16`] 5e-4: half-precision weights, with
+//!   activations possibly converted to the weight type by the backend.
+//! - [`NMSE_QUANTIZE`] 5e-4: copies into quantized tensors (the backend's quantizer may break
+//!   rounding ties differently from ggml's reference quantizer).
+//! - [`Tolerance::Exact`]: integer outputs (ARGMAX, i32 tables) and pure copies.
+
+use std::fmt;
+use std::sync::Arc;
+use tessera_core::{Context, DType, GluOp, Result, RopeMode, RopeParams, TensorId, UnaryOp};
+
+/// f32 element-wise results.
+pub const NMSE_F32: f64 = 1e-7;
+/// f32 transcendental functions, row reductions, softmax, rope, f32 matmul and attention.
+pub const NMSE_F32_MATH: f64 = 1e-6;
+/// Anything with F16 or BF16 inputs or outputs.
+pub const NMSE_F16: f64 = 5e-4;
+/// MUL_MAT with Q8_0 / Q4_0 weights (activations quantized to Q8_0 by the backend).
+pub const NMSE_MUL_MAT_QUANT: f64 = 5e-4;
+/// MUL_MAT with F16 weights.
+pub const NMSE_MUL_MAT_F16: f64 = 1e-5;
+/// MUL_MAT with BF16 weights (activations may be rounded to bf16: ~4e-3 relative).
+pub const NMSE_MUL_MAT_BF16: f64 = 5e-4;
+/// Copies and row writes into quantized tensors.
+pub const NMSE_QUANTIZE: f64 = 5e-4;
+
+/// How close a device's output must be to the reference.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Tolerance {
+    /// The NMSE (see the module docs) must not exceed the bound.
+    Nmse(f64),
+    /// Every element must equal the reference exactly.
+    Exact,
+}
+
+impl fmt::Display for Tolerance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Tolerance::Nmse(b) => write!(f, "nmse ≤ {b:.0e}"),
+            Tolerance::Exact => f.write_str("exact"),
+        }
+    }
+}
+
+/// How a leaf tensor is filled (values are generated in logical order, then encoded to the leaf's
+/// dtype; quantized leaves through the reference quantizer).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    /// Uniform in `[lo, hi)`. The default for float leaves is `[-1, 1)`.
+    Uniform {
+        /// Lower bound.
+        lo: f64,
+        /// Upper bound.
+        hi: f64,
+    },
+    /// Uniform integers in `lo..=hi` (positions, row indices). The default for i32 leaves is 0.
+    Ints {
+        /// Smallest value.
+        lo: i64,
+        /// Largest value.
+        hi: i64,
+    },
+    /// Row indices in `0..n`, distinct within each run of `ne0` elements (SET_ROWS targets).
+    DistinctIds {
+        /// Number of rows of the indexed tensor.
+        n: usize,
+    },
+    /// An attention / softmax mask: uniform in `[-1, 1)` with about a quarter of the entries
+    /// `-inf`, never the first element of a row (so no row is fully masked).
+    Mask,
+}
+
+/// A deterministic pseudo-random generator (SplitMix64).
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// A generator seeded from a label (FNV-1a of its bytes) and a stream number.
+    pub fn for_label(label: &str, stream: u64) -> Rng {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for b in label.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        Rng(h ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+}
+
+/// The values of a leaf of shape `ne` filled as `init` says, in logical order.
+///
+/// # Errors
+/// When `DistinctIds` asks for more distinct rows than exist.
+pub fn generate(
+    init: Init,
+    ne: [usize; 4],
+    rng: &mut Rng,
+) -> std::result::Result<Vec<f64>, String> {
+    let n: usize = ne.iter().product();
+    Ok(match init {
+        Init::Uniform { lo, hi } => (0..n).map(|_| lo + (hi - lo) * rng.next_f64()).collect(),
+        Init::Ints { lo, hi } => {
+            let span = (hi - lo + 1).max(1) as usize;
+            (0..n)
+                .map(|_| (lo + rng.below(span) as i64) as f64)
+                .collect()
+        }
+        Init::DistinctIds { n: rows } => {
+            if ne[0] > rows {
+                return Err(format!("{} distinct ids asked from {rows} rows", ne[0]));
+            }
+            let mut out = Vec::with_capacity(n);
+            for _ in 0..n / ne[0].max(1) {
+                let mut pool: Vec<usize> = (0..rows).collect();
+                for i in 0..ne[0] {
+                    let j = i + rng.below(rows - i);
+                    pool.swap(i, j);
+                    out.push(pool[i] as f64);
+                }
+            }
+            out
+        }
+        Init::Mask => (0..n)
+            .map(|i| {
+                let v = rng.next_f64() * 2.0 - 1.0;
+                if i % ne[0].max(1) != 0 && rng.below(4) == 0 {
+                    f64::NEG_INFINITY
+                } else {
+                    v
+                }
+            })
+            .collect(),
+    })
+}
+
+/// What a case's build step produced: the tensors to compare, extra graph roots, and leaves
+/// filled other than by default.
+#[derive(Clone, Debug, Default)]
+pub struct Built {
+    /// Tensors compared against the reference (contiguous, so they can be read back); they are
+    /// also roots of the graph.
+    pub outputs: Vec<TensorId>,
+    /// Further graph roots, computed before the outputs but not compared themselves (a copy into
+    /// a strided view whose destination tensor is the output).
+    pub roots: Vec<TensorId>,
+    /// Fill rules for particular tensors (a view stands for the leaf it views).
+    pub inits: Vec<(TensorId, Init)>,
+}
+
+impl Built {
+    /// One output, default fills.
+    pub fn out(y: TensorId) -> Built {
+        Built {
+            outputs: vec![y],
+            ..Built::default()
+        }
+    }
+
+    /// Adds a graph root that is not compared.
+    pub fn root(mut self, id: TensorId) -> Built {
+        self.roots.push(id);
+        self
+    }
+
+    /// Adds a fill rule for `id`.
+    pub fn init(mut self, id: TensorId, init: Init) -> Built {
+        self.inits.push((id, init));
+        self
+    }
+}
+
+/// The build step of a case.
+pub type BuildFn = dyn Fn(&mut Context) -> Result<Built> + Send + Sync;
+
+/// One conformance case.
+#[derive(Clone)]
+pub struct Case {
+    op: String,
+    label: String,
+    tolerance: Tolerance,
+    build: Arc<BuildFn>,
+}
+
+impl fmt::Debug for Case {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Case")
+            .field("label", &self.label)
+            .field("tolerance", &self.tolerance)
+            .finish()
+    }
+}
+
+impl Case {
+    /// A case for op `op` (as reports name it: `MUL_MAT`, `SILU`) with parameters `params` (the
+    /// label is `op(params)`).
+    pub fn new(
+        op: &str,
+        params: impl Into<String>,
+        tolerance: Tolerance,
+        build: impl Fn(&mut Context) -> Result<Built> + Send + Sync + 'static,
+    ) -> Case {
+        let params = params.into();
+        Case {
+            op: op.to_string(),
+            label: format!("{op}({params})"),
+            tolerance,
+            build: Arc::new(build),
+        }
+    }
+
+    /// The op name (`MUL_MAT`, `SILU`, `SWIGLU`).
+    pub fn op(&self) -> &str {
+        &self.op
+    }
+
+    /// The label, e.g. `ADD(type_a=f32,type_b=f32,ne_a=[16,5,4,3],ne_b=[16,1,1,1])`.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The accuracy bound.
+    pub fn tolerance(&self) -> Tolerance {
+        self.tolerance
+    }
+
+    /// Builds the case's tensors into `ctx`.
+    ///
+    /// # Errors
+    /// Builder errors (a broken case).
+    pub fn build(&self, ctx: &mut Context) -> Result<Built> {
+        (self.build)(ctx)
+    }
+}
+
+// ===== Sources with layouts =====
+
+/// How a case's source tensor is laid out in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// A contiguous leaf.
+    Contiguous,
+    /// Axes 1 and 2 swapped (rows stay contiguous, outer strides out of order).
+    Permuted,
+    /// Axes 0 and 1 swapped (elements of a row are strided).
+    Transposed,
+    /// Axes cycled `[1, 2, 0, 3]` (no axis keeps its natural stride).
+    Cycled,
+    /// A window with padded rows at a non-zero offset.
+    Strided,
+}
+
+impl Layout {
+    /// The suffix added to labels (`,v=perm`), empty for contiguous sources.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Layout::Contiguous => "",
+            Layout::Permuted => ",v=perm",
+            Layout::Transposed => ",v=trans",
+            Layout::Cycled => ",v=cycle",
+            Layout::Strided => ",v=strided",
+        }
+    }
+}
+
+/// A tensor of logical shape `ne` and `dtype`, laid out as `layout` (a leaf or a view of one).
+///
+/// # Errors
+/// Builder errors (a quantized tensor cannot be transposed or cycled).
+pub fn source(ctx: &mut Context, dtype: DType, ne: [usize; 4], layout: Layout) -> Result<TensorId> {
+    match layout {
+        Layout::Contiguous => ctx.new_tensor(dtype, ne),
+        Layout::Permuted => {
+            let leaf = ctx.new_tensor(dtype, [ne[0], ne[2], ne[1], ne[3]])?;
+            ctx.permute(leaf, [0, 2, 1, 3])
+        }
+        Layout::Transposed => {
+            let leaf = ctx.new_tensor(dtype, [ne[1], ne[0], ne[2], ne[3]])?;
+            ctx.transpose(leaf)
+        }
+        Layout::Cycled => {
+            let leaf = ctx.new_tensor(dtype, [ne[1], ne[2], ne[0], ne[3]])?;
+            ctx.permute(leaf, [1, 2, 0, 3])
+        }
+        Layout::Strided => {
+            let pad = dtype.block_size().max(3);
+            let leaf = ctx.new_tensor(dtype, [ne[0] + pad, ne[1], ne[2], ne[3]])?;
+            let nb = ctx.tensor(leaf)?.nb();
+            let offset = dtype.type_size();
+            ctx.view(leaf, ne, [nb[1], nb[2], nb[3]], offset)
+        }
+    }
+}
+
+fn ne_str(ne: [usize; 4]) -> String {
+    format!("[{},{},{},{}]", ne[0], ne[1], ne[2], ne[3])
+}
+
+/// The fill of float leaves no rule names: uniform in `[-1, 1)`.
+pub const DEFAULT_FLOAT_INIT: Init = Init::Uniform { lo: -1.0, hi: 1.0 };
+
+fn float_tol(dtypes: &[DType], f32_tol: f64) -> Tolerance {
+    if dtypes.iter().all(|&d| d == DType::F32) {
+        Tolerance::Nmse(f32_tol)
+    } else {
+        Tolerance::Nmse(NMSE_F16)
+    }
+}
+
+// ===== The cases =====
+
+/// Every conformance case.
+pub fn all_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    binary_cases(&mut v);
+    map_cases(&mut v);
+    glu_cases(&mut v);
+    norm_cases(&mut v);
+    reduce_cases(&mut v);
+    soft_max_cases(&mut v);
+    rope_cases(&mut v);
+    mul_mat_cases(&mut v);
+    flash_attn_cases(&mut v);
+    get_rows_cases(&mut v);
+    set_rows_cases(&mut v);
+    cpy_cases(&mut v);
+    cont_cases(&mut v);
+    concat_cases(&mut v);
+    bf16_cases(&mut v);
+    view_destination_cases(&mut v);
+    v
+}
+
+/// A few BF16 element-wise cases (the builders accept every float type).
+fn bf16_cases(v: &mut Vec<Case>) {
+    let t = DType::BF16;
+    let ne = [67, 3, 2, 1];
+    let tol = Tolerance::Nmse(NMSE_F16);
+    for (name, op) in [("ADD", Bin::Add), ("MUL", Bin::Mul)] {
+        let params = format!("type_a={t},type_b={t},ne_a={},ne_b=[67,1,1,1]", ne_str(ne));
+        v.push(Case::new(name, params, tol, move |ctx| {
+            let a = ctx.new_tensor(t, ne)?;
+            let b = ctx.new_tensor(t, [67, 1, 1, 1])?;
+            Ok(Built::out(if matches!(op, Bin::Add) {
+                ctx.add(a, b)?
+            } else {
+                ctx.mul(a, b)?
+            }))
+        }));
+    }
+    v.push(Case::new(
+        "SILU",
+        format!("type={t},ne={}", ne_str(ne)),
+        tol,
+        move |ctx| {
+            let a = ctx.new_tensor(t, ne)?;
+            Ok(Built::out(ctx.silu(a)?))
+        },
+    ));
+    v.push(Case::new(
+        "SCALE",
+        format!("type={t},ne={},s=0.25,b=0", ne_str(ne)),
+        tol,
+        move |ctx| {
+            let a = ctx.new_tensor(t, ne)?;
+            Ok(Built::out(ctx.scale(a, 0.25)?))
+        },
+    ));
+    v.push(Case::new(
+        "RMS_NORM",
+        format!("type={t},ne={},eps=1e-6", ne_str(ne)),
+        tol,
+        move |ctx| {
+            let a = ctx.new_tensor(t, ne)?;
+            Ok(Built::out(ctx.rms_norm(a, 1e-6)?))
+        },
+    ));
+}
+
+/// Writes through views into a larger destination (KV-cache style), comparing the whole
+/// destination: rows outside the window must be left alone.
+fn view_destination_cases(v: &mut Vec<Case>) {
+    // CPY into a contiguous row range of a larger tensor.
+    for dst_t in [DType::F32, DType::F16] {
+        let tol = float_tol(&[dst_t], NMSE_F32);
+        v.push(Case::new(
+            "CPY",
+            format!("type_src=f32,type_dst={dst_t},ne=[64,4,1,1],dst=rows 3..7 of [64,10,1,1]"),
+            tol,
+            move |ctx| {
+                let big = ctx.new_tensor(dst_t, [64, 10])?;
+                let nb1 = ctx.tensor(big)?.nb()[1];
+                let win = ctx.view(big, [64, 4], [nb1, nb1 * 4, nb1 * 4], 3 * nb1)?;
+                let src = ctx.new_tensor(DType::F32, [64, 4])?;
+                let y = ctx.cpy(src, win)?;
+                Ok(Built {
+                    outputs: vec![big],
+                    ..Built::default()
+                }
+                .root(y))
+            },
+        ));
+    }
+    // CPY into a strided window (padded rows) of a larger tensor.
+    v.push(Case::new(
+        "CPY",
+        "type_src=f32,type_dst=f16,ne=[32,6,1,1],dst=cols 8..40 of [64,6,1,1]",
+        Tolerance::Nmse(NMSE_F16),
+        |ctx| {
+            let big = ctx.new_tensor(DType::F16, [64, 6])?;
+            let nb1 = ctx.tensor(big)?.nb()[1];
+            let win = ctx.view(big, [32, 6], [nb1, nb1 * 6, nb1 * 6], 8 * 2)?;
+            let src = ctx.new_tensor(DType::F32, [32, 6])?;
+            let y = ctx.cpy(src, win)?;
+            Ok(Built {
+                outputs: vec![big],
+                ..Built::default()
+            }
+            .root(y))
+        },
+    ));
+    // SET_ROWS into one layer's plane of a two-layer cache.
+    for dst_t in [DType::F16, DType::Q8_0] {
+        let tol = if dst_t == DType::Q8_0 {
+            Tolerance::Nmse(NMSE_QUANTIZE)
+        } else {
+            Tolerance::Nmse(NMSE_F16)
+        };
+        v.push(Case::new(
+            "SET_ROWS",
+            format!("type={dst_t},type_src=f32,ne=[64,10,1,1],n_rows=3,dst=plane 1 of [64,10,2,1]"),
+            tol,
+            move |ctx| {
+                let cache = ctx.new_tensor(dst_t, [64, 10, 2])?;
+                let nb = ctx.tensor(cache)?.nb();
+                let layer = ctx.view(cache, [64, 10], [nb[1], nb[2], nb[2]], nb[2])?;
+                let src = ctx.new_tensor(DType::F32, [64, 3])?;
+                let ids = ctx.new_tensor(DType::I32, [3])?;
+                let y = ctx.set_rows(layer, src, ids)?;
+                Ok(Built {
+                    outputs: vec![cache],
+                    ..Built::default()
+                }
+                .root(y)
+                .init(ids, Init::DistinctIds { n: 10 }))
+            },
+        ));
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Bin {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+fn binary_cases(v: &mut Vec<Case>) {
+    use Layout::{Contiguous as C, Permuted as P, Strided as S, Transposed as T};
+    let shapes: [([usize; 4], [usize; 4], Layout, Layout); 9] = [
+        ([16, 5, 4, 3], [16, 5, 4, 3], C, C),
+        ([16, 5, 4, 3], [16, 1, 1, 1], C, C),
+        ([16, 5, 4, 3], [1, 5, 1, 1], C, C),
+        ([16, 5, 4, 3], [16, 5, 1, 3], C, C),
+        ([67, 3, 1, 1], [67, 3, 1, 1], C, C),
+        ([1, 7, 2, 1], [1, 1, 1, 1], C, C),
+        ([16, 5, 4, 3], [16, 1, 4, 1], P, C),
+        ([16, 5, 4, 3], [16, 5, 4, 3], C, S),
+        ([16, 5, 4, 1], [16, 5, 1, 1], T, C),
+    ];
+    for (name, op) in [
+        ("ADD", Bin::Add),
+        ("SUB", Bin::Sub),
+        ("MUL", Bin::Mul),
+        ("DIV", Bin::Div),
+    ] {
+        let mut types = vec![(DType::F32, DType::F32), (DType::F16, DType::F16)];
+        if matches!(op, Bin::Add | Bin::Mul) {
+            types.push((DType::F32, DType::F16));
+        }
+        for (ta, tb) in types {
+            for (i, &(ne_a, ne_b, la, lb)) in shapes.iter().enumerate() {
+                if ta != tb && i > 1 {
+                    continue;
+                }
+                let params = format!(
+                    "type_a={ta},type_b={tb},ne_a={},ne_b={}{}{}",
+                    ne_str(ne_a),
+                    ne_str(ne_b),
+                    la.tag(),
+                    lb.tag().replace("v=", "v_b=")
+                );
+                v.push(Case::new(
+                    name,
+                    params,
+                    float_tol(&[ta, tb], NMSE_F32),
+                    move |ctx| {
+                        let a = source(ctx, ta, ne_a, la)?;
+                        let b = source(ctx, tb, ne_b, lb)?;
+                        let y = match op {
+                            Bin::Add => ctx.add(a, b)?,
+                            Bin::Sub => ctx.sub(a, b)?,
+                            Bin::Mul => ctx.mul(a, b)?,
+                            Bin::Div => ctx.div(a, b)?,
+                        };
+                        let built = Built::out(y);
+                        // Divisors stay away from zero.
+                        Ok(if matches!(op, Bin::Div) {
+                            built.init(b, Init::Uniform { lo: 0.5, hi: 2.0 })
+                        } else {
+                            built
+                        })
+                    },
+                ));
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum MapOp {
+    Unary(UnaryOp),
+    Scale(f32, f32),
+    Sqr,
+    Sqrt,
+    Clamp(f32, f32),
+}
+
+fn map_cases(v: &mut Vec<Case>) {
+    use Layout::{Contiguous as C, Permuted as P, Transposed as T};
+    let mut ops: Vec<(String, String, MapOp, f64)> = UnaryOp::ALL
+        .iter()
+        .map(|&u| {
+            let exact = matches!(u, UnaryOp::Relu | UnaryOp::Neg);
+            (
+                u.name().to_string(),
+                String::new(),
+                MapOp::Unary(u),
+                if exact { NMSE_F32 } else { NMSE_F32_MATH },
+            )
+        })
+        .collect();
+    ops.push((
+        "SCALE".into(),
+        ",s=0.25,b=0".into(),
+        MapOp::Scale(0.25, 0.0),
+        NMSE_F32,
+    ));
+    ops.push((
+        "SCALE".into(),
+        ",s=-1.5,b=0.5".into(),
+        MapOp::Scale(-1.5, 0.5),
+        NMSE_F32,
+    ));
+    ops.push(("SQR".into(), String::new(), MapOp::Sqr, NMSE_F32));
+    ops.push(("SQRT".into(), String::new(), MapOp::Sqrt, NMSE_F32));
+    ops.push((
+        "CLAMP".into(),
+        ",min=-0.5,max=0.5".into(),
+        MapOp::Clamp(-0.5, 0.5),
+        NMSE_F32,
+    ));
+    let shapes = [
+        ([67, 3, 2, 1], C),
+        ([1, 5, 1, 1], C),
+        ([16, 5, 4, 1], P),
+        ([16, 7, 1, 1], T),
+    ];
+    for (name, extra, op, tol) in ops {
+        for dtype in [DType::F32, DType::F16] {
+            for (ne, layout) in shapes {
+                let params = format!("type={dtype},ne={}{extra}{}", ne_str(ne), layout.tag());
+                v.push(Case::new(
+                    &name,
+                    params,
+                    float_tol(&[dtype], tol),
+                    move |ctx| {
+                        let a = source(ctx, dtype, ne, layout)?;
+                        let y = match op {
+                            MapOp::Unary(u) => ctx.unary(a, u)?,
+                            MapOp::Scale(s, b) => ctx.scale_bias(a, s, b)?,
+                            MapOp::Sqr => ctx.sqr(a)?,
+                            MapOp::Sqrt => ctx.sqrt(a)?,
+                            MapOp::Clamp(lo, hi) => ctx.clamp(a, lo, hi)?,
+                        };
+                        let built = Built::out(y);
+                        Ok(if matches!(op, MapOp::Sqrt) {
+                            built.init(a, Init::Uniform { lo: 0.0, hi: 2.0 })
+                        } else {
+                            built
+                        })
+                    },
+                ));
+            }
+        }
+    }
+}
+
+fn glu_cases(v: &mut Vec<Case>) {
+    // (ne of the input, swapped, split form, layout)
+    let variants: [([usize; 4], bool, bool, Layout); 5] = [
+        ([128, 3, 2, 1], false, false, Layout::Contiguous),
+        ([128, 3, 2, 1], true, false, Layout::Contiguous),
+        ([6, 5, 1, 1], false, false, Layout::Contiguous),
+        ([64, 3, 2, 1], false, true, Layout::Contiguous),
+        ([128, 3, 2, 1], false, false, Layout::Permuted),
+    ];
+    for op in [GluOp::Swiglu, GluOp::Geglu] {
+        for dtype in [DType::F32, DType::F16] {
+            for (ne, swapped, split, layout) in variants {
+                let form = if split {
+                    ",split".to_string()
+                } else {
+                    format!(",swapped={}", u8::from(swapped))
+                };
+                let params = format!("type={dtype},ne={}{form}{}", ne_str(ne), layout.tag());
+                v.push(Case::new(
+                    op.name(),
+                    params,
+                    float_tol(&[dtype], NMSE_F32_MATH),
+                    move |ctx| {
+                        let a = source(ctx, dtype, ne, layout)?;
+                        let y = if split {
+                            let b = source(ctx, dtype, ne, layout)?;
+                            ctx.glu_split(a, b, op)?
+                        } else {
+                            ctx.glu(a, op, swapped)?
+                        };
+                        Ok(Built::out(y))
+                    },
+                ));
+            }
+        }
+    }
+}
+
+fn norm_cases(v: &mut Vec<Case>) {
+    let variants: [([usize; 4], f32, Layout); 4] = [
+        ([64, 5, 4, 3], 1e-6, Layout::Contiguous),
+        ([67, 3, 1, 1], 1e-5, Layout::Contiguous),
+        ([1, 4, 1, 1], 1e-5, Layout::Contiguous),
+        ([64, 5, 3, 1], 1e-6, Layout::Permuted),
+    ];
+    for rms in [true, false] {
+        let name = if rms { "RMS_NORM" } else { "NORM" };
+        for dtype in [DType::F32, DType::F16] {
+            for (ne, eps, layout) in variants {
+                let params = format!("type={dtype},ne={},eps={eps:e}{}", ne_str(ne), layout.tag());
+                v.push(Case::new(
+                    name,
+                    params,
+                    float_tol(&[dtype], NMSE_F32_MATH),
+                    move |ctx| {
+                        let a = source(ctx, dtype, ne, layout)?;
+                        Ok(Built::out(if rms {
+                            ctx.rms_norm(a, eps)?
+                        } else {
+                            ctx.norm(a, eps)?
+                        }))
+                    },
+                ));
+            }
+        }
+    }
+}
+
+fn reduce_cases(v: &mut Vec<Case>) {
+    for dtype in [DType::F32, DType::F16] {
+        for (ne, layout) in [
+            ([67, 5, 3, 2], Layout::Contiguous),
+            ([1, 4, 1, 1], Layout::Contiguous),
+            ([32, 5, 3, 1], Layout::Permuted),
+        ] {
+            let params = format!("type={dtype},ne={}{}", ne_str(ne), layout.tag());
+            v.push(Case::new(
+                "SUM_ROWS",
+                params,
+                float_tol(&[dtype], NMSE_F32_MATH),
+                move |ctx| {
+                    let a = source(ctx, dtype, ne, layout)?;
+                    Ok(Built::out(ctx.sum_rows(a)?))
+                },
+            ));
+        }
+        for (ne, layout) in [
+            ([67, 5, 1, 1], Layout::Contiguous),
+            ([256, 3, 2, 1], Layout::Contiguous),
+            ([1, 3, 1, 1], Layout::Contiguous),
+            ([32, 4, 3, 1], Layout::Permuted),
+        ] {
+            let params = format!("type={dtype},ne={}{}", ne_str(ne), layout.tag());
+            v.push(Case::new("ARGMAX", params, Tolerance::Exact, move |ctx| {
+                let a = source(ctx, dtype, ne, layout)?;
+                Ok(Built::out(ctx.argmax(a)?))
+            }));
+        }
+    }
+}
+
+fn soft_max_cases(v: &mut Vec<Case>) {
+    // (ne, mask (dtype, ne), scale, max_bias, layout)
+    type Variant = ([usize; 4], Option<(DType, [usize; 4])>, f32, f32, Layout);
+    let variants: [Variant; 8] = [
+        ([67, 5, 3, 2], None, 1.0, 0.0, Layout::Contiguous),
+        ([32, 4, 2, 1], None, 0.125, 0.0, Layout::Contiguous),
+        (
+            [32, 4, 3, 2],
+            Some((DType::F32, [32, 6, 1, 1])),
+            0.5,
+            0.0,
+            Layout::Contiguous,
+        ),
+        (
+            [32, 4, 3, 2],
+            Some((DType::F16, [32, 6, 1, 1])),
+            0.5,
+            0.0,
+            Layout::Contiguous,
+        ),
+        (
+            [32, 4, 3, 2],
+            Some((DType::F32, [32, 4, 3, 1])),
+            1.0,
+            0.0,
+            Layout::Contiguous,
+        ),
+        (
+            [32, 4, 6, 1],
+            Some((DType::F16, [32, 4, 1, 1])),
+            1.0,
+            8.0,
+            Layout::Contiguous,
+        ),
+        ([1, 5, 1, 1], None, 1.0, 0.0, Layout::Contiguous),
+        (
+            [32, 4, 3, 1],
+            Some((DType::F32, [32, 4, 1, 1])),
+            0.5,
+            0.0,
+            Layout::Permuted,
+        ),
+    ];
+    for dtype in [DType::F32, DType::F16] {
+        for (ne, mask, scale, max_bias, layout) in variants {
+            let m = mask.map_or("none".to_string(), |(t, ne)| format!("{t}{}", ne_str(ne)));
+            let params = format!(
+                "type={dtype},ne={},mask={m},scale={scale},max_bias={max_bias}{}",
+                ne_str(ne),
+                layout.tag()
+            );
+            // Masks are read exactly (both sides decode the same f16 values): only the input /
+            // output dtype sets the bound.
+            let types = [dtype];
+            v.push(Case::new(
+                "SOFT_MAX",
+                params,
+                float_tol(&types, NMSE_F32_MATH),
+                move |ctx| {
+                    let a = source(ctx, dtype, ne, layout)?;
+                    let m = match mask {
+                        Some((t, mne)) => Some(ctx.new_tensor(t, mne)?),
+                        None => None,
+                    };
+                    let y = ctx.soft_max_ext(a, m, scale, max_bias)?;
+                    let built = Built::out(y);
+                    Ok(match m {
+                        Some(m) => built.init(m, Init::Mask),
+                        None => built,
+                    })
+                },
+            ));
+        }
+    }
+}
+
+fn rope_cases(v: &mut Vec<Case>) {
+    // (ne [head_dim, n_head, n_tokens, b], n_dims, freq_base, freq_scale, layout)
+    let variants: [([usize; 4], usize, f32, f32, Layout); 5] = [
+        ([64, 4, 5, 1], 64, 10000.0, 1.0, Layout::Contiguous),
+        ([64, 4, 5, 1], 32, 10000.0, 1.0, Layout::Contiguous),
+        ([128, 2, 3, 2], 128, 500000.0, 0.5, Layout::Contiguous),
+        ([64, 4, 5, 1], 48, 10000.0, 0.25, Layout::Strided),
+        ([64, 4, 5, 1], 64, 10000.0, 1.0, Layout::Permuted),
+    ];
+    for dtype in [DType::F32, DType::F16] {
+        for mode in [RopeMode::Normal, RopeMode::Neox] {
+            for (ne, n_dims, freq_base, freq_scale, layout) in variants {
+                let m = match mode {
+                    RopeMode::Normal => 0,
+                    RopeMode::Neox => 2,
+                };
+                let params = format!(
+                    "type={dtype},ne={},n_dims={n_dims},mode={m},freq_base={freq_base},freq_scale={freq_scale}{}",
+                    ne_str(ne),
+                    layout.tag()
+                );
+                v.push(Case::new(
+                    "ROPE",
+                    params,
+                    float_tol(&[dtype], NMSE_F32_MATH),
+                    move |ctx| {
+                        let a = source(ctx, dtype, ne, layout)?;
+                        let pos = ctx.new_tensor(DType::I32, [ne[2]])?;
+                        let y = ctx.rope(
+                            a,
+                            pos,
+                            RopeParams {
+                                n_dims,
+                                mode,
+                                freq_base,
+                                freq_scale,
+                            },
+                        )?;
+                        Ok(Built::out(y).init(pos, Init::Ints { lo: 0, hi: 99 }))
+                    },
+                ));
+            }
+        }
+    }
+}
+
+fn mul_mat_tol(type_a: DType) -> Tolerance {
+    Tolerance::Nmse(match type_a {
+        DType::F32 => NMSE_F32_MATH,
+        DType::F16 => NMSE_MUL_MAT_F16,
+        DType::BF16 => NMSE_MUL_MAT_BF16,
+        _ => NMSE_MUL_MAT_QUANT,
+    })
+}
+
+/// (m, n, k, a batch [a2, a3], repeats [b2/a2, b3/a3], layout of b)
+type MulMatShape = (usize, usize, usize, [usize; 2], [usize; 2], Layout);
+
+fn mul_mat_cases(v: &mut Vec<Case>) {
+    let types = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+    ];
+    // (m, n, k, a batch [a2, a3], repeats [b2/a2, b3/a3], layout of b)
+    let mut shapes: Vec<MulMatShape> = [1, 2, 7, 33]
+        .iter()
+        .map(|&n| (32, n, 256, [1, 1], [1, 1], Layout::Contiguous))
+        .collect();
+    shapes.push((16, 3, 64, [2, 1], [2, 2], Layout::Contiguous));
+    shapes.push((16, 5, 64, [2, 1], [1, 1], Layout::Permuted));
+    shapes.push((24, 4, 96, [1, 1], [3, 1], Layout::Permuted));
+    for type_a in types {
+        let mut all = shapes.clone();
+        if !type_a.is_quantized() {
+            // k not a multiple of the block size, and a single output row.
+            all.push((16, 3, 67, [1, 1], [1, 1], Layout::Contiguous));
+            all.push((1, 9, 40, [1, 1], [1, 1], Layout::Contiguous));
+        }
+        for (m, n, k, bs, nr, layout) in all {
+            let params = format!(
+                "type_a={type_a},type_b=f32,m={m},n={n},k={k},bs=[{},{}],nr=[{},{}]{}",
+                bs[0],
+                bs[1],
+                nr[0],
+                nr[1],
+                layout.tag()
+            );
+            v.push(Case::new(
+                "MUL_MAT",
+                params,
+                mul_mat_tol(type_a),
+                move |ctx| {
+                    let a = ctx.new_tensor(type_a, [k, m, bs[0], bs[1]])?;
+                    let b = source(
+                        ctx,
+                        DType::F32,
+                        [k, n, bs[0] * nr[0], bs[1] * nr[1]],
+                        layout,
+                    )?;
+                    Ok(Built::out(ctx.mul_mat(a, b)?))
+                },
+            ));
+        }
+    }
+}
+
+/// One FLASH_ATTN_EXT configuration.
+#[derive(Clone, Copy)]
+struct Fa {
+    d: usize,
+    dv: usize,
+    n_q: usize,
+    n_kv: usize,
+    h: usize,
+    h_kv: usize,
+    batch: usize,
+    mask: Option<DType>,
+    max_bias: f32,
+    softcap: f32,
+    kv: DType,
+}
+
+fn flash_attn_case(c: Fa) -> Case {
+    let mask = c.mask.map_or("none".to_string(), |t| t.to_string());
+    let params = format!(
+        "hsk={},hsv={},nh={},nr={},kv={},nb={},b={},mask={mask},max_bias={},logit_softcap={},type_KV={}",
+        c.d,
+        c.dv,
+        c.h_kv,
+        c.h / c.h_kv,
+        c.n_kv,
+        c.n_q,
+        c.batch,
+        c.max_bias,
+        c.softcap,
+        c.kv
+    );
+    let tol = if c.kv == DType::F32 {
+        Tolerance::Nmse(NMSE_F32_MATH)
+    } else {
+        Tolerance::Nmse(NMSE_F16)
+    };
+    Case::new("FLASH_ATTN_EXT", params, tol, move |ctx| {
+        let q = ctx.new_tensor(DType::F32, [c.d, c.n_q, c.h, c.batch])?;
+        let k = ctx.new_tensor(c.kv, [c.d, c.n_kv, c.h_kv, c.batch])?;
+        let v = ctx.new_tensor(c.kv, [c.dv, c.n_kv, c.h_kv, c.batch])?;
+        let m = match c.mask {
+            Some(t) => Some(ctx.new_tensor(t, [c.n_kv, c.n_q + 1])?),
+            None => None,
+        };
+        let scale = 1.0 / (c.d as f32).sqrt();
+        let y = ctx.flash_attn_ext(q, k, v, m, scale, c.max_bias, c.softcap)?;
+        let built = Built::out(y);
+        Ok(match m {
+            Some(m) => built.init(m, Init::Mask),
+            None => built,
+        })
+    })
+}
+
+fn flash_attn_cases(v: &mut Vec<Case>) {
+    let base = Fa {
+        d: 64,
+        dv: 64,
+        n_q: 3,
+        n_kv: 32,
+        h: 4,
+        h_kv: 2,
+        batch: 1,
+        mask: None,
+        max_bias: 0.0,
+        softcap: 0.0,
+        kv: DType::F16,
+    };
+    for kv in [DType::F16, DType::F32] {
+        for mask in [None, Some(DType::F16)] {
+            for softcap in [0.0, 30.0] {
+                for h_kv in [2, 1] {
+                    for d in [64, 128] {
+                        for n_kv in [32, 113] {
+                            v.push(flash_attn_case(Fa {
+                                d,
+                                dv: d,
+                                n_kv,
+                                h_kv,
+                                mask,
+                                softcap,
+                                kv,
+                                ..base
+                            }));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for kv in [DType::F16, DType::F32] {
+        // One query (token generation), no GQA.
+        v.push(flash_attn_case(Fa {
+            n_q: 1,
+            h: 2,
+            h_kv: 2,
+            n_kv: 113,
+            mask: Some(DType::F16),
+            kv,
+            ..base
+        }));
+        // ALiBi over 4 heads, an f32 mask.
+        v.push(flash_attn_case(Fa {
+            h_kv: 4,
+            mask: Some(DType::F32),
+            max_bias: 8.0,
+            kv,
+            ..base
+        }));
+        // Two sequences, value head size different from the key head size.
+        v.push(flash_attn_case(Fa {
+            dv: 32,
+            n_q: 4,
+            h: 2,
+            h_kv: 1,
+            batch: 2,
+            mask: Some(DType::F16),
+            kv,
+            ..base
+        }));
+    }
+}
+
+fn get_rows_cases(v: &mut Vec<Case>) {
+    // (table ne, number of ids)
+    let shapes: [([usize; 4], usize); 3] =
+        [([64, 10, 1, 1], 5), ([32, 8, 3, 2], 4), ([256, 7, 1, 1], 1)];
+    let mut all: Vec<(DType, [usize; 4], usize)> = Vec::new();
+    for t in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0] {
+        all.extend(shapes.iter().map(|&(ne, n)| (t, ne, n)));
+    }
+    all.push((DType::BF16, [64, 10, 1, 1], 5));
+    all.push((DType::F32, [1, 10, 1, 1], 4));
+    all.push((DType::F16, [3, 6, 2, 1], 7));
+    all.push((DType::I32, [3, 10, 1, 1], 6));
+    for (t, ne, n) in all {
+        let params = format!(
+            "type={t},n={},m={},r={n},b=[{},{}]",
+            ne[0], ne[1], ne[2], ne[3]
+        );
+        // Rows are copied (and dequantized) exactly; i32 tables are compared exactly.
+        let tol = if t == DType::I32 {
+            Tolerance::Exact
+        } else {
+            Tolerance::Nmse(NMSE_F32)
+        };
+        v.push(Case::new("GET_ROWS", params, tol, move |ctx| {
+            let table = ctx.new_tensor(t, ne)?;
+            let ids = ctx.new_tensor(DType::I32, [n, ne[2], ne[3]])?;
+            let y = ctx.get_rows(table, ids)?;
+            let built = Built::out(y).init(
+                ids,
+                Init::Ints {
+                    lo: 0,
+                    hi: ne[1] as i64 - 1,
+                },
+            );
+            Ok(if t == DType::I32 {
+                built.init(
+                    table,
+                    Init::Ints {
+                        lo: -1000,
+                        hi: 1000,
+                    },
+                )
+            } else {
+                built
+            })
+        }));
+    }
+}
+
+fn set_rows_cases(v: &mut Vec<Case>) {
+    // (dst ne, rows written per plane, ids ne1, ids ne2)
+    let shapes: [([usize; 4], usize, usize, usize); 3] = [
+        ([64, 10, 1, 1], 4, 1, 1),
+        ([32, 8, 3, 2], 3, 3, 2),
+        ([32, 8, 3, 2], 3, 1, 1),
+    ];
+    let mut all: Vec<(DType, DType, [usize; 4], usize, usize, usize)> = Vec::new();
+    for dst in [DType::F32, DType::F16, DType::Q8_0] {
+        all.extend(
+            shapes
+                .iter()
+                .map(|&(ne, n, i1, i2)| (DType::F32, dst, ne, n, i1, i2)),
+        );
+    }
+    all.push((DType::F32, DType::BF16, [64, 10, 1, 1], 4, 1, 1));
+    all.push((DType::F32, DType::Q4_0, [64, 10, 1, 1], 4, 1, 1));
+    all.push((DType::F16, DType::F32, [64, 10, 1, 1], 4, 1, 1));
+    for (src_t, dst_t, ne, n, i1, i2) in all {
+        let params = format!(
+            "type={dst_t},type_src={src_t},ne={},n_rows={n},ids=[{n},{i1},{i2}]",
+            ne_str(ne)
+        );
+        let tol = match dst_t {
+            DType::F32 if src_t == DType::F32 => Tolerance::Nmse(NMSE_F32),
+            DType::Q8_0 | DType::Q4_0 => Tolerance::Nmse(NMSE_QUANTIZE),
+            _ => Tolerance::Nmse(NMSE_F16),
+        };
+        v.push(Case::new("SET_ROWS", params, tol, move |ctx| {
+            let dst = ctx.new_tensor(dst_t, ne)?;
+            let src = ctx.new_tensor(src_t, [ne[0], n, ne[2], ne[3]])?;
+            let ids = ctx.new_tensor(DType::I32, [n, i1, i2])?;
+            let y = ctx.set_rows(dst, src, ids)?;
+            Ok(Built::out(y).init(ids, Init::DistinctIds { n: ne[1] }))
+        }));
+    }
+}
+
+/// (source dtype, destination dtype, source ne, destination ne, source layout)
+type CpyPair = (DType, DType, [usize; 4], [usize; 4], Layout);
+
+fn cpy_cases(v: &mut Vec<Case>) {
+    let floats = [DType::F32, DType::F16, DType::BF16];
+    let mut pairs: Vec<CpyPair> = Vec::new();
+    for src in floats {
+        for dst in floats {
+            pairs.push((src, dst, [64, 3, 2, 1], [64, 3, 2, 1], Layout::Contiguous));
+            pairs.push((src, dst, [64, 3, 2, 1], [64, 3, 2, 1], Layout::Permuted));
+            pairs.push((src, dst, [16, 12, 1, 1], [16, 12, 1, 1], Layout::Transposed));
+            // Different shapes, same element count: flat element order.
+            pairs.push((src, dst, [64, 6, 1, 1], [96, 4, 1, 1], Layout::Contiguous));
+        }
+    }
+    for dst in [DType::Q8_0, DType::Q4_0] {
+        pairs.push((
+            DType::F32,
+            dst,
+            [64, 3, 2, 1],
+            [64, 3, 2, 1],
+            Layout::Contiguous,
+        ));
+        pairs.push((
+            DType::F32,
+            dst,
+            [256, 2, 3, 1],
+            [256, 2, 3, 1],
+            Layout::Permuted,
+        ));
+    }
+    for (src_t, dst_t, ne_src, ne_dst, layout) in pairs {
+        let shape = if ne_src == ne_dst {
+            format!("ne={}", ne_str(ne_src))
+        } else {
+            format!("ne_src={},ne_dst={}", ne_str(ne_src), ne_str(ne_dst))
+        };
+        let params = format!("type_src={src_t},type_dst={dst_t},{shape}{}", layout.tag());
+        let tol = if dst_t.is_quantized() {
+            Tolerance::Nmse(NMSE_QUANTIZE)
+        } else if src_t == dst_t {
+            Tolerance::Exact
+        } else {
+            float_tol(&[src_t, dst_t], NMSE_F32)
+        };
+        v.push(Case::new("CPY", params, tol, move |ctx| {
+            let a = source(ctx, src_t, ne_src, layout)?;
+            let b = ctx.new_tensor(dst_t, ne_dst)?;
+            Ok(Built::out(ctx.cpy(a, b)?))
+        }));
+    }
+}
+
+fn cont_cases(v: &mut Vec<Case>) {
+    let mut all: Vec<(DType, [usize; 4], Layout)> = Vec::new();
+    for t in [DType::F32, DType::F16, DType::BF16] {
+        all.push((t, [16, 5, 4, 3], Layout::Permuted));
+        all.push((t, [16, 7, 3, 1], Layout::Transposed));
+        all.push((t, [16, 5, 4, 3], Layout::Cycled));
+        all.push((t, [13, 5, 4, 1], Layout::Strided));
+    }
+    all.push((DType::Q8_0, [64, 3, 2, 1], Layout::Permuted));
+    all.push((DType::Q4_0, [64, 3, 2, 1], Layout::Strided));
+    all.push((DType::I32, [16, 5, 4, 1], Layout::Permuted));
+    for (t, ne, layout) in all {
+        let params = format!("type={t},ne={}{}", ne_str(ne), layout.tag());
+        v.push(Case::new("CONT", params, Tolerance::Exact, move |ctx| {
+            let a = source(ctx, t, ne, layout)?;
+            let y = ctx.cont(a)?;
+            let built = Built::out(y);
+            Ok(if t == DType::I32 {
+                built.init(
+                    a,
+                    Init::Ints {
+                        lo: -1000,
+                        hi: 1000,
+                    },
+                )
+            } else {
+                built
+            })
+        }));
+    }
+}
+
+fn concat_cases(v: &mut Vec<Case>) {
+    let ne_a = [16, 5, 4, 3];
+    for dim in 0..4 {
+        let mut ne_b = ne_a;
+        ne_b[dim] = if dim == 0 { 7 } else { 2 };
+        for t in [DType::F32, DType::F16] {
+            for layout in [Layout::Contiguous, Layout::Permuted] {
+                let params = format!(
+                    "type={t},ne_a={},ne_b={},dim={dim}{}",
+                    ne_str(ne_a),
+                    ne_str(ne_b),
+                    layout.tag().replace("v=", "v_b=")
+                );
+                v.push(Case::new("CONCAT", params, Tolerance::Exact, move |ctx| {
+                    let a = ctx.new_tensor(t, ne_a)?;
+                    let b = source(ctx, t, ne_b, layout)?;
+                    Ok(Built::out(ctx.concat(a, b, dim)?))
+                }));
+            }
+        }
+    }
+    let params = format!("type=i32,ne_a={},ne_b=[16,2,4,3],dim=1", ne_str(ne_a));
+    v.push(Case::new("CONCAT", params, Tolerance::Exact, move |ctx| {
+        let a = ctx.new_tensor(DType::I32, ne_a)?;
+        let b = ctx.new_tensor(DType::I32, [16, 2, 4, 3])?;
+        let y = ctx.concat(a, b, 1)?;
+        Ok(Built::out(y)
+            .init(a, Init::Ints { lo: -50, hi: 50 })
+            .init(b, Init::Ints { lo: -50, hi: 50 }))
+    }));
+}
+
+/// Whether `case` is selected by `pattern` (case-insensitive): a bare name selects the cases of
+/// that op (`MUL_MAT`, `SILU`; `GELU` does not select `GELU_QUICK`), a pattern with parameters
+/// selects the labels it prefixes (`MUL_MAT(type_a=q4_0`). Alternatives are separated by `|`.
+pub fn matches(case: &Case, pattern: &str) -> bool {
+    pattern
+        .split('|')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .any(|p| {
+            if p.contains('(') {
+                case.label
+                    .get(..p.len())
+                    .is_some_and(|pre| pre.eq_ignore_ascii_case(p))
+            } else {
+                case.op.eq_ignore_ascii_case(p)
+            }
+        })
+}
+
+/// The cases `pattern` selects (all when it is `None` or empty); see [`matches()`].
+pub fn filter(cases: Vec<Case>, pattern: Option<&str>) -> Vec<Case> {
+    match pattern.map(str::trim).filter(|p| !p.is_empty()) {
+        None => cases,
+        Some(p) => cases.into_iter().filter(|c| matches(c, p)).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_unique_and_every_case_builds() {
+        let cases = all_cases();
+        let mut labels: Vec<&str> = cases.iter().map(Case::label).collect();
+        labels.sort_unstable();
+        let n = labels.len();
+        labels.dedup();
+        assert_eq!(labels.len(), n, "duplicate labels");
+        for c in &cases {
+            let mut ctx = Context::new();
+            let built = c
+                .build(&mut ctx)
+                .unwrap_or_else(|e| panic!("{}: {e}", c.label()));
+            assert!(!built.outputs.is_empty(), "{}", c.label());
+        }
+    }
+
+    #[test]
+    fn every_op_is_covered() {
+        let cases = all_cases();
+        for op in [
+            "ADD",
+            "SUB",
+            "MUL",
+            "DIV",
+            "SCALE",
+            "SQR",
+            "SQRT",
+            "CLAMP",
+            "SILU",
+            "GELU",
+            "GELU_QUICK",
+            "RELU",
+            "TANH",
+            "NEG",
+            "EXP",
+            "SWIGLU",
+            "GEGLU",
+            "RMS_NORM",
+            "NORM",
+            "SUM_ROWS",
+            "ARGMAX",
+            "SOFT_MAX",
+            "ROPE",
+            "MUL_MAT",
+            "FLASH_ATTN_EXT",
+            "GET_ROWS",
+            "SET_ROWS",
+            "CPY",
+            "CONT",
+            "CONCAT",
+        ] {
+            assert!(cases.iter().any(|c| c.op() == op), "no case for {op}");
+        }
+    }
+
+    #[test]
+    fn filter_by_op_or_label_prefix() {
+        let silu = filter(all_cases(), Some("silu"));
+        assert!(!silu.is_empty() && silu.iter().all(|c| c.op() == "SILU"));
+        let mm = filter(all_cases(), Some("MUL_MAT(type_a=q4_0"));
+        assert!(
+            !mm.is_empty()
+                && mm
+                    .iter()
+                    .all(|c| c.label().starts_with("MUL_MAT(type_a=q4_0"))
+        );
+        let gelu = filter(all_cases(), Some("gelu"));
+        assert!(!gelu.is_empty() && gelu.iter().all(|c| c.op() == "GELU"));
+        let both = filter(all_cases(), Some("GELU|GELU_QUICK"));
+        assert!(both.len() > gelu.len() && both.iter().any(|c| c.op() == "GELU_QUICK"));
+        assert_eq!(filter(all_cases(), None).len(), all_cases().len());
+        assert!(filter(all_cases(), Some("NO_SUCH_OP")).is_empty());
+    }
+
+    #[test]
+    fn generators_are_deterministic_and_in_range() -> std::result::Result<(), String> {
+        let a = generate(
+            DEFAULT_FLOAT_INIT,
+            [8, 2, 1, 1],
+            &mut Rng::for_label("x", 0),
+        )?;
+        let b = generate(
+            DEFAULT_FLOAT_INIT,
+            [8, 2, 1, 1],
+            &mut Rng::for_label("x", 0),
+        )?;
+        assert_eq!(a, b);
+        assert!(a.iter().all(|v| (-1.0..1.0).contains(v)));
+        let ids = generate(Init::DistinctIds { n: 5 }, [5, 3, 1, 1], &mut Rng::new(1))?;
+        for col in ids.chunks(5) {
+            let mut c = col.to_vec();
+            c.sort_by(f64::total_cmp);
+            assert_eq!(c, vec![0., 1., 2., 3., 4.]);
+        }
+        let m = generate(Init::Mask, [4, 50, 1, 1], &mut Rng::new(2))?;
+        assert!(m.chunks(4).all(|r| r[0].is_finite()));
+        assert!(m.iter().any(|v| v.is_infinite()));
+        let p = generate(
+            Init::Ints { lo: 0, hi: 99 },
+            [1000, 1, 1, 1],
+            &mut Rng::new(3),
+        )?;
+        assert!(
+            p.iter()
+                .all(|&x| (0.0..=99.0).contains(&x) && x.fract() == 0.0)
+        );
+        assert!(generate(Init::DistinctIds { n: 2 }, [3, 1, 1, 1], &mut Rng::new(4)).is_err());
+        Ok(())
+    }
+}
