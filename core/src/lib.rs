@@ -16,14 +16,17 @@
 //! ```
 #![deny(unsafe_code)]
 
+pub mod alloc;
 pub mod backend;
 pub mod dtype;
 pub mod error;
 pub mod graph;
 pub mod ops;
 pub mod registry;
+pub mod sched;
 pub mod tensor;
 
+pub use alloc::{GraphAllocator, Plan, PlanStats};
 pub use backend::{
     Backend, BackendOptions, Bindings, Buffer, BufferType, Device, DeviceCaps, DeviceType, Event,
     MemoryInfo, Support, TensorBuffer,

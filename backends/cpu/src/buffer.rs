@@ -57,6 +57,7 @@ enum Memory {
 /// has run, so a `write` after `compute` waits for the graph, as a stream would order it.
 pub struct CpuBuffer {
     name: String,
+    device: String,
     mem: Memory,
     size: usize,
     pub(crate) access: Arc<RwLock<()>>,
@@ -94,6 +95,7 @@ impl CpuBuffer {
         })?;
         Ok(CpuBuffer {
             name: format!("{device} buffer"),
+            device: device.to_string(),
             mem: Memory::Owned { ptr, layout },
             size,
             access: Arc::default(),
@@ -104,10 +106,43 @@ impl CpuBuffer {
         let size = (*mem).as_ref().len();
         CpuBuffer {
             name: format!("{device} host buffer"),
+            device: device.to_string(),
             mem: Memory::Host(mem),
             size,
             access: Arc::default(),
         }
+    }
+
+    /// Name of the device that allocated the buffer.
+    pub fn device_name(&self) -> &str {
+        &self.device
+    }
+
+    /// Copies `len` bytes from `src` without taking either buffer's host lock: for stream jobs,
+    /// which streams and events already order against the graphs using these bytes.
+    pub(crate) fn stream_copy(
+        src: &CpuBuffer,
+        src_offset: usize,
+        dst: &CpuBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        check_range(&src.name, src_offset, len, src.size)?;
+        check_range(&dst.name, dst_offset, len, dst.size)?;
+        if !dst.writable() {
+            return Err(Error::ReadOnly(dst.name.clone()));
+        }
+        // SAFETY: both ranges are checked; `copy` tolerates overlap; the caller (a stream job) is
+        // ordered after every graph that writes the source and before every graph that reads the
+        // destination.
+        unsafe {
+            std::ptr::copy(
+                src.base_ptr().add(src_offset),
+                dst.base_ptr().add(dst_offset),
+                len,
+            )
+        };
+        Ok(())
     }
 
     /// Whether graphs may write into this buffer.

@@ -15,6 +15,7 @@ pub struct CpuDevice {
     name: String,
     cores: Vec<usize>,
     refused: Vec<OpKind>,
+    isolated: bool,
     buft: Arc<CpuBufferType>,
 }
 
@@ -25,6 +26,7 @@ impl CpuDevice {
             name: name.to_string(),
             cores,
             refused: Vec::new(),
+            isolated: false,
             buft: Arc::new(CpuBufferType::new(name)),
         }
     }
@@ -32,6 +34,13 @@ impl CpuDevice {
     /// The same device, but answering "not supported" for `ops` (to test schedulers' fallbacks).
     pub fn refusing(mut self, ops: &[OpKind]) -> CpuDevice {
         self.refused.extend_from_slice(ops);
+        self
+    }
+
+    /// The same device, but treating other CPU devices' memory as foreign, as a discrete GPU
+    /// would: schedulers then copy tensors between devices (to test those paths on a CPU).
+    pub fn isolated(mut self) -> CpuDevice {
+        self.isolated = true;
         self
     }
 
@@ -100,7 +109,19 @@ impl Device for CpuDevice {
         crate::ops::supports(tensors, node)
     }
     fn supports_buffer_type(&self, buft: &dyn BufferType) -> bool {
-        buft.as_any().downcast_ref::<CpuBufferType>().is_some()
+        buft.as_any()
+            .downcast_ref::<CpuBufferType>()
+            .is_some_and(|b| !self.isolated || b.name() == self.name)
+    }
+    fn owns_buffer(&self, buf: &dyn Buffer) -> bool {
+        buf.as_any()
+            .downcast_ref::<CpuBuffer>()
+            .is_some_and(|b| b.device_name() == self.name)
+    }
+    fn can_access(&self, buf: &dyn Buffer) -> bool {
+        buf.as_any()
+            .downcast_ref::<CpuBuffer>()
+            .is_some_and(|b| !self.isolated || b.device_name() == self.name)
     }
     fn buffer_from_host(&self, mem: HostMemory) -> Result<Option<Arc<dyn Buffer>>> {
         Ok(Some(Arc::new(CpuBuffer::from_host(&self.name, mem))))

@@ -17,6 +17,13 @@ use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result, Suppo
 
 enum Job {
     Compute(Box<Prepared>),
+    Copy {
+        src: Arc<dyn Buffer>,
+        src_offset: usize,
+        dst: Arc<dyn Buffer>,
+        dst_offset: usize,
+        len: usize,
+    },
     Signal(Arc<HostEvent>),
     Wait(Event),
 }
@@ -189,6 +196,13 @@ fn stream_loop(device: &str, pool: Pool, rx: mpsc::Receiver<Job>, status: Arc<St
                 Ok(())
             }
             Job::Wait(e) => e.synchronize(),
+            Job::Copy {
+                src,
+                src_offset,
+                dst,
+                dst_offset,
+                len,
+            } => stream_copy(&src, src_offset, &dst, dst_offset, len),
         };
         if let Err(e) = outcome {
             tracing::error!(device, error = %e, "CPU stream job failed");
@@ -199,6 +213,28 @@ fn stream_loop(device: &str, pool: Pool, rx: mpsc::Receiver<Job>, status: Arc<St
         if *pending == 0 {
             status.idle.notify_all();
         }
+    }
+}
+
+fn stream_copy(
+    src: &Arc<dyn Buffer>,
+    src_offset: usize,
+    dst: &Arc<dyn Buffer>,
+    dst_offset: usize,
+    len: usize,
+) -> Result<()> {
+    match (
+        src.as_any().downcast_ref::<CpuBuffer>(),
+        dst.as_any().downcast_ref::<CpuBuffer>(),
+    ) {
+        (Some(s), Some(d)) => CpuBuffer::stream_copy(s, src_offset, d, dst_offset, len),
+        _ => tessera_core::backend::copy_between(
+            src.as_ref(),
+            src_offset,
+            dst.as_ref(),
+            dst_offset,
+            len,
+        ),
     }
 }
 
@@ -251,6 +287,24 @@ impl Backend for CpuBackend {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+    fn copy_async(
+        &mut self,
+        src: &Arc<dyn Buffer>,
+        src_offset: usize,
+        dst: &Arc<dyn Buffer>,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        tessera_core::error::check_range(&src.name(), src_offset, len, src.size())?;
+        tessera_core::error::check_range(&dst.name(), dst_offset, len, dst.size())?;
+        self.enqueue(Job::Copy {
+            src: src.clone(),
+            src_offset,
+            dst: dst.clone(),
+            dst_offset,
+            len,
+        })
     }
     fn record_event(&mut self) -> Result<Option<Event>> {
         let ev = HostEvent::new();

@@ -108,6 +108,16 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn supports_op(&self, tensors: &[TensorDesc], node: TensorId) -> Support;
     /// Whether the device's streams can read and write buffers of `buft`.
     fn supports_buffer_type(&self, buft: &dyn BufferType) -> bool;
+    /// Optional. Whether `buf` is this device's own memory (schedulers run ops on weights where the
+    /// weights live). Default: no.
+    fn owns_buffer(&self, _buf: &dyn Buffer) -> bool {
+        false
+    }
+    /// Optional. Whether the device's streams can read and write `buf` directly, without a copy.
+    /// Default: only its own buffers.
+    fn can_access(&self, buf: &dyn Buffer) -> bool {
+        self.owns_buffer(buf)
+    }
     /// Optional. Whether an op whose weights live on the host is worth moving here. Default: no.
     fn offload_op(&self, _tensors: &[TensorDesc], _node: TensorId) -> bool {
         false

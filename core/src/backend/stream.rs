@@ -42,21 +42,22 @@ pub trait Backend: Send + fmt::Debug {
         self.synchronize()?;
         src.read(offset, dst)
     }
-    /// Optional. Ordered copy between buffers (possibly of different devices). Default:
-    /// synchronize, then [`copy_between`].
+    /// Optional. Copy between buffers (possibly of different devices), ordered after the work
+    /// already queued on this stream: the source is read once that work is done. Ordering against
+    /// other streams is the caller's, through events. Default: synchronize, then [`copy_between`].
     ///
     /// # Errors
     /// As [`copy_between`] and [`Backend::synchronize`].
     fn copy_async(
         &mut self,
-        src: &dyn Buffer,
+        src: &Arc<dyn Buffer>,
         src_offset: usize,
-        dst: &dyn Buffer,
+        dst: &Arc<dyn Buffer>,
         dst_offset: usize,
         len: usize,
     ) -> Result<()> {
         self.synchronize()?;
-        copy_between(src, src_offset, dst, dst_offset, len)
+        copy_between(src.as_ref(), src_offset, dst.as_ref(), dst_offset, len)
     }
     /// Optional. An event that completes when all work enqueued so far has. Default `Ok(None)`:
     /// no events, callers synchronize instead.

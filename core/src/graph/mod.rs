@@ -96,6 +96,22 @@ impl Graph {
     pub fn label(&self, id: TensorId) -> String {
         label_of(&self.tensors, id)
     }
+    /// A graph over `tensors` with the given nodes, leaves and outputs (schedulers build
+    /// per-device sub-graphs this way; descriptors are trusted to come from a checked context).
+    pub(crate) fn from_parts(
+        tensors: Arc<[TensorDesc]>,
+        nodes: Vec<TensorId>,
+        leafs: Vec<TensorId>,
+        outputs: Vec<TensorId>,
+    ) -> Graph {
+        Graph {
+            tensors,
+            nodes,
+            leafs,
+            outputs,
+        }
+    }
+
     /// A sub-graph of the same tensors with only `nodes` (in the given order).
     pub fn with_nodes(&self, nodes: Vec<TensorId>) -> Graph {
         Graph {

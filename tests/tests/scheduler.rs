@@ -1,0 +1,406 @@
+//! The multi-device scheduler against single-device runs: layer placement over shared and
+//! isolated CPU devices, fallback of refused ops, reuse of memory, pipelined micro-batches.
+
+use std::sync::Arc;
+use tessera_core::sched::{Cause, SchedOptions, Scheduler, layer_devices};
+use tessera_core::{
+    BackendOptions, Bindings, Context, DType, Device, Error, Graph, OpKind, RopeMode, RopeParams,
+    TensorBuffer, TensorFlags, TensorId,
+};
+use tessera_cpu::{CpuDevice, split_devices};
+
+const HD: usize = 16;
+const NH: usize = 4;
+const E: usize = HD * NH;
+const T: usize = 5;
+
+struct Net {
+    ctx: Context,
+    layers: Vec<Vec<TensorId>>,
+    x: TensorId,
+    pos: TensorId,
+    out: TensorId,
+}
+
+/// A small residual network with rms_norm, matmul, reshape, rope, silu and adds per layer.
+fn net(n_layers: usize, wdtype: DType) -> Net {
+    let mut ctx = Context::new();
+    let param = TensorFlags {
+        param: true,
+        ..Default::default()
+    };
+    let x = ctx.new_named("x", DType::F32, [E, T]).unwrap();
+    ctx.set_input(x).unwrap();
+    let pos = ctx.new_named("pos", DType::I32, [T]).unwrap();
+    ctx.set_input(pos).unwrap();
+    let mut h = x;
+    let mut layers = Vec::new();
+    for l in 0..n_layers {
+        let w1 = ctx
+            .new_named(&format!("blk.{l}.w1"), wdtype, [E, E])
+            .unwrap();
+        let w2 = ctx
+            .new_named(&format!("blk.{l}.w2"), wdtype, [E, E])
+            .unwrap();
+        ctx.set_flags(w1, param).unwrap();
+        ctx.set_flags(w2, param).unwrap();
+        layers.push(vec![w1, w2]);
+        let n = ctx.rms_norm(h, 1e-5).unwrap();
+        let a = ctx.mul_mat(w1, n).unwrap();
+        let a = ctx.reshape(a, [HD, NH, T]).unwrap();
+        let rp = RopeParams {
+            n_dims: HD,
+            mode: RopeMode::Neox,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+        };
+        let a = ctx.rope(a, pos, rp).unwrap();
+        let a = ctx.reshape(a, [E, T]).unwrap();
+        let a = ctx.silu(a).unwrap();
+        let b = ctx.mul_mat(w2, a).unwrap();
+        h = ctx.add(h, b).unwrap();
+    }
+    let out = ctx.scale(h, 0.5).unwrap();
+    ctx.set_output(out).unwrap();
+    Net {
+        ctx,
+        layers,
+        x,
+        pos,
+        out,
+    }
+}
+
+fn values(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i * 7919 + seed * 104_729) % 2003) as f32 / 2003.0 - 0.5) * 0.25)
+        .collect()
+}
+
+fn weight_bytes(net: &Net, id: TensorId) -> Vec<u8> {
+    let t = net.ctx.tensor(id).unwrap();
+    let v = values(t.nelements(), id.index());
+    match t.dtype() {
+        DType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::F16 => v
+            .iter()
+            .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+            .collect(),
+        other => panic!("test weights are f32 or f16, not {other}"),
+    }
+}
+
+fn input_bytes(seed: usize) -> (Vec<u8>, Vec<u8>) {
+    let x: Vec<u8> = values(E * T, 1000 + seed)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let p: Vec<u8> = (0..T as i32)
+        .flat_map(|i| (i + seed as i32).to_le_bytes())
+        .collect();
+    (x, p)
+}
+
+/// Reference: everything on one device, no scheduler.
+fn reference(net: &Net, seed: usize) -> Vec<f32> {
+    let dev = CpuDevice::new("REF", vec![]);
+    let graph = net.ctx.build_forward(net.out).unwrap();
+    let buf = dev.buffer_type().alloc_tensors(&net.ctx).unwrap();
+    for l in &net.layers {
+        for &w in l {
+            buf.set(w, &weight_bytes(net, w)).unwrap();
+        }
+    }
+    let (x, p) = input_bytes(seed);
+    buf.set(net.x, &x).unwrap();
+    buf.set(net.pos, &p).unwrap();
+    let mut be = dev.init_backend(&BackendOptions::with_threads(2)).unwrap();
+    be.compute(&graph, buf.bindings()).unwrap();
+    be.synchronize().unwrap();
+    buf.get_f32(net.out).unwrap()
+}
+
+/// Weights of layer `l` on `devices[placement[l]]`.
+fn place_weights(
+    net: &Net,
+    devices: &[Arc<dyn Device>],
+    placement: &[usize],
+) -> (Vec<TensorBuffer>, Bindings) {
+    let mut bufs = Vec::new();
+    let mut all = Bindings::new();
+    for (d, dev) in devices.iter().enumerate() {
+        let mine: Vec<TensorId> = net
+            .layers
+            .iter()
+            .enumerate()
+            .filter(|(l, _)| placement[*l] == d)
+            .flat_map(|(_, w)| w.iter().copied())
+            .collect();
+        let buf = dev
+            .buffer_type()
+            .alloc_tensors_where(&net.ctx, |t| {
+                mine.iter()
+                    .any(|&w| net.ctx.tensor(w).is_ok_and(|x| std::ptr::eq(x, t)))
+            })
+            .unwrap();
+        for &w in &mine {
+            buf.set(w, &weight_bytes(net, w)).unwrap();
+        }
+        all.extend(buf.bindings());
+        bufs.push(buf);
+    }
+    (bufs, all)
+}
+
+fn run_sched(
+    sched: &mut Scheduler,
+    net: &Net,
+    graph: &Graph,
+    weights: &Bindings,
+    seed: usize,
+) -> Vec<f32> {
+    sched.alloc_graph(graph, weights).unwrap();
+    let (x, p) = input_bytes(seed);
+    sched.set_input(net.x, &x).unwrap();
+    sched.set_input(net.pos, &p).unwrap();
+    sched.compute().unwrap();
+    sched.synchronize().unwrap();
+    sched.get_f32(net.out).unwrap()
+}
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+fn check_layer_split(devices: Vec<Arc<dyn Device>>, expect_copies: bool) {
+    let net = net(4, DType::F16);
+    let placement = layer_devices(4, &[], devices.len()).unwrap();
+    let (_bufs, weights) = place_weights(&net, &devices, &placement);
+    let graph = net.ctx.build_forward(net.out).unwrap();
+    let mut sched = Scheduler::new(&devices, SchedOptions::default()).unwrap();
+    let got = run_sched(&mut sched, &net, &graph, &weights, 0);
+    let want = reference(&net, 0);
+    let e = nmse(&got, &want);
+    assert!(e <= 1e-10, "layer split NMSE {e}\n{}", sched.describe());
+    let splits = sched.splits();
+    assert!(splits.len() >= devices.len(), "{splits:?}");
+    let copies: usize = splits.iter().map(|s| s.2).sum();
+    assert_eq!(
+        copies > 0,
+        expect_copies,
+        "copied inputs {copies}\n{}",
+        sched.describe()
+    );
+    // Every device ran the layers whose weights it holds.
+    for a in sched.assignments() {
+        if let Cause::Weight(_) = a.cause {
+            let layer: usize = net
+                .layers
+                .iter()
+                .position(|l| {
+                    net.ctx.tensor(a.node).is_ok()
+                        && l.iter()
+                            .any(|&w| graph.tensor(a.node).unwrap().srcs().any(|s| s == w))
+                })
+                .unwrap();
+            assert_eq!(a.device, placement[layer]);
+        }
+    }
+}
+
+#[test]
+fn layer_split_over_shared_memory_cpu_devices_matches_one_device() {
+    let devs: Vec<Arc<dyn Device>> = split_devices(2)
+        .into_iter()
+        .map(|d| Arc::new(d) as Arc<dyn Device>)
+        .collect();
+    check_layer_split(devs, false);
+}
+
+#[test]
+fn layer_split_over_isolated_devices_copies_inputs_and_matches() {
+    for n in [2, 3] {
+        let devs: Vec<Arc<dyn Device>> = split_devices(n)
+            .into_iter()
+            .map(|d| Arc::new(d.isolated()) as Arc<dyn Device>)
+            .collect();
+        check_layer_split(devs, true);
+    }
+}
+
+#[test]
+fn refused_op_falls_back_to_the_cpu_with_correct_results() {
+    let gpu_like: Arc<dyn Device> = Arc::new(
+        CpuDevice::new("ACC0", vec![])
+            .isolated()
+            .refusing(&[OpKind::Rope]),
+    );
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new("CPU", vec![]));
+    let devices = vec![gpu_like, cpu];
+    let net = net(2, DType::F32);
+    let (_bufs, weights) = place_weights(&net, &devices, &[0, 0]);
+    let graph = net.ctx.build_forward(net.out).unwrap();
+    let mut sched = Scheduler::new(&devices, SchedOptions::default()).unwrap();
+    let got = run_sched(&mut sched, &net, &graph, &weights, 3);
+    let e = nmse(&got, &reference(&net, 3));
+    assert!(e <= 1e-10, "NMSE {e}");
+    let ropes: Vec<_> = sched
+        .assignments()
+        .into_iter()
+        .filter(|a| graph.tensor(a.node).unwrap().op().kind() == OpKind::Rope)
+        .collect();
+    assert_eq!(ropes.len(), 2);
+    for a in &ropes {
+        assert_eq!(a.device, 1, "ROPE must run on the CPU");
+        assert!(
+            matches!(&a.cause, Cause::Fallback(why) if why.contains("refuse")),
+            "{:?}",
+            a.cause
+        );
+    }
+    assert!(sched.describe().contains("fallback"));
+    // The matmuls stay with their weights on the first device.
+    assert!(
+        sched
+            .assignments()
+            .iter()
+            .filter(|a| graph.tensor(a.node).unwrap().op().kind() == OpKind::MulMat)
+            .all(|a| a.device == 0)
+    );
+}
+
+#[test]
+fn rerunning_the_same_shape_allocates_nothing_new() {
+    let devs: Vec<Arc<dyn Device>> = split_devices(2)
+        .into_iter()
+        .map(|d| Arc::new(d.isolated()) as Arc<dyn Device>)
+        .collect();
+    let net = net(2, DType::F32);
+    let (_bufs, weights) = place_weights(&net, &devs, &[0, 1]);
+    let mut sched = Scheduler::new(&devs, SchedOptions::default()).unwrap();
+    let graph = net.ctx.build_forward(net.out).unwrap();
+    let first = run_sched(&mut sched, &net, &graph, &weights, 1);
+    let count = sched.allocation_count();
+    assert!(count > 0);
+    for seed in 1..4 {
+        let graph = net.ctx.build_forward(net.out).unwrap();
+        let got = run_sched(&mut sched, &net, &graph, &weights, seed);
+        assert_eq!(sched.allocation_count(), count, "re-run allocated");
+        assert!(nmse(&got, &reference(&net, seed)) <= 1e-10);
+        if seed == 1 {
+            assert_eq!(got, first);
+        }
+    }
+}
+
+#[test]
+fn pipelined_micro_batches_with_two_copies() {
+    let devs: Vec<Arc<dyn Device>> = split_devices(2)
+        .into_iter()
+        .map(|d| Arc::new(d) as Arc<dyn Device>)
+        .collect();
+    let mut net = net(2, DType::F32);
+    // Each micro-batch copies its result into its own column block of a pre-allocated output.
+    let n_mb = 3;
+    let results = net
+        .ctx
+        .new_named("results", DType::F32, [E, T * n_mb])
+        .unwrap();
+    let mut outs = Vec::new();
+    for mb in 0..n_mb {
+        let row_bytes = E * 4;
+        let v = net
+            .ctx
+            .view(
+                net.out,
+                [E, T],
+                [row_bytes, row_bytes * T, row_bytes * T],
+                0,
+            )
+            .unwrap();
+        let dst = net
+            .ctx
+            .view(
+                results,
+                [E, T],
+                [row_bytes, row_bytes * T, row_bytes * T],
+                mb * T * row_bytes,
+            )
+            .unwrap();
+        outs.push(net.ctx.cpy(v, dst).unwrap());
+    }
+    let (_bufs, mut weights) = place_weights(&net, &devs, &[0, 1]);
+    let out_buf = devs[1]
+        .buffer_type()
+        .alloc_tensors_where(&net.ctx, |t| t.name() == "results")
+        .unwrap();
+    weights.extend(out_buf.bindings());
+    let mut sched = Scheduler::new(
+        &devs,
+        SchedOptions {
+            n_threads: Some(1),
+            n_copies: 2,
+        },
+    )
+    .unwrap();
+    for (mb, &o) in outs.iter().enumerate() {
+        let graph = net.ctx.build_forward(o).unwrap();
+        sched.alloc_graph(&graph, &weights).unwrap();
+        let (x, p) = input_bytes(mb);
+        sched.set_input(net.x, &x).unwrap();
+        sched.set_input(net.pos, &p).unwrap();
+        sched.compute().unwrap();
+    }
+    sched.synchronize().unwrap();
+    let all = out_buf.get_f32(results).unwrap();
+    for mb in 0..n_mb {
+        let got = &all[mb * E * T..(mb + 1) * E * T];
+        let e = nmse(got, &reference(&net, mb));
+        assert!(e <= 1e-10, "micro-batch {mb}: NMSE {e}");
+    }
+}
+
+#[test]
+fn user_assignment_is_respected_and_unsupported_everywhere_is_an_error() {
+    let devs: Vec<Arc<dyn Device>> = split_devices(2)
+        .into_iter()
+        .map(|d| Arc::new(d) as Arc<dyn Device>)
+        .collect();
+    let net = net(1, DType::F32);
+    let (_bufs, weights) = place_weights(&net, &devs, &[0]);
+    let graph = net.ctx.build_forward(net.out).unwrap();
+    let mut sched = Scheduler::new(&devs, SchedOptions::default()).unwrap();
+    sched.set_tensor_device(net.out, 1).unwrap();
+    let got = run_sched(&mut sched, &net, &graph, &weights, 2);
+    assert!(nmse(&got, &reference(&net, 2)) <= 1e-10);
+    let a = sched
+        .assignments()
+        .into_iter()
+        .find(|a| a.node == net.out)
+        .unwrap();
+    assert_eq!((a.device, a.cause), (1, Cause::User));
+    assert!(sched.set_tensor_device(net.out, 7).is_err());
+
+    let refusing: Vec<Arc<dyn Device>> = (0..2)
+        .map(|i| {
+            Arc::new(CpuDevice::new(&format!("R{i}"), vec![]).refusing(&[OpKind::Rope]))
+                as Arc<dyn Device>
+        })
+        .collect();
+    let mut sched = Scheduler::new(&refusing, SchedOptions::default()).unwrap();
+    let err = sched.alloc_graph(&graph, &Bindings::new()).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(Scheduler::new(&[], SchedOptions::default()).is_err());
+    assert!(
+        Scheduler::new(
+            &devs,
+            SchedOptions {
+                n_threads: None,
+                n_copies: 5
+            }
+        )
+        .is_err()
+    );
+}
