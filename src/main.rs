@@ -57,13 +57,21 @@ enum Command {
         #[arg(long, default_value_t = 1.0)]
         min_time: f64,
     },
+    /// Time a synthetic llama model: prompt processing and generation, whole or split by layers.
+    Bench(cli::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG").unwrap_or_else(|_| {
+                // The scheduler's assignment report is an info log; asking for it should show it.
+                if std::env::var_os(tessera::sched::DEBUG_ENV).is_some() {
+                    "warn,tessera::sched=info".into()
+                } else {
+                    "warn".into()
+                }
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -79,6 +87,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Devices => cli::devices::run().map(|_| ExitCode::SUCCESS),
+        Command::Bench(args) => cli::bench::run(&args).map(|_| ExitCode::SUCCESS),
         Command::TestOps {
             op,
             backend,

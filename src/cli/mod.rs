@@ -1,5 +1,6 @@
-//! The `tessera` command line: device listing, op conformance and op benchmarks.
+//! The `tessera` command line: device listing, op conformance, op and model benchmarks.
 
+pub mod bench;
 pub mod bench_ops;
 pub mod devices;
 pub mod inputs;

@@ -56,8 +56,8 @@ mod tests {
         assert_eq!(layer_devices(4, &[], 2).unwrap(), vec![0, 0, 1, 1]);
         assert_eq!(layer_devices(4, &[3.0, 1.0], 2).unwrap(), vec![0, 0, 0, 1]);
         assert_eq!(
-            layer_devices(3, &[1.0, 0.0, 1.0], 3).unwrap(),
-            vec![0, 0, 2]
+            layer_devices(4, &[1.0, 0.0, 1.0], 3).unwrap(),
+            vec![0, 0, 2, 2]
         );
         assert_eq!(layer_devices(5, &[], 1).unwrap(), vec![0; 5]);
         assert!(layer_devices(4, &[1.0], 2).is_err());

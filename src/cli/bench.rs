@@ -1,0 +1,434 @@
+//! `tessera bench`: prompt processing and token generation speed of a synthetic llama model,
+//! whole on one device and split by layers over several, in the style of llama-bench.
+
+use super::inputs::Rng;
+use anyhow::Context as _;
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::time::Instant;
+use tessera::model::{LlamaConfig, LlamaModel, LlamaSession, argmax, nmse};
+use tessera::sched::{SchedOptions, layer_devices};
+use tessera::{Device, registry};
+
+/// Seed of the synthetic weights and of the prompt.
+const SEED: u64 = 0x11a3a;
+/// Token the generation test starts from (llama's BOS).
+const BOS: i32 = 1;
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// How the model is spread over devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitMode {
+    /// The whole model on one device.
+    None,
+    /// Consecutive layers on consecutive devices.
+    Layer,
+}
+
+impl SplitMode {
+    const ACCEPTED: &str = "none, layer";
+
+    fn name(self) -> &'static str {
+        match self {
+            SplitMode::None => "none",
+            SplitMode::Layer => "layer",
+        }
+    }
+}
+
+/// Parses one `--split-mode` value.
+///
+/// # Errors
+/// A message listing the accepted modes (and why `tensor` is not one yet).
+pub fn parse_split_mode(s: &str) -> Result<SplitMode, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "none" => Ok(SplitMode::None),
+        "layer" => Ok(SplitMode::Layer),
+        "tensor" | "row" => Err(format!(
+            "split mode '{s}' is not available yet (it needs the meta device); accepted modes: {}",
+            SplitMode::ACCEPTED
+        )),
+        _ => Err(format!(
+            "unknown split mode '{s}'; accepted modes: {}",
+            SplitMode::ACCEPTED
+        )),
+    }
+}
+
+/// Which synthetic model to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModelPreset {
+    /// About 100M parameters, Q8_0 weights (`LlamaConfig::synthetic_100m`).
+    #[value(name = "synthetic-100m")]
+    Synthetic100m,
+    /// The 0.1M-parameter test model (`LlamaConfig::tiny`).
+    Tiny,
+}
+
+/// Arguments of `tessera bench`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Split modes to run, comma-separated: none (whole model on the first device), layer
+    /// (layers over all devices). `tensor` needs the meta device and is not available yet.
+    #[arg(long, value_delimiter = ',', value_parser = parse_split_mode, default_value = "none,layer")]
+    pub split_mode: Vec<SplitMode>,
+    /// Devices: comma-separated names, or KIND:N (default: CPU for none, cpu:2 for layer).
+    #[arg(long)]
+    pub devices: Option<String>,
+    /// Prompt length of the pp test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 64)]
+    pub n_prompt: usize,
+    /// Tokens generated in the tg test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 32)]
+    pub n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    pub repetitions: usize,
+    /// Threads per device stream (default: the device's cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Model to run.
+    #[arg(long, value_enum, default_value = "synthetic-100m")]
+    pub model: ModelPreset,
+}
+
+/// What one split mode measured, and the logits kept to compare modes.
+struct ModeResult {
+    mode: SplitMode,
+    devices: Vec<Arc<dyn Device>>,
+    pp: Vec<f64>,
+    tg: Vec<f64>,
+    pp_logits: Vec<f32>,
+    tg_logits: Vec<f32>,
+    tg_tokens: Vec<i32>,
+}
+
+fn devices_for(mode: SplitMode, list: Option<&str>) -> anyhow::Result<Vec<Arc<dyn Device>>> {
+    let reg = registry();
+    let devs = match (list, mode) {
+        (Some(l), _) => reg.select(l)?,
+        (None, SplitMode::None) => match reg.device("CPU") {
+            Ok(d) => vec![d],
+            Err(_) => reg.devices().into_iter().take(1).collect(),
+        },
+        (None, SplitMode::Layer) => reg.select("cpu:2")?,
+    };
+    if devs.is_empty() {
+        anyhow::bail!("no device selected");
+    }
+    Ok(match mode {
+        SplitMode::None => devs.into_iter().take(1).collect(),
+        SplitMode::Layer => devs,
+    })
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// Runs the pp test: `prompt` in one graph from an empty cache. Returns tokens/s and the logits.
+fn run_pp(s: &mut LlamaSession<'_>, prompt: &[i32]) -> anyhow::Result<(f64, Vec<f32>)> {
+    s.reset();
+    let t0 = Instant::now();
+    let logits = s.eval(prompt)?;
+    Ok((prompt.len() as f64 / t0.elapsed().as_secs_f64(), logits))
+}
+
+/// Runs the tg test: `n` single-token greedy steps from an empty cache, starting at BOS. Returns
+/// tokens/s, the last step's logits and the tokens fed.
+fn run_tg(s: &mut LlamaSession<'_>, n: usize) -> anyhow::Result<(f64, Vec<f32>, Vec<i32>)> {
+    s.reset();
+    let (mut tok, mut logits, mut fed) = (BOS, Vec::new(), Vec::with_capacity(n));
+    let t0 = Instant::now();
+    for _ in 0..n {
+        fed.push(tok);
+        logits = s.eval(&[tok])?;
+        tok = i32::try_from(argmax(&logits)).context("token id overflows i32")?;
+    }
+    Ok((n as f64 / t0.elapsed().as_secs_f64(), logits, fed))
+}
+
+fn run_mode(
+    model: &LlamaModel,
+    mode: SplitMode,
+    args: &BenchArgs,
+    prompt: &[i32],
+) -> anyhow::Result<ModeResult> {
+    let devices = devices_for(mode, args.devices.as_deref())?;
+    let n_layer = model.config().n_layer;
+    let layer_device = match mode {
+        SplitMode::None => vec![0; n_layer],
+        SplitMode::Layer => layer_devices(n_layer, &[], devices.len())?,
+    };
+    let names = device_names(&devices);
+    let opts = SchedOptions {
+        n_threads: args.threads,
+        ..SchedOptions::default()
+    };
+    let t0 = Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let mut last_pct = usize::MAX;
+    let mut session = LlamaSession::with_progress(model, &devices, &layer_device, opts, |d, n| {
+        let pct = d * 100 / n.max(1);
+        if tty && pct != last_pct {
+            last_pct = pct;
+            status(format_args!(
+                "loading {} on {names}: {pct:3}% ({d}/{n} tensors)",
+                mode.name()
+            ));
+        }
+    })
+    .with_context(|| format!("loading the model on {names}"))?;
+    eprintln!(
+        "{}loading {} on {names}: {:.1} MiB of weights and KV caches in {:.2} s",
+        if tty { "\r" } else { "" },
+        mode.name(),
+        (model.weight_bytes_total() + model.cache_bytes_total()) as f64 / MIB,
+        t0.elapsed().as_secs_f64()
+    );
+
+    // Warm-up (not timed): plans and allocates compute memory for both graph shapes.
+    if !prompt.is_empty() {
+        run_pp(&mut session, prompt)?;
+        let st = session.plan_stats(prompt.len())?;
+        let per_device: Vec<String> = session
+            .compute_bytes()
+            .iter()
+            .map(|b| format!("{:.2}", *b as f64 / MIB))
+            .collect();
+        eprintln!(
+            "compute memory of the pp{} graph: peak {:.2} MiB in one buffer vs {:.2} MiB for all {} intermediates \
+             (liveness bound {:.2} MiB); scheduler per device: [{}] MiB",
+            prompt.len(),
+            st.peak as f64 / MIB,
+            st.total_tensor_bytes as f64 / MIB,
+            st.tensors,
+            st.liveness_bound as f64 / MIB,
+            per_device.join(", ")
+        );
+    }
+    if args.n_gen > 0 {
+        run_tg(&mut session, 1)?;
+    }
+    let mut r = ModeResult {
+        mode,
+        devices: devices.clone(),
+        pp: Vec::new(),
+        tg: Vec::new(),
+        pp_logits: Vec::new(),
+        tg_logits: Vec::new(),
+        tg_tokens: Vec::new(),
+    };
+    for rep in 0..args.repetitions {
+        if tty {
+            status(format_args!(
+                "running {} on {names}: repetition {}/{}",
+                mode.name(),
+                rep + 1,
+                args.repetitions
+            ));
+        }
+        if !prompt.is_empty() {
+            let (tps, logits) = run_pp(&mut session, prompt)?;
+            r.pp.push(tps);
+            r.pp_logits = logits;
+        }
+        if args.n_gen > 0 {
+            let (tps, logits, fed) = run_tg(&mut session, args.n_gen)?;
+            r.tg.push(tps);
+            r.tg_logits = logits;
+            r.tg_tokens = fed;
+        }
+    }
+    if tty {
+        eprintln!();
+    }
+    Ok(r)
+}
+
+/// Rewrites the current terminal line of stderr.
+fn status(msg: std::fmt::Arguments<'_>) {
+    eprint!("\r{msg}");
+    let _ = std::io::stderr().flush();
+}
+
+fn device_names(devices: &[Arc<dyn Device>]) -> String {
+    devices
+        .iter()
+        .map(|d| d.name())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn backend_names(devices: &[Arc<dyn Device>]) -> String {
+    let mut names: Vec<String> = Vec::new();
+    for d in devices {
+        let b = d.backend_name().to_uppercase();
+        if !names.contains(&b) {
+            names.push(b);
+        }
+    }
+    names.join(",")
+}
+
+/// Runs `tessera bench` and prints the table and the cross-mode checks.
+///
+/// # Errors
+/// Invalid arguments, device selection, loading and compute errors.
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.split_mode.is_empty() {
+        anyhow::bail!("no split mode given (accepted: {})", SplitMode::ACCEPTED);
+    }
+    if args.repetitions == 0 {
+        anyhow::bail!("-r must be at least 1");
+    }
+    if args.threads == Some(0) {
+        anyhow::bail!("-t must be at least 1");
+    }
+    let config = match args.model {
+        ModelPreset::Synthetic100m => LlamaConfig::synthetic_100m(),
+        ModelPreset::Tiny => LlamaConfig::tiny(),
+    };
+    for (flag, n) in [("-p", args.n_prompt), ("-n", args.n_gen)] {
+        if n > config.n_ctx {
+            anyhow::bail!("{flag} {n} exceeds the model's context of {}", config.n_ctx);
+        }
+    }
+    let model = LlamaModel::new(config, SEED)?;
+    let c = model.config();
+    let mut rng = Rng::new(SEED);
+    let prompt: Vec<i32> = (0..args.n_prompt)
+        .map(|_| ((rng.uniform() + 1.0) * 0.5 * c.n_vocab as f32) as i32)
+        .map(|t| t.clamp(0, c.n_vocab as i32 - 1))
+        .collect();
+
+    let mut modes: Vec<SplitMode> = Vec::new();
+    for &m in &args.split_mode {
+        if !modes.contains(&m) {
+            modes.push(m);
+        }
+    }
+    let mut results = Vec::new();
+    for &mode in &modes {
+        results.push(run_mode(&model, mode, args, &prompt)?);
+    }
+
+    let params = c.param_count() as f64;
+    let label = format!(
+        "synthetic-llama {} {:?}",
+        match args.model {
+            ModelPreset::Synthetic100m => "100M",
+            ModelPreset::Tiny => "tiny",
+        },
+        c.weight_dtype
+    );
+    let size = format!("{:.2} MiB", model.weight_bytes_total() as f64 / MIB);
+    let params = format!("{:.2} M", params / 1e6);
+    println!(
+        "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<10} | {:>6} | {:>20} |",
+        "model", "size", "params", "backend", "devices", "split mode", "test", "t/s"
+    );
+    println!(
+        "| {:-<26} | {:->10} | {:->9} | {:-<7} | {:-<16} | {:-<10} | {:->6} | {:->20} |",
+        "", "", "", "", "", "", "", ""
+    );
+    for r in &results {
+        for (test, speeds) in [
+            (format!("pp{}", args.n_prompt), &r.pp),
+            (format!("tg{}", args.n_gen), &r.tg),
+        ] {
+            if speeds.is_empty() {
+                continue;
+            }
+            let (mean, sd) = mean_sd(speeds);
+            println!(
+                "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<10} | {:>6} | {:>20} |",
+                label,
+                size,
+                params,
+                backend_names(&r.devices),
+                device_names(&r.devices),
+                r.mode.name(),
+                test,
+                format!("{mean:.2} ± {sd:.2}")
+            );
+        }
+    }
+
+    let reference = results.iter().find(|r| r.mode == SplitMode::None);
+    for r in results.iter().filter(|r| r.mode != SplitMode::None) {
+        let Some(base) = reference else {
+            println!(
+                "{} vs none: not checked (add `none` to --split-mode to compare)",
+                r.mode.name()
+            );
+            continue;
+        };
+        let mut parts = Vec::new();
+        if !r.pp_logits.is_empty() {
+            parts.push(format!(
+                "pp{} logits NMSE {:.3e}",
+                args.n_prompt,
+                nmse(&r.pp_logits, &base.pp_logits)
+            ));
+        }
+        if !r.tg_logits.is_empty() {
+            let same = r
+                .tg_tokens
+                .iter()
+                .zip(&base.tg_tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
+            parts.push(format!(
+                "tg{} final logits NMSE {:.3e}, greedy tokens {}/{} identical",
+                args.n_gen,
+                nmse(&r.tg_logits, &base.tg_logits),
+                same,
+                base.tg_tokens.len()
+            ));
+        }
+        println!(
+            "{} ({}) vs none ({}): {}",
+            r.mode.name(),
+            device_names(&r.devices),
+            device_names(&base.devices),
+            parts.join("; ")
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_modes_parse_and_tensor_is_refused() {
+        assert_eq!(parse_split_mode("none"), Ok(SplitMode::None));
+        assert_eq!(parse_split_mode("Layer"), Ok(SplitMode::Layer));
+        let e = parse_split_mode("tensor").unwrap_err();
+        assert!(
+            e.contains("not available") && e.contains("none, layer"),
+            "{e}"
+        );
+        assert!(parse_split_mode("rows").is_err());
+    }
+
+    #[test]
+    fn mean_and_sample_deviation() {
+        assert_eq!(mean_sd(&[]), (0.0, 0.0));
+        assert_eq!(mean_sd(&[2.0]), (2.0, 0.0));
+        let (m, s) = mean_sd(&[1.0, 3.0]);
+        assert!((m - 2.0).abs() < 1e-12 && (s - 2f64.sqrt()).abs() < 1e-12);
+    }
+}

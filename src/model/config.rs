@@ -1,0 +1,181 @@
+//! [`LlamaConfig`]: the hyper-parameters of a llama-style decoder.
+
+use crate::{DType, Error, Result};
+
+/// Hyper-parameters of a llama-style decoder (names as in llama.cpp's `llama_hparams`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Vocabulary size (rows of the token embedding and of the output projection).
+    pub n_vocab: usize,
+    /// Width of the residual stream.
+    pub n_embd: usize,
+    /// Number of transformer blocks.
+    pub n_layer: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (grouped-query attention: `n_head` must be a multiple).
+    pub n_head_kv: usize,
+    /// Size of one head.
+    pub head_dim: usize,
+    /// Hidden size of the feed-forward block.
+    pub n_ff: usize,
+    /// Context length: rows of each KV cache.
+    pub n_ctx: usize,
+    /// RoPE θ base.
+    pub rope_base: f32,
+    /// ε of the RMS norms.
+    pub norm_eps: f32,
+    /// Dtype of the projection matrices (attention, feed-forward and output); the token
+    /// embedding and the norms are F32.
+    pub weight_dtype: DType,
+}
+
+impl LlamaConfig {
+    /// A llama-shaped model of about 100M parameters with Q8_0 weights: vocabulary 32000,
+    /// width 768, 12 layers of 12 query / 4 KV heads of 64, feed-forward 1280, context 512.
+    ///
+    /// (A feed-forward size of 2048 would give 125M parameters; 1280 keeps the total near 100M.)
+    pub fn synthetic_100m() -> LlamaConfig {
+        LlamaConfig {
+            n_vocab: 32000,
+            n_embd: 768,
+            n_layer: 12,
+            n_head: 12,
+            n_head_kv: 4,
+            head_dim: 64,
+            n_ff: 1280,
+            n_ctx: 512,
+            rope_base: 10000.0,
+            norm_eps: 1e-5,
+            weight_dtype: DType::Q8_0,
+        }
+    }
+
+    /// A tiny model for tests: vocabulary 256, width 64, 2 layers of 4 query / 2 KV heads of 16,
+    /// feed-forward 128, context 64, Q8_0 weights.
+    pub fn tiny() -> LlamaConfig {
+        LlamaConfig {
+            n_vocab: 256,
+            n_embd: 64,
+            n_layer: 2,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 16,
+            n_ff: 128,
+            n_ctx: 64,
+            rope_base: 10000.0,
+            norm_eps: 1e-5,
+            weight_dtype: DType::Q8_0,
+        }
+    }
+
+    /// Width of the attention output (`n_head · head_dim`).
+    pub fn n_embd_q(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Width of one KV cache row (`n_head_kv · head_dim`).
+    pub fn n_embd_kv(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Parameters of the weights (KV caches excluded).
+    pub fn param_count(&self) -> usize {
+        let (e, q, kv, ff) = (self.n_embd, self.n_embd_q(), self.n_embd_kv(), self.n_ff);
+        let per_layer = 2 * e + 2 * e * q + 2 * e * kv + 3 * e * ff;
+        2 * self.n_vocab * e + e + self.n_layer * per_layer
+    }
+
+    /// Checks that the shapes are consistent and that every matrix row is a whole number of
+    /// blocks of `weight_dtype`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the first problem.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::InvalidArgument(format!("llama config: {msg}")));
+        let sizes = [
+            ("n_vocab", self.n_vocab),
+            ("n_embd", self.n_embd),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+            ("n_head_kv", self.n_head_kv),
+            ("head_dim", self.head_dim),
+            ("n_ff", self.n_ff),
+            ("n_ctx", self.n_ctx),
+        ];
+        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return bad(format!("{name} must be positive"));
+        }
+        if !self.n_head.is_multiple_of(self.n_head_kv) {
+            return bad(format!(
+                "n_head {} is not a multiple of n_head_kv {}",
+                self.n_head, self.n_head_kv
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(format!("head_dim {} must be even for RoPE", self.head_dim));
+        }
+        if !(self.weight_dtype.is_float() || self.weight_dtype.is_quantized()) {
+            return bad(format!(
+                "weight dtype {} is not a float or quantized type",
+                self.weight_dtype
+            ));
+        }
+        let bs = self.weight_dtype.block_size();
+        // The reduction length k = ne0 of every projection must be whole blocks.
+        for (name, k) in [
+            ("n_embd", self.n_embd),
+            ("n_head * head_dim", self.n_embd_q()),
+            ("n_ff", self.n_ff),
+        ] {
+            if !k.is_multiple_of(bs) {
+                return bad(format!(
+                    "{name} = {k} is not a multiple of {}'s block size {bs}",
+                    self.weight_dtype
+                ));
+            }
+        }
+        if !(self.rope_base.is_finite() && self.rope_base > 0.0) {
+            return bad(format!("rope_base {} must be positive", self.rope_base));
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0) {
+            return bad(format!("norm_eps {} must be ≥ 0", self.norm_eps));
+        }
+        if i32::try_from(self.n_ctx).is_err() || i32::try_from(self.n_vocab).is_err() {
+            return bad("n_ctx and n_vocab must fit in i32".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_valid_and_sized() {
+        LlamaConfig::tiny().validate().unwrap();
+        let c = LlamaConfig::synthetic_100m();
+        c.validate().unwrap();
+        let p = c.param_count();
+        assert!((95_000_000..110_000_000).contains(&p), "{p}");
+    }
+
+    #[test]
+    fn bad_configs_are_typed_errors() {
+        let mut c = LlamaConfig::tiny();
+        c.n_embd = 48;
+        assert!(matches!(c.validate(), Err(Error::InvalidArgument(_))));
+        c.weight_dtype = DType::F16;
+        c.validate().unwrap();
+        let mut c = LlamaConfig::tiny();
+        c.n_head_kv = 3;
+        assert!(matches!(c.validate(), Err(Error::InvalidArgument(_))));
+        let mut c = LlamaConfig::tiny();
+        c.n_layer = 0;
+        assert!(matches!(c.validate(), Err(Error::InvalidArgument(_))));
+        let mut c = LlamaConfig::tiny();
+        c.weight_dtype = DType::I32;
+        assert!(matches!(c.validate(), Err(Error::InvalidArgument(_))));
+    }
+}

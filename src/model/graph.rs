@@ -1,0 +1,179 @@
+//! The graph of one evaluation step of a [`LlamaModel`] and the bytes of its inputs.
+
+use super::llama::{LlamaModel, Step};
+use crate::{Context, DType, Error, Result, RopeMode, RopeParams, TensorId};
+
+impl LlamaModel {
+    /// Builds the step graph for `n_tokens` new tokens after `n_past` cached ones, on a context
+    /// derived from the model's (a clone of [`LlamaModel::context`], possibly grown since).
+    ///
+    /// Per block: RMS norm, Q/K/V projections, NeoX RoPE on Q and K, K and V rows written into the
+    /// caches at rows `n_past..n_past+T` (SET_ROWS, converting to F16), flash attention of Q over
+    /// cache rows `0..n_past+T` (views of the SET_ROWS results, so attention runs after the write)
+    /// with a causal mask, output projection and residual; then RMS norm and a SwiGLU feed-forward
+    /// with residual. Finally RMS norm and the output projection to logits.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `n_tokens` is 0, `n_past + n_tokens` exceeds `n_ctx`, or `ctx`
+    /// does not derive from the model's context.
+    pub fn build(&self, ctx: &mut Context, n_tokens: usize, n_past: usize) -> Result<Step> {
+        let c = self.config();
+        let n_kv = n_past
+            .checked_add(n_tokens)
+            .filter(|&n| n_tokens > 0 && n <= c.n_ctx)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "a step of {n_tokens} tokens after {n_past} does not fit n_ctx {} (T must be ≥ 1)",
+                    c.n_ctx
+                ))
+            })?;
+        let ours = self.context().tensors();
+        let derived = ctx.len() >= ours.len()
+            && ours
+                .iter()
+                .zip(ctx.tensors())
+                .all(|(a, b)| a.name() == b.name() && a.ne() == b.ne() && a.dtype() == b.dtype());
+        if !derived {
+            return Err(Error::InvalidArgument(
+                "build needs a clone of the model's context".into(),
+            ));
+        }
+        let t = n_tokens;
+        let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_head_kv);
+        let eps = c.norm_eps;
+        let rope = RopeParams {
+            n_dims: hd,
+            mode: RopeMode::Neox,
+            freq_base: c.rope_base,
+            freq_scale: 1.0,
+        };
+        let input = |ctx: &mut Context, name: &str, dtype: DType, shape: [usize; 2]| {
+            let id = ctx.new_named(name, dtype, shape)?;
+            ctx.set_input(id)?;
+            Ok::<TensorId, Error>(id)
+        };
+        let tokens = input(ctx, "inp_tokens", DType::I32, [t, 1])?;
+        let positions = input(ctx, "inp_pos", DType::I32, [t, 1])?;
+        let kv_rows = input(ctx, "inp_kv_rows", DType::I32, [t, 1])?;
+        let mask = input(ctx, "kq_mask", DType::F16, [n_kv, t])?;
+
+        let cache_row = c.n_embd_kv() * DType::F16.type_size();
+        let kq_scale = 1.0 / (hd as f32).sqrt();
+        let mut h = ctx.get_rows(self.tok_embd(), tokens)?;
+        for (il, l) in self.layers().iter().enumerate() {
+            let x = ctx.rms_norm(h, eps)?;
+            let x = ctx.mul(x, l.attn_norm)?;
+
+            let q = ctx.mul_mat(l.wq, x)?;
+            let q = ctx.reshape(q, [hd, nh, t])?;
+            let q = ctx.rope(q, positions, rope)?;
+            let k = ctx.mul_mat(l.wk, x)?;
+            let k = ctx.reshape(k, [hd, nkv, t])?;
+            let k = ctx.rope(k, positions, rope)?;
+            let k = ctx.reshape(k, [hd * nkv, t])?;
+            let v = ctx.mul_mat(l.wv, x)?;
+
+            let k_all = ctx.set_rows(l.cache_k, k, kv_rows)?;
+            let v_all = ctx.set_rows(l.cache_v, v, kv_rows)?;
+            let strides = [cache_row, hd * DType::F16.type_size(), cache_row * n_kv];
+            let k_view = ctx.view(k_all, [hd, n_kv, nkv], strides, 0)?;
+            let v_view = ctx.view(v_all, [hd, n_kv, nkv], strides, 0)?;
+
+            let q = ctx.permute(q, [0, 2, 1, 3])?; // [hd, T, n_head]
+            let attn = ctx.flash_attn_ext(q, k_view, v_view, Some(mask), kq_scale, 0.0, 0.0)?;
+            let attn = ctx.reshape(attn, [hd * nh, t])?;
+            let o = ctx.mul_mat(l.wo, attn)?;
+            ctx.set_name(o, format!("attn_out.{il}"))?;
+            h = ctx.add(h, o)?;
+
+            let x = ctx.rms_norm(h, eps)?;
+            let x = ctx.mul(x, l.ffn_norm)?;
+            let gate = ctx.mul_mat(l.ffn_gate, x)?;
+            let up = ctx.mul_mat(l.ffn_up, x)?;
+            let act = ctx.swiglu(gate, up)?;
+            let down = ctx.mul_mat(l.ffn_down, act)?;
+            h = ctx.add(h, down)?;
+            ctx.set_name(h, format!("l_out.{il}"))?;
+        }
+        let (output_norm, output) = self.output_tensors();
+        let x = ctx.rms_norm(h, eps)?;
+        let x = ctx.mul(x, output_norm)?;
+        let logits = ctx.mul_mat(output, x)?;
+        ctx.set_name(logits, "result_output")?;
+        ctx.set_output(logits)?;
+        let graph = ctx.build_forward(logits)?;
+        Ok(Step {
+            tokens,
+            positions,
+            kv_rows,
+            mask,
+            logits,
+            n_tokens,
+            n_past,
+            graph,
+        })
+    }
+
+    /// [`LlamaModel::build`] on a fresh clone of the model's context.
+    ///
+    /// # Errors
+    /// As [`LlamaModel::build`].
+    pub fn build_step(&self, n_tokens: usize, n_past: usize) -> Result<Step> {
+        let mut ctx = self.context().clone();
+        self.build(&mut ctx, n_tokens, n_past)
+    }
+
+    /// The bytes of the four inputs of `step` for `tokens` after `n_past` cached tokens: token ids,
+    /// positions and cache rows `n_past..n_past+T`, and the causal mask (0 where key `j ≤ n_past + i`
+    /// for query `i`, −∞ elsewhere, f16).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `tokens` or `n_past` do not match the step, or a token is
+    /// outside the vocabulary.
+    pub fn step_inputs(
+        &self,
+        step: &Step,
+        tokens: &[i32],
+        n_past: usize,
+    ) -> Result<Vec<(TensorId, Vec<u8>)>> {
+        if tokens.len() != step.n_tokens || n_past != step.n_past {
+            return Err(Error::InvalidArgument(format!(
+                "{} tokens after {n_past} do not match a step of {} after {}",
+                tokens.len(),
+                step.n_tokens,
+                step.n_past
+            )));
+        }
+        let n_vocab = self.config().n_vocab;
+        if let Some(bad) = tokens
+            .iter()
+            .find(|&&tok| usize::try_from(tok).map_or(true, |u| u >= n_vocab))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "token {bad} is outside the vocabulary 0..{n_vocab}"
+            )));
+        }
+        let i32_bytes = |v: &mut dyn Iterator<Item = i32>| -> Vec<u8> {
+            v.flat_map(|x| x.to_le_bytes()).collect()
+        };
+        // n_past + T ≤ n_ctx, which validate() keeps within i32.
+        let rows = || (n_past..n_past + tokens.len()).map(|p| p as i32);
+        let n_kv = n_past + tokens.len();
+        let (zero, ninf) = (
+            half::f16::from_f32(0.0).to_le_bytes(),
+            half::f16::NEG_INFINITY.to_le_bytes(),
+        );
+        let mut mask = Vec::with_capacity(2 * n_kv * tokens.len());
+        for i in 0..tokens.len() {
+            for j in 0..n_kv {
+                mask.extend_from_slice(if j <= n_past + i { &zero } else { &ninf });
+            }
+        }
+        Ok(vec![
+            (step.tokens, i32_bytes(&mut tokens.iter().copied())),
+            (step.positions, i32_bytes(&mut rows())),
+            (step.kv_rows, i32_bytes(&mut rows())),
+            (step.mask, mask),
+        ])
+    }
+}

@@ -1,0 +1,400 @@
+//! [`LlamaModel`]: the weights and KV caches of a llama-style decoder as tensors of one
+//! [`Context`], synthetic weight generation, placement over devices, and the graph of one step.
+
+use super::config::LlamaConfig;
+use super::weights::SplitMix;
+use crate::{
+    Bindings, DType, Device, DeviceType, Error, Graph, Result, TensorBuffer, TensorFlags, TensorId,
+    encode_f32,
+};
+use crate::{Context, TensorDesc};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How a parameter tensor's synthetic values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Init {
+    /// Uniform in `[-a, a)`.
+    Uniform(f32),
+    /// Uniform in `[0.9, 1.1)`: norm weights.
+    Norm,
+    /// All zero: KV caches.
+    Zero,
+}
+
+/// Which part of the network a parameter tensor belongs to; decides its device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// The token embedding (input layer).
+    Input,
+    /// Weights and KV cache of block `i`.
+    Layer(usize),
+    /// The final norm and the output projection.
+    Output,
+}
+
+/// Tensor ids of one transformer block.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerTensors {
+    /// `blk.{i}.attn_norm.weight` F32 `[n_embd]`.
+    pub attn_norm: TensorId,
+    /// `blk.{i}.attn_q.weight` `[n_embd, n_head·head_dim]`.
+    pub wq: TensorId,
+    /// `blk.{i}.attn_k.weight` `[n_embd, n_head_kv·head_dim]`.
+    pub wk: TensorId,
+    /// `blk.{i}.attn_v.weight` `[n_embd, n_head_kv·head_dim]`.
+    pub wv: TensorId,
+    /// `blk.{i}.attn_output.weight` `[n_head·head_dim, n_embd]`.
+    pub wo: TensorId,
+    /// `blk.{i}.ffn_norm.weight` F32 `[n_embd]`.
+    pub ffn_norm: TensorId,
+    /// `blk.{i}.ffn_gate.weight` `[n_embd, n_ff]`.
+    pub ffn_gate: TensorId,
+    /// `blk.{i}.ffn_up.weight` `[n_embd, n_ff]`.
+    pub ffn_up: TensorId,
+    /// `blk.{i}.ffn_down.weight` `[n_ff, n_embd]`.
+    pub ffn_down: TensorId,
+    /// `cache_k.{i}` F16 `[n_head_kv·head_dim, n_ctx]`.
+    pub cache_k: TensorId,
+    /// `cache_v.{i}` F16 `[n_head_kv·head_dim, n_ctx]`.
+    pub cache_v: TensorId,
+}
+
+/// The graph of one evaluation step and its input and output tensors.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// Token ids, i32 `[T]` (input).
+    pub tokens: TensorId,
+    /// Positions `n_past..n_past+T`, i32 `[T]` (input).
+    pub positions: TensorId,
+    /// KV cache rows to write, `n_past..n_past+T`, i32 `[T]` (input).
+    pub kv_rows: TensorId,
+    /// Causal mask, f16 `[n_past+T, T]`: 0 where a query may see a key, −∞ elsewhere (input).
+    pub mask: TensorId,
+    /// Logits, f32 `[n_vocab, T]` (output).
+    pub logits: TensorId,
+    /// Tokens in the step (`T`).
+    pub n_tokens: usize,
+    /// Cache rows already filled before the step.
+    pub n_past: usize,
+    /// The graph computing `logits` (and writing the new cache rows).
+    pub graph: Graph,
+}
+
+/// A llama-style decoder with deterministic synthetic weights.
+///
+/// The model's [`Context`] holds only parameters (flag `param`): weights named as in GGUF and the
+/// per-layer F16 KV caches `cache_k.{i}` / `cache_v.{i}`. Step graphs are built on clones of that
+/// context, so weight and cache ids are the same in every graph.
+#[derive(Clone, Debug)]
+pub struct LlamaModel {
+    config: LlamaConfig,
+    seed: u64,
+    ctx: Context,
+    tok_embd: TensorId,
+    layers: Vec<LayerTensors>,
+    output_norm: TensorId,
+    output: TensorId,
+    params: Vec<(TensorId, Init, Placement)>,
+}
+
+impl LlamaModel {
+    /// Describes the tensors of a model with `config`; values are drawn from `seed` on demand.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an invalid config (see [`LlamaConfig::validate`]).
+    pub fn new(config: LlamaConfig, seed: u64) -> Result<LlamaModel> {
+        config.validate()?;
+        let c = &config;
+        let wt = c.weight_dtype;
+        let (e, q, kv, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
+        let mut ctx = Context::new();
+        let mut params = Vec::new();
+        let mut param = |ctx: &mut Context,
+                         name: String,
+                         dtype: DType,
+                         shape: [usize; 2],
+                         init: Init,
+                         place: Placement|
+         -> Result<TensorId> {
+            let id = ctx.new_named(&name, dtype, shape)?;
+            ctx.set_flags(
+                id,
+                TensorFlags {
+                    param: true,
+                    ..TensorFlags::default()
+                },
+            )?;
+            params.push((id, init, place));
+            Ok(id)
+        };
+        // Uniform ±√(3/fan_in) keeps the variance of a projection's output that of its input.
+        let proj = |fan_in: usize| Init::Uniform((3.0 / fan_in as f32).sqrt());
+        let tok_embd = param(
+            &mut ctx,
+            "token_embd.weight".into(),
+            DType::F32,
+            [e, c.n_vocab],
+            Init::Uniform(1.0),
+            Placement::Input,
+        )?;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let p = Placement::Layer(i);
+            let mut w = |ctx: &mut Context, what: &str, dtype, shape, init| {
+                param(ctx, format!("blk.{i}.{what}.weight"), dtype, shape, init, p)
+            };
+            let attn_norm = w(&mut ctx, "attn_norm", DType::F32, [e, 1], Init::Norm)?;
+            let wq = w(&mut ctx, "attn_q", wt, [e, q], proj(e))?;
+            let wk = w(&mut ctx, "attn_k", wt, [e, kv], proj(e))?;
+            let wv = w(&mut ctx, "attn_v", wt, [e, kv], proj(e))?;
+            let wo = w(&mut ctx, "attn_output", wt, [q, e], proj(q))?;
+            let ffn_norm = w(&mut ctx, "ffn_norm", DType::F32, [e, 1], Init::Norm)?;
+            let ffn_gate = w(&mut ctx, "ffn_gate", wt, [e, ff], proj(e))?;
+            let ffn_up = w(&mut ctx, "ffn_up", wt, [e, ff], proj(e))?;
+            let ffn_down = w(&mut ctx, "ffn_down", wt, [ff, e], proj(ff))?;
+            let cache_k = param(
+                &mut ctx,
+                format!("cache_k.{i}"),
+                DType::F16,
+                [kv, c.n_ctx],
+                Init::Zero,
+                p,
+            )?;
+            let cache_v = param(
+                &mut ctx,
+                format!("cache_v.{i}"),
+                DType::F16,
+                [kv, c.n_ctx],
+                Init::Zero,
+                p,
+            )?;
+            layers.push(LayerTensors {
+                attn_norm,
+                wq,
+                wk,
+                wv,
+                wo,
+                ffn_norm,
+                ffn_gate,
+                ffn_up,
+                ffn_down,
+                cache_k,
+                cache_v,
+            });
+        }
+        let output_norm = param(
+            &mut ctx,
+            "output_norm.weight".into(),
+            DType::F32,
+            [e, 1],
+            Init::Norm,
+            Placement::Output,
+        )?;
+        let output = param(
+            &mut ctx,
+            "output.weight".into(),
+            wt,
+            [e, c.n_vocab],
+            proj(e),
+            Placement::Output,
+        )?;
+        Ok(LlamaModel {
+            config,
+            seed,
+            ctx,
+            tok_embd,
+            layers,
+            output_norm,
+            output,
+            params,
+        })
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The context holding the parameter tensors (clone it to build graphs).
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// `token_embd.weight`.
+    pub fn tok_embd(&self) -> TensorId {
+        self.tok_embd
+    }
+
+    /// Tensor ids of each block.
+    pub fn layers(&self) -> &[LayerTensors] {
+        &self.layers
+    }
+
+    /// `output_norm.weight` and `output.weight`.
+    pub fn output_tensors(&self) -> (TensorId, TensorId) {
+        (self.output_norm, self.output)
+    }
+
+    /// Every parameter tensor (weights and caches) with the part of the network it belongs to.
+    pub fn params(&self) -> impl Iterator<Item = (TensorId, Placement)> + '_ {
+        self.params.iter().map(|&(id, _, p)| (id, p))
+    }
+
+    /// Whether `id` is a KV cache.
+    pub fn is_cache(&self, id: TensorId) -> bool {
+        self.params
+            .iter()
+            .any(|&(p, init, _)| p == id && init == Init::Zero)
+    }
+
+    /// Bytes of the weights, KV caches excluded (the `size` column of `tessera bench`).
+    pub fn weight_bytes_total(&self) -> usize {
+        self.params
+            .iter()
+            .filter(|(_, init, _)| *init != Init::Zero)
+            .map(|&(id, _, _)| self.ctx.tensors()[id.index()].nbytes())
+            .sum()
+    }
+
+    /// Bytes of the KV caches.
+    pub fn cache_bytes_total(&self) -> usize {
+        self.params
+            .iter()
+            .filter(|(_, init, _)| *init == Init::Zero)
+            .map(|&(id, _, _)| self.ctx.tensors()[id.index()].nbytes())
+            .sum()
+    }
+
+    fn param_entry(&self, id: TensorId) -> Result<(&TensorDesc, Init, Placement)> {
+        let &(_, init, place) = self
+            .params
+            .iter()
+            .find(|(p, _, _)| *p == id)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "tensor {} is not a parameter of the model",
+                    self.ctx.label(id)
+                ))
+            })?;
+        Ok((self.ctx.tensor(id)?, init, place))
+    }
+
+    /// The bytes of parameter `id` in its dtype: deterministic values drawn from the model seed and
+    /// the tensor's name (zeros for a KV cache).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `id` is not a parameter of this model.
+    pub fn weight_bytes(&self, id: TensorId) -> Result<Vec<u8>> {
+        let (t, init, _) = self.param_entry(id)?;
+        let (center, half) = match init {
+            Init::Zero => return Ok(vec![0u8; t.nbytes()]),
+            Init::Norm => (1.0, 0.1),
+            Init::Uniform(a) => (0.0, a),
+        };
+        let mut values = vec![0f32; t.nelements()];
+        SplitMix::for_tensor(self.seed, t.name()).fill_uniform(&mut values, center, half);
+        encode_f32(t.dtype(), &values)
+    }
+
+    /// The index into `devices` of each parameter's device: block `i` on `layer_device[i]`, the
+    /// token embedding on the first CPU device of `devices` (else the first device: ggml keeps the
+    /// input layer on the host), the output on the last block's device.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `layer_device` does not have one valid entry per layer.
+    pub fn param_devices(
+        &self,
+        devices: &[Arc<dyn Device>],
+        layer_device: &[usize],
+    ) -> Result<Vec<(TensorId, usize)>> {
+        if devices.is_empty() {
+            return Err(Error::InvalidArgument(
+                "no device to place weights on".into(),
+            ));
+        }
+        if layer_device.len() != self.config.n_layer
+            || layer_device.iter().any(|&d| d >= devices.len())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "layer_device {layer_device:?} must hold {} indices below {}",
+                self.config.n_layer,
+                devices.len()
+            )));
+        }
+        let input = devices
+            .iter()
+            .position(|d| d.kind() == DeviceType::Cpu)
+            .unwrap_or(0);
+        let output = layer_device[self.config.n_layer - 1];
+        Ok(self
+            .params()
+            .map(|(id, p)| {
+                let d = match p {
+                    Placement::Input => input,
+                    Placement::Layer(i) => layer_device[i],
+                    Placement::Output => output,
+                };
+                (id, d)
+            })
+            .collect())
+    }
+
+    /// Allocates the parameters on `devices` (one buffer per device that holds any; see
+    /// [`LlamaModel::param_devices`]), uploads the weights, zeroes the caches and returns the
+    /// buffers with their merged bindings.
+    ///
+    /// # Errors
+    /// As [`LlamaModel::param_devices`]; allocation and write errors of the devices.
+    pub fn alloc_weights(
+        &self,
+        devices: &[Arc<dyn Device>],
+        layer_device: &[usize],
+    ) -> Result<(Vec<TensorBuffer>, Bindings)> {
+        self.alloc_weights_with_progress(devices, layer_device, |_, _| {})
+    }
+
+    /// [`LlamaModel::alloc_weights`], calling `progress(done, total)` after each tensor.
+    ///
+    /// # Errors
+    /// As [`LlamaModel::alloc_weights`].
+    pub fn alloc_weights_with_progress(
+        &self,
+        devices: &[Arc<dyn Device>],
+        layer_device: &[usize],
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<(Vec<TensorBuffer>, Bindings)> {
+        let placed = self.param_devices(devices, layer_device)?;
+        let by_name: HashMap<&str, usize> = placed
+            .iter()
+            .map(|&(id, d)| (self.ctx.tensors()[id.index()].name(), d))
+            .collect();
+        let (total, mut done) = (placed.len(), 0);
+        let mut buffers = Vec::new();
+        let mut bindings = Bindings::new();
+        for (d, dev) in devices.iter().enumerate() {
+            if !placed.iter().any(|&(_, pd)| pd == d) {
+                continue;
+            }
+            let buf = dev
+                .buffer_type()
+                .alloc_tensors_where(&self.ctx, |t| by_name.get(t.name()) == Some(&d))?;
+            for &(id, _) in placed.iter().filter(|&&(_, pd)| pd == d) {
+                if self.is_cache(id) {
+                    let slot = buf.bindings().slot(id).ok_or_else(|| Error::NotAllocated {
+                        tensor: self.ctx.label(id),
+                    })?;
+                    let len = self.ctx.tensors()[id.index()].nbytes();
+                    buf.buffer().memset(slot.offset, len, 0)?;
+                } else {
+                    buf.set(id, &self.weight_bytes(id)?)?;
+                }
+                done += 1;
+                progress(done, total);
+            }
+            bindings.extend(buf.bindings());
+            buffers.push(buf);
+        }
+        Ok((buffers, bindings))
+    }
+}

@@ -1,0 +1,57 @@
+//! Models built from Tessera graphs.
+//!
+//! [`LlamaModel`] is a llama-style decoder (RMS norm, grouped-query attention with NeoX RoPE and
+//! F16 KV caches, SwiGLU feed-forward) with deterministic synthetic weights, so benchmarks and
+//! tests need no model file. Its tensors are named as in GGUF. [`LlamaSession`] loads one on
+//! devices (whole, or layers split over several) and evaluates tokens through the
+//! [`crate::sched::Scheduler`].
+//!
+//! ```no_run
+//! use tessera::model::{LlamaConfig, LlamaModel, LlamaSession};
+//! use tessera::sched::SchedOptions;
+//! # fn main() -> tessera::Result<()> {
+//! let model = LlamaModel::new(LlamaConfig::tiny(), 42)?;
+//! let devices = tessera::registry().select("cpu:2")?;
+//! let layer_device = tessera::sched::layer_devices(model.config().n_layer, &[], devices.len())?;
+//! let mut session = LlamaSession::new(&model, &devices, &layer_device, SchedOptions::default())?;
+//! let logits = session.eval(&[1, 2, 3])?; // n_vocab logits per token
+//! let next = tessera::model::argmax(&logits[2 * 256..]);
+//! # let _ = next; Ok(()) }
+//! ```
+
+mod config;
+mod graph;
+mod llama;
+mod session;
+#[cfg(all(test, feature = "cpu"))]
+mod tests;
+mod weights;
+
+pub use config::LlamaConfig;
+pub use llama::{LayerTensors, LlamaModel, Placement, Step};
+pub use session::LlamaSession;
+
+/// Normalised mean squared error `Σ(a−b)² / Σb²` of `a` against the reference `b` (∞ if the
+/// lengths differ, 0 for two empty slices).
+pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let (mut err, mut norm) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        err += (f64::from(x) - f64::from(y)).powi(2);
+        norm += f64::from(y).powi(2);
+    }
+    if err == 0.0 { 0.0 } else { err / norm }
+}
+
+/// Index of the largest value (the first one on ties; 0 for an empty slice). NaNs are skipped.
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] || v[best].is_nan() {
+            best = i;
+        }
+    }
+    best
+}

@@ -1,0 +1,155 @@
+//! End-to-end tests of the llama model on CPU devices.
+
+use super::*;
+use crate::sched::{SchedOptions, layer_devices};
+use crate::{DType, Device, Error, registry};
+use std::sync::Arc;
+
+const SEED: u64 = 0x5eed;
+const PROMPT: [i32; 5] = [1, 17, 200, 3, 255];
+
+fn one_cpu() -> Vec<Arc<dyn Device>> {
+    registry().select("cpu:1").unwrap()
+}
+
+fn session<'m>(model: &'m LlamaModel, devices: &[Arc<dyn Device>]) -> LlamaSession<'m> {
+    let ld = layer_devices(model.config().n_layer, &[], devices.len()).unwrap();
+    LlamaSession::new(model, devices, &ld, SchedOptions::default()).unwrap()
+}
+
+#[test]
+fn tiny_model_gives_finite_logits() {
+    let model = LlamaModel::new(LlamaConfig::tiny(), SEED).unwrap();
+    let n_vocab = model.config().n_vocab;
+    let mut s = session(&model, &one_cpu());
+    let logits = s.eval(&PROMPT).unwrap();
+    assert_eq!(logits.len(), n_vocab * PROMPT.len());
+    assert!(logits.iter().all(|x| x.is_finite()));
+    // Activations stay O(1) and positions differ from each other.
+    let rms = (logits.iter().map(|x| x * x).sum::<f32>() / logits.len() as f32).sqrt();
+    assert!((0.05..50.0).contains(&rms), "logit rms {rms}");
+    assert!(nmse(&logits[..n_vocab], &logits[n_vocab..2 * n_vocab]) > 1e-3);
+    assert_eq!(s.n_past(), PROMPT.len());
+}
+
+#[test]
+fn batched_prompt_matches_token_by_token() {
+    let model = LlamaModel::new(LlamaConfig::tiny(), SEED).unwrap();
+    let n_vocab = model.config().n_vocab;
+    let mut s = session(&model, &one_cpu());
+    let batch = s.eval(&PROMPT).unwrap();
+    s.reset();
+    let mut last = Vec::new();
+    for (i, &tok) in PROMPT.iter().enumerate() {
+        last = s.eval(&[tok]).unwrap();
+        let row = &batch[i * n_vocab..(i + 1) * n_vocab];
+        let e = nmse(&last, row);
+        assert!(e <= 1e-6, "position {i}: nmse {e}");
+    }
+    let e = nmse(&last, &batch[(PROMPT.len() - 1) * n_vocab..]);
+    assert!(e <= 1e-6, "last position: nmse {e}");
+    // Continuing after a batched prompt matches continuing after single steps.
+    let after_single = s.eval(&[42]).unwrap();
+    s.reset();
+    s.eval(&PROMPT).unwrap();
+    let after_batch = s.eval(&[42]).unwrap();
+    let e = nmse(&after_batch, &after_single);
+    assert!(e <= 1e-6, "continuation: nmse {e}");
+}
+
+#[test]
+fn layer_split_matches_single_device() {
+    let model = LlamaModel::new(LlamaConfig::tiny(), SEED).unwrap();
+    let two = registry().select("cpu:2").unwrap();
+    let mut split = session(&model, &two);
+    let mut single = session(&model, &one_cpu());
+    for chunk in [&PROMPT[..], &[7], &[8]] {
+        let a = split.eval(chunk).unwrap();
+        let b = single.eval(chunk).unwrap();
+        let e = nmse(&a, &b);
+        assert!(e <= 1e-10, "nmse {e}");
+    }
+    // Each device holds one layer; the embedding and output sit with the first and last layer.
+    let ld = layer_devices(2, &[], 2).unwrap();
+    assert_eq!(ld, vec![0, 1]);
+    let placed = model.param_devices(&two, &ld).unwrap();
+    let dev_of = |id| placed.iter().find(|(p, _)| *p == id).map(|p| p.1);
+    assert_eq!(dev_of(model.tok_embd()), Some(0));
+    assert_eq!(dev_of(model.output_tensors().1), Some(1));
+    assert_eq!(dev_of(model.layers()[1].cache_k), Some(1));
+    assert_eq!(split.buffers().len(), 2);
+}
+
+#[test]
+fn weights_are_deterministic_and_named_as_gguf() {
+    let a = LlamaModel::new(LlamaConfig::tiny(), SEED).unwrap();
+    let b = LlamaModel::new(LlamaConfig::tiny(), SEED).unwrap();
+    let c = LlamaModel::new(LlamaConfig::tiny(), SEED + 1).unwrap();
+    let wq = a.layers()[1].wq;
+    assert_eq!(a.weight_bytes(wq).unwrap(), b.weight_bytes(wq).unwrap());
+    assert_ne!(a.weight_bytes(wq).unwrap(), c.weight_bytes(wq).unwrap());
+    let ctx = a.context();
+    let name = |id| ctx.tensor(id).unwrap().name().to_string();
+    assert_eq!(name(a.tok_embd()), "token_embd.weight");
+    assert_eq!(name(wq), "blk.1.attn_q.weight");
+    assert_eq!(name(a.layers()[0].ffn_down), "blk.0.ffn_down.weight");
+    assert_eq!(name(a.layers()[1].cache_v), "cache_v.1");
+    assert_eq!(name(a.output_tensors().1), "output.weight");
+    assert!(ctx.tensors().iter().all(|t| t.flags().param));
+    let cache = ctx.tensor(a.layers()[0].cache_k).unwrap();
+    assert_eq!((cache.dtype(), cache.ne()), (DType::F16, [32, 64, 1, 1]));
+    // Norm weights are 1 ± 0.1.
+    let norm = crate::decode_to_f32(
+        DType::F32,
+        &a.weight_bytes(a.layers()[0].attn_norm).unwrap(),
+    )
+    .unwrap();
+    assert!(norm.iter().all(|x| (0.9..1.1).contains(x)));
+    assert!(a.weight_bytes(crate::TensorId::from_index(10_000)).is_err());
+    assert_eq!(
+        a.params().count(),
+        2 + 11 * a.config().n_layer + 1,
+        "embedding, 11 per layer, output norm and output"
+    );
+    let weights = a.weight_bytes_total();
+    assert!(weights > a.config().param_count() && weights < 4 * a.config().param_count());
+}
+
+#[test]
+fn step_shapes_inputs_and_limits() {
+    let model = LlamaModel::new(LlamaConfig::tiny(), SEED).unwrap();
+    let step = model.build_step(2, 3).unwrap();
+    let ne = |id| step.graph.tensor(id).unwrap().ne();
+    assert_eq!(ne(step.logits), [256, 2, 1, 1]);
+    assert_eq!(ne(step.mask), [5, 2, 1, 1]);
+    let inputs = model.step_inputs(&step, &[4, 5], 3).unwrap();
+    let i32s = |b: &[u8]| -> Vec<i32> {
+        b.chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    assert_eq!(i32s(&inputs[0].1), vec![4, 5]);
+    assert_eq!(i32s(&inputs[1].1), vec![3, 4]);
+    assert_eq!(i32s(&inputs[2].1), vec![3, 4]);
+    let mask = crate::decode_to_f32(DType::F16, &inputs[3].1).unwrap();
+    let ninf = f32::NEG_INFINITY;
+    assert_eq!(
+        mask,
+        vec![0.0, 0.0, 0.0, 0.0, ninf, 0.0, 0.0, 0.0, 0.0, 0.0]
+    );
+    let ctx_len = model.config().n_ctx;
+    assert!(matches!(
+        model.build_step(2, ctx_len - 1),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(model.build_step(0, 0).is_err());
+    assert!(model.step_inputs(&step, &[4], 3).is_err());
+    assert!(model.step_inputs(&step, &[4, 256], 3).is_err());
+    assert!(model.step_inputs(&step, &[-1, 0], 3).is_err());
+    let mut foreign = crate::Context::new();
+    assert!(model.build(&mut foreign, 1, 0).is_err());
+    let mut s = session(&model, &one_cpu());
+    assert!(s.eval(&[]).is_err());
+    assert!(s.eval(&[300]).is_err());
+    assert_eq!(s.n_past(), 0);
+}
