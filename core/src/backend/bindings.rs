@@ -262,10 +262,7 @@ impl TensorBuffer {
         let t = &self.tensors[id.index()];
         let mut bytes = vec![0u8; t.nbytes()];
         self.get(id, &mut bytes)?;
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(crate::dtype::f32_from_le_bytes(&bytes))
     }
     /// Reads an i32 tensor.
     ///
@@ -276,10 +273,7 @@ impl TensorBuffer {
         let t = &self.tensors[id.index()];
         let mut bytes = vec![0u8; t.nbytes()];
         self.get(id, &mut bytes)?;
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(crate::dtype::i32_from_le_bytes(&bytes))
     }
 }
 

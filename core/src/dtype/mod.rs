@@ -113,6 +113,22 @@ impl fmt::Display for DType {
     }
 }
 
+/// Little-endian f32 values of `bytes` (a trailing partial value is ignored).
+pub fn f32_from_le_bytes(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Little-endian i32 values of `bytes` (a trailing partial value is ignored).
+pub fn i32_from_le_bytes(bytes: &[u8]) -> Vec<i32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -310,9 +310,6 @@ impl Scheduler {
         }
         let mut bytes = vec![0u8; t.nbytes()];
         self.get(id, &mut bytes)?;
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(crate::dtype::f32_from_le_bytes(&bytes))
     }
 }

@@ -25,6 +25,20 @@ fn unary(f: UnaryOp, x: f32) -> f32 {
     }
 }
 
+/// `x[i] = f(x[i], y[i mod len(y)])`; without broadcast along ne0 (residual adds, norm weights)
+/// it is a plain zip that vectorizes.
+#[inline]
+fn apply(x: &mut [f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
+    if x.len() == y.len() {
+        x.iter_mut().zip(y).for_each(|(v, w)| *v = f(*v, *w));
+    } else {
+        let n = y.len();
+        x.iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = f(*v, y[i % n]));
+    }
+}
+
 pub(crate) fn binary(
     exec: &Exec<'_>,
     node: TensorId,
@@ -44,11 +58,10 @@ pub(crate) fn binary(
         let x = &mut x[..n];
         let y = &y[..nb0];
         match op {
-            Op::Add => x.iter_mut().enumerate().for_each(|(i, v)| *v += y[i % nb0]),
-            Op::Sub => x.iter_mut().enumerate().for_each(|(i, v)| *v -= y[i % nb0]),
-            Op::Mul => x.iter_mut().enumerate().for_each(|(i, v)| *v *= y[i % nb0]),
-            Op::Div => x.iter_mut().enumerate().for_each(|(i, v)| *v /= y[i % nb0]),
-            _ => {}
+            Op::Add => apply(x, y, |a, b| a + b),
+            Op::Sub => apply(x, y, |a, b| a - b),
+            Op::Mul => apply(x, y, |a, b| a * b),
+            _ => apply(x, y, |a, b| a / b),
         }
         dst.write_row(i1, i2, i3, x);
     }
