@@ -36,6 +36,27 @@ enum Command {
         #[arg(short, long)]
         quiet: bool,
     },
+    /// Time the all-reduce between devices (size, time, algbw, busbw, path).
+    BenchAllreduce {
+        /// Devices: comma-separated names, or KIND:N.
+        #[arg(long, default_value = "cpu:2")]
+        devices: String,
+        /// Slice sizes in bytes, MIN..MAX, stepping by x4 (K, M, G suffixes).
+        #[arg(long, default_value = "4K..64M")]
+        sizes: String,
+        /// Exchange format: f32 (exact) or bf16 (half the bytes, round to nearest even).
+        #[arg(long, default_value = "f32")]
+        wire: String,
+        /// auto, doubling or ring.
+        #[arg(long, default_value = "auto")]
+        algo: String,
+        /// Threads per device stream.
+        #[arg(short = 't', long)]
+        threads: Option<usize>,
+        /// Minimum seconds to measure each size.
+        #[arg(long, default_value_t = 0.3)]
+        min_time: f64,
+    },
     /// Time single-op graphs: GFLOP/s and GB/s per op and shape.
     BenchOps {
         /// Only this op (e.g. MUL_MAT) or label prefix.
@@ -101,6 +122,37 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        Command::BenchAllreduce {
+            devices,
+            sizes,
+            wire,
+            algo,
+            threads,
+            min_time,
+        } => {
+            let devs = cli::select_devices(Some(&devices), None)?;
+            let wire = match wire.to_lowercase().as_str() {
+                "f32" => tessera::comm::Wire::F32,
+                "bf16" => tessera::comm::Wire::Bf16,
+                other => anyhow::bail!("--wire {other}: expected f32 or bf16"),
+            };
+            let algorithm = match algo.to_lowercase().as_str() {
+                "auto" => tessera::comm::Algorithm::Auto {
+                    threshold_bytes: tessera::comm::DEFAULT_RING_THRESHOLD,
+                },
+                "doubling" => tessera::comm::Algorithm::RecursiveDoubling,
+                "ring" => tessera::comm::Algorithm::Ring,
+                other => anyhow::bail!("--algo {other}: expected auto, doubling or ring"),
+            };
+            let opts = cli::bench_allreduce::Options {
+                sizes: cli::bench_allreduce::parse_range(&sizes)?,
+                wire,
+                algorithm,
+                threads,
+                min_time: Duration::from_secs_f64(min_time.clamp(0.0, 600.0)),
+            };
+            cli::bench_allreduce::run(&devs, &opts).map(|_| ExitCode::SUCCESS)
         }
         Command::BenchOps {
             op,

@@ -18,6 +18,7 @@
 
 pub mod alloc;
 pub mod backend;
+pub mod comm;
 pub mod dtype;
 pub mod error;
 pub mod graph;
