@@ -22,6 +22,7 @@ pub mod comm;
 pub mod dtype;
 pub mod error;
 pub mod graph;
+pub mod meta;
 pub mod ops;
 pub mod registry;
 pub mod sched;

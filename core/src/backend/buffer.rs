@@ -40,10 +40,10 @@ impl dyn BufferType {
         self.alloc_tensors_where(ctx, |_| true)
     }
 
-    /// Like [`alloc_tensors`](Self::alloc_tensors) for the non-view tensors `keep` selects.
+    /// Like `alloc_tensors` for the non-view tensors `keep` selects.
     ///
     /// # Errors
-    /// As [`alloc_tensors`](Self::alloc_tensors).
+    /// As `alloc_tensors`.
     pub fn alloc_tensors_where(
         &self,
         ctx: &Context,

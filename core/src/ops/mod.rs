@@ -72,9 +72,9 @@ impl GluOp {
 /// Which elements ROPE rotates together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RopeMode {
-    /// Adjacent pairs (x[2i], x[2i+1]) — ggml mode 0 (llama).
+    /// Adjacent pairs `(x[2i], x[2i+1])` — ggml mode 0 (llama).
     Normal,
-    /// Halves (x[i], x[i + n_dims/2]) — ggml mode 2 (GPT-NeoX, Qwen, Gemma).
+    /// Halves `(x[i], x[i + n_dims/2])` — ggml mode 2 (GPT-NeoX, Qwen, Gemma).
     Neox,
 }
 

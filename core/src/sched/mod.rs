@@ -1,7 +1,7 @@
 //! The multi-device scheduler (ggml's `ggml_backend_sched`): runs one graph over several devices,
 //! each op where it can run.
 //!
-//! [`Scheduler::alloc_graph`] assigns each node a device ([`assign`]), cuts the node list into
+//! [`Scheduler::alloc_graph`] assigns each node a device (see [`Cause`]), cuts the node list into
 //! *splits* of consecutive nodes on one device, decides which split inputs must be copied (the
 //! device cannot reach the memory, or pipelining needs private copies), plans every device's
 //! compute memory with [`crate::alloc::plan`], and binds everything. [`Scheduler::compute`]
