@@ -321,6 +321,86 @@ pub(crate) unsafe fn vec_dot_q<const Q4: bool>(x: *const u8, y: *const u8, nb: u
     }
 }
 
+/// f16 at `p` as f32.
+///
+/// # Safety
+/// `p` must be valid for reading 2 bytes; F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees the 2-byte read.
+    unsafe {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            (p as *const u16).read_unaligned() as i32,
+        )))
+    }
+}
+
+/// `R` Q8_0 weight rows times one Q8_0 column of `nb` blocks (GEMV). Each row is read two blocks
+/// per 512-bit register (one 256-bit insert), signs are moved onto the activations
+/// (`|w| · (y · sign w)`), so there are no lane shuffles and no offset tables: the loop streams
+/// the weights.
+///
+/// # Safety
+/// AVX-512 (F, BW, VL, VNNI) must be available; every `w[i]` must be valid for reading `nb` Q8_0
+/// blocks and `y` for reading `nb` Q8_0 blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn gemv_q8_0<const R: usize>(
+    w: &[*const u8; R],
+    y: *const u8,
+    nb: usize,
+) -> [f32; R] {
+    // SAFETY: every block index used is below `nb`; blocks are 34 bytes (2 scale + 32 quants).
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut b = 0;
+        while b + 2 <= nb {
+            let (o0, o1) = (b * 34, (b + 1) * 34);
+            let yv = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_loadu_si256(y.add(o0 + 2) as *const __m256i)),
+                _mm256_loadu_si256(y.add(o1 + 2) as *const __m256i),
+            );
+            let (dy0, dy1) = (f16_at(y.add(o0)), f16_at(y.add(o1)));
+            for r in 0..R {
+                let wv = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(w[r].add(o0 + 2) as *const __m256i)),
+                    _mm256_loadu_si256(w[r].add(o1 + 2) as *const __m256i),
+                );
+                let neg = _mm512_movepi8_mask(wv);
+                let sy = _mm512_mask_sub_epi8(yv, neg, zero, yv);
+                let t = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sy);
+                let sc = _mm512_mask_blend_ps(
+                    0xFF00,
+                    _mm512_set1_ps(f16_at(w[r].add(o0)) * dy0),
+                    _mm512_set1_ps(f16_at(w[r].add(o1)) * dy1),
+                );
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), sc, acc[r]);
+            }
+            b += 2;
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = _mm512_reduce_add_ps(acc[r]);
+        }
+        if b < nb {
+            let o = b * 34;
+            let yv = _mm256_loadu_si256(y.add(o + 2) as *const __m256i);
+            let dy = f16_at(y.add(o));
+            for r in 0..R {
+                let wv = _mm256_loadu_si256(w[r].add(o + 2) as *const __m256i);
+                let neg = _mm256_movepi8_mask(wv);
+                let sy = _mm256_mask_sub_epi8(yv, neg, _mm256_setzero_si256(), yv);
+                let t = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), sy);
+                let mut lanes = [0i32; 8];
+                _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, t);
+                out[r] += lanes.iter().sum::<i32>() as f32 * f16_at(w[r].add(o)) * dy;
+            }
+        }
+        out
+    }
+}
+
 /// In-register transpose of a 16 x 16 f32 matrix (`r[i]` = row `i`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]

@@ -294,7 +294,18 @@ fn quant_tile<const Q4: bool>(
     scratch: &mut Vec<u8>,
 ) {
     let nb = k / QK8_0;
-    if isa == Isa::Avx512 {
+    if isa == Isa::Avx512 && !Q4 && cols == 1 {
+        // GEMV: stream each row with the shuffle-free kernel.
+        let yp = x.as_ptr();
+        for r0 in (0..rows).step_by(8) {
+            let wp = row_ptrs::<8>(w, w_stride, rows, r0);
+            // SAFETY: AVX-512 is supported; rows hold `nb` weight blocks and the column `nb`
+            // Q8_0 blocks (check_tile_args).
+            let res = unsafe { avx512::gemv_q8_0::<8>(&wp, yp, nb) };
+            let t: [[f32; 1]; 8] = std::array::from_fn(|i| [res[i]]);
+            store(out, ldo, rows, r0, 0, &t);
+        }
+    } else if isa == Isa::Avx512 {
         let (comp, dy) = act_tables(if Q4 { 8 } else { 128 }, x, x_stride, cols, nb, scratch);
         for r0 in (0..rows).step_by(8) {
             let wp = [
