@@ -146,10 +146,13 @@ pub fn run(devices: &[Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
         );
         size = size.saturating_mul(4);
     }
-    println!(
-        "busbw at the largest size vs memcpy: see the rows above (default ring threshold {} KiB)",
-        DEFAULT_RING_THRESHOLD >> 10
-    );
+    if matches!(opts.algorithm, Algorithm::Auto { .. }) {
+        println!(
+            "auto uses the ring from {} KiB per peer device ({} KiB with {n} devices)",
+            DEFAULT_RING_THRESHOLD >> 10,
+            (DEFAULT_RING_THRESHOLD * n.saturating_sub(1)) >> 10
+        );
+    }
     Ok(())
 }
 

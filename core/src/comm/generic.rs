@@ -31,9 +31,10 @@ pub enum Wire {
 /// Which exchange pattern to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Algorithm {
-    /// Recursive doubling below `threshold_bytes` (latency-bound sizes), ring above.
+    /// Recursive doubling for latency-bound sizes, the ring from `threshold_bytes · (N − 1)` bytes
+    /// on (each extra device adds two ring steps, so the crossover grows with N).
     Auto {
-        /// Slice size in bytes from which the ring is used.
+        /// Slice bytes per peer device from which the ring is used.
         threshold_bytes: usize,
     },
     /// Recursive doubling (with fold and copy-back for non-power-of-two N).
@@ -86,9 +87,10 @@ impl std::fmt::Debug for AllReduce {
     }
 }
 
-/// Default ring threshold: at and above 256 KiB the ring's smaller volume beats the fewer steps
-/// of recursive doubling on host memory (measured with `tessera bench-allreduce`).
-pub const DEFAULT_RING_THRESHOLD: usize = 256 * 1024;
+/// Default ring threshold per peer device. Measured with `tessera bench-allreduce --algo
+/// doubling|ring` on CPU devices: the ring wins from between 256 KiB and 1 MiB at N = 2, and from
+/// between 1 and 4 MiB at N = 4.
+pub const DEFAULT_RING_THRESHOLD: usize = 512 * 1024;
 
 impl AllReduce {
     /// An all-reduce over `devices` (one slice per device in every call).
@@ -163,7 +165,7 @@ impl AllReduce {
             Algorithm::RecursiveDoubling => ReducePath::RecursiveDoubling,
             Algorithm::Ring => ReducePath::Ring,
             Algorithm::Auto { threshold_bytes } => {
-                if len * 4 >= threshold_bytes && len >= n {
+                if len * 4 >= threshold_bytes.saturating_mul(n - 1) && len >= n {
                     ReducePath::Ring
                 } else {
                     ReducePath::RecursiveDoubling
