@@ -47,9 +47,12 @@ enum Command {
         /// Exchange format: f32 (exact) or bf16 (half the bytes, round to nearest even).
         #[arg(long, default_value = "f32")]
         wire: String,
-        /// auto, doubling or ring.
+        /// Generic algorithm: auto, doubling or ring.
         #[arg(long, default_value = "auto")]
         algo: String,
+        /// auto (the backend's comm when it covers every device, else generic), vendor or generic.
+        #[arg(long, default_value = "auto")]
+        path: String,
         /// Threads per device stream.
         #[arg(short = 't', long)]
         threads: Option<usize>,
@@ -128,6 +131,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             sizes,
             wire,
             algo,
+            path,
             threads,
             min_time,
         } => {
@@ -151,6 +155,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 algorithm,
                 threads,
                 min_time: Duration::from_secs_f64(min_time.clamp(0.0, 600.0)),
+                path: path.to_lowercase(),
             };
             cli::bench_allreduce::run(&devs, &opts).map(|_| ExitCode::SUCCESS)
         }

@@ -24,6 +24,7 @@ pub mod error;
 pub mod graph;
 pub mod meta;
 pub mod ops;
+pub mod plugin;
 pub mod registry;
 pub mod sched;
 pub mod tensor;

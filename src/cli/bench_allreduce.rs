@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera::comm::{Algorithm, AllReduce, CommSlice, DEFAULT_RING_THRESHOLD, Wire};
+use tessera::plugin::{CommApi, CommOutcome};
 use tessera::{BackendOptions, Buffer, Device};
 
 /// Options of `bench-allreduce`.
@@ -18,6 +19,8 @@ pub struct Options {
     pub threads: Option<usize>,
     /// Minimum measuring time per size.
     pub min_time: Duration,
+    /// `auto` (the backend's comm when every device has it, else generic), `vendor` or `generic`.
+    pub path: String,
 }
 
 /// Parses `4K`, `16M`, `1G` or a plain byte count.
@@ -96,6 +99,26 @@ pub fn run(devices: &[Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
         .map(|d| d.init_backend(&bopts))
         .collect::<tessera::Result<Vec<_>>>()?;
     let mut ar = AllReduce::new(devices, opts.wire, opts.algorithm)?;
+    // The backend's comm is usable only when one registry covers every device and accepts them.
+    let vendor_api = devices
+        .first()
+        .map(|d| d.backend_name().to_string())
+        .filter(|name| devices.iter().all(|d| d.backend_name() == name))
+        .and_then(|name| tessera::registry().registry(&name))
+        .and_then(|reg| CommApi::from_registry(reg.as_ref()));
+    let mut vendor = match opts.path.as_str() {
+        "generic" => None,
+        "auto" | "vendor" => vendor_api.and_then(|api| api.init(&mut streams)),
+        other => anyhow::bail!("--path {other}: expected auto, vendor or generic"),
+    };
+    if opts.path == "vendor" && vendor.is_none() {
+        anyhow::bail!("the devices' backend has no comm for them (use --path generic)");
+    }
+    if vendor.is_some() && opts.wire == Wire::Bf16 {
+        println!(
+            "note: the backend comm exchanges f32 (shared memory needs no wire format); --wire applies to the generic path"
+        );
+    }
     let mut size = opts.sizes.0.max(4);
     while size <= opts.sizes.1 {
         let len = size / 4;
@@ -115,8 +138,11 @@ pub fn run(devices: &[Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
                 contributes: true,
             })
             .collect();
-        let mut once = |streams: &mut [Box<dyn tessera::Backend>]| -> anyhow::Result<tessera::comm::ReducePath> {
-            let path = ar.run(streams, &slices)?;
+        let mut once = |streams: &mut [Box<dyn tessera::Backend>]| -> anyhow::Result<String> {
+            let path = match vendor.as_mut().map(|v| v.allreduce(&slices)).transpose()? {
+                Some(CommOutcome::Done) => format!("{} comm", devices[0].backend_name()),
+                _ => ar.run(streams, &slices)?.to_string(),
+            };
             for s in streams.iter_mut() {
                 s.synchronize()?;
             }
@@ -142,7 +168,7 @@ pub fn run(devices: &[Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
             secs * 1e6,
             algbw / 1e9,
             busbw / 1e9,
-            path.to_string()
+            path
         );
         size = size.saturating_mul(4);
     }

@@ -226,3 +226,129 @@ fn repeated_reductions_reuse_scratch_safely() {
     assert!(ar.run(&mut s.streams, &bad).is_err());
     assert!(ar.run(&mut s.streams[..2], &slices[..2]).is_err());
 }
+
+// ===== The CPU comm exported through the registry's proc_address =====
+
+use tessera_core::plugin::{CommApi, CommOutcome};
+
+fn cpu_comm() -> CommApi {
+    CommApi::from_registry(tessera_cpu::registry().as_ref())
+        .expect("the CPU registry exports the comm trio")
+}
+
+fn vendor_reduce(
+    n: usize,
+    len: usize,
+    silent: &[usize],
+    f: impl Fn(usize, usize) -> f32,
+) -> Vec<Vec<f32>> {
+    let mut s = setup(n, len);
+    for j in 0..n {
+        let v: Vec<f32> = (0..len)
+            .map(|i| {
+                if silent.contains(&j) {
+                    f32::NAN
+                } else {
+                    f(j, i)
+                }
+            })
+            .collect();
+        write(&s.bufs[j], &v);
+    }
+    let slices: Vec<CommSlice> = (0..n)
+        .map(|j| CommSlice {
+            buffer: s.bufs[j].clone(),
+            offset: 16,
+            len,
+            contributes: !silent.contains(&j),
+        })
+        .collect();
+    let mut comm = cpu_comm()
+        .init(&mut s.streams)
+        .expect("CPU streams are accepted");
+    assert_eq!(comm.allreduce(&slices).unwrap(), CommOutcome::Done);
+    for st in s.streams.iter_mut() {
+        st.synchronize().unwrap();
+    }
+    (0..n).map(|j| read(&s.bufs[j], len)).collect()
+}
+
+#[test]
+fn cpu_comm_sums_exactly_and_identically_for_n_1_to_6() {
+    for n in 1..=6 {
+        for len in [0usize, 1, 31, 32768, 1 << 22] {
+            if len == 1 << 22 && n > 3 {
+                continue;
+            }
+            let f = |j: usize, i: usize| ((i * 5 + j * 11) % 53) as f32 - 26.0;
+            let out = vendor_reduce(n, len, &[], f);
+            let want: Vec<f32> = (0..len).map(|i| (0..n).map(|d| f(d, i)).sum()).collect();
+            for (j, o) in out.iter().enumerate() {
+                assert_eq!(o, &want, "n={n} len={len} device {j}");
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_comm_skips_silent_slices_and_declines_what_it_cannot_do() {
+    let f = |j: usize, i: usize| (i % 7) as f32 * (j + 1) as f32;
+    let out = vendor_reduce(3, 1000, &[1], f);
+    for o in &out {
+        for (i, v) in o.iter().enumerate() {
+            assert_eq!(*v, f(0, i) + f(2, i), "value {i}");
+        }
+    }
+    // Unaligned f32 data is declined before anything is queued.
+    let mut s = setup(2, 64);
+    let mut comm = cpu_comm().init(&mut s.streams).unwrap();
+    let odd: Vec<CommSlice> = (0..2)
+        .map(|j| CommSlice {
+            buffer: s.bufs[j].clone(),
+            offset: 2,
+            len: 8,
+            contributes: true,
+        })
+        .collect();
+    assert_eq!(comm.allreduce(&odd).unwrap(), CommOutcome::Declined);
+    // Out-of-range slices are errors, not crashes.
+    let big: Vec<CommSlice> = (0..2)
+        .map(|j| CommSlice {
+            buffer: s.bufs[j].clone(),
+            offset: 16,
+            len: 1 << 20,
+            contributes: true,
+        })
+        .collect();
+    assert!(comm.allreduce(&big).is_err());
+    assert!(comm.allreduce(&big[..1]).is_err());
+    drop(comm);
+    // Streams of another backend make init decline.
+    let mut mixed: Vec<Box<dyn Backend>> = vec![s.streams.remove(0), Box::new(Foreign)];
+    assert!(cpu_comm().init(&mut mixed).is_none());
+}
+
+/// A stream of some other backend.
+#[derive(Debug)]
+struct Foreign;
+
+impl Backend for Foreign {
+    fn name(&self) -> &str {
+        "foreign"
+    }
+    fn compute(
+        &mut self,
+        _: &tessera_core::Graph,
+        _: &tessera_core::Bindings,
+    ) -> tessera_core::Result<()> {
+        Err(tessera_core::Error::InvalidArgument(
+            "foreign test stream computes nothing".into(),
+        ))
+    }
+    fn synchronize(&mut self) -> tessera_core::Result<()> {
+        Ok(())
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}

@@ -24,6 +24,7 @@
 #![deny(unsafe_code)]
 
 mod buffer;
+mod comm;
 mod device;
 mod ops;
 mod pool;
@@ -89,6 +90,9 @@ impl Registry for CpuRegistry {
             }
             Err(_) => Ok(vec![Arc::new(CpuDevice::new("CPU", sys::allowed_cores()))]),
         }
+    }
+    fn proc_address(&self, name: &str) -> Option<tessera_core::ProcAddress> {
+        comm::proc_address(name)
     }
     fn devices_with_count(&self, n: usize) -> Result<Vec<Arc<dyn Device>>> {
         if n == 0 || n > 256 {

@@ -15,7 +15,11 @@ use std::sync::mpsc;
 use tessera_core::backend::HostEvent;
 use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result, Support};
 
-enum Job {
+pub(crate) enum Job {
+    /// Ends the stream loop (sent on drop: comm contexts may still hold senders).
+    Shutdown,
+    /// Device `.1`'s part of a shared-memory all-reduce (see `comm.rs`).
+    Reduce(Arc<crate::comm::ReduceState>, usize),
     Compute(Box<Prepared>),
     Copy {
         src: Arc<dyn Buffer>,
@@ -29,7 +33,7 @@ enum Job {
 }
 
 /// A graph with every tensor resolved to host memory, plus what keeps that memory valid.
-struct Prepared {
+pub(crate) struct Prepared {
     graph: Graph,
     views: Vec<Option<TView>>,
     scratch_bytes: usize,
@@ -101,20 +105,22 @@ impl CpuBackend {
     }
 
     fn enqueue(&mut self, job: Job) -> Result<()> {
-        *self.status.pending.lock() += 1;
-        let sent = self
-            .tx
-            .as_ref()
-            .map(|tx| tx.send(job).is_ok())
-            .unwrap_or(false);
-        if !sent {
-            *self.status.pending.lock() -= 1;
-            return Err(Error::Compute {
+        match &self.tx {
+            Some(tx) => enqueue_on(&self.device, tx, &self.status, job),
+            None => Err(Error::Compute {
                 device: self.device.clone(),
                 reason: "stream thread has stopped".into(),
-            });
+            }),
         }
-        Ok(())
+    }
+
+    /// A handle other code (the comm) can queue jobs through, ordered with this stream's work.
+    pub(crate) fn handle(&self) -> Option<StreamHandle> {
+        Some(StreamHandle {
+            device: self.device.clone(),
+            tx: self.tx.clone()?,
+            status: self.status.clone(),
+        })
     }
 
     fn prepare(&self, graph: &Graph, bindings: &Bindings) -> Result<Prepared> {
@@ -186,16 +192,48 @@ fn unsafe_view(buf: &CpuBuffer, offset: usize, t: &tessera_core::TensorDesc) -> 
     unsafe { TView::new(buf.base_ptr().wrapping_add(offset), t) }
 }
 
+/// Queues `job` on a stream, counting it as pending until the stream thread has run it.
+fn enqueue_on(device: &str, tx: &mpsc::Sender<Job>, status: &Status, job: Job) -> Result<()> {
+    *status.pending.lock() += 1;
+    if tx.send(job).is_err() {
+        *status.pending.lock() -= 1;
+        return Err(Error::Compute {
+            device: device.to_string(),
+            reason: "stream thread has stopped".into(),
+        });
+    }
+    Ok(())
+}
+
+/// A cloneable way to queue jobs on a CPU stream.
+#[derive(Clone)]
+pub(crate) struct StreamHandle {
+    device: String,
+    tx: mpsc::Sender<Job>,
+    status: Arc<Status>,
+}
+
+impl StreamHandle {
+    pub(crate) fn enqueue(&self, job: Job) -> Result<()> {
+        enqueue_on(&self.device, &self.tx, &self.status, job)
+    }
+}
+
 fn stream_loop(device: &str, pool: Pool, rx: mpsc::Receiver<Job>, status: Arc<Status>) {
     let mut scratch = SharedScratch::default();
     while let Ok(job) = rx.recv() {
         let outcome = match job {
+            Job::Shutdown => break,
             Job::Compute(p) => run_graph(device, &pool, &p, &mut scratch),
             Job::Signal(e) => {
                 e.signal();
                 Ok(())
             }
             Job::Wait(e) => e.synchronize(),
+            Job::Reduce(state, j) => {
+                crate::comm::participate(&pool, &state, j);
+                Ok(())
+            }
             Job::Copy {
                 src,
                 src_offset,
@@ -324,8 +362,11 @@ impl Backend for CpuBackend {
 
 impl Drop for CpuBackend {
     fn drop(&mut self) {
-        // Closing the channel ends the stream loop after the queued work.
-        self.tx.take();
+        // Queued work runs first; an explicit shutdown ends the loop even while a comm context
+        // still holds a sender to this stream.
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(Job::Shutdown);
+        }
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
