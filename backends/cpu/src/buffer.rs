@@ -47,8 +47,16 @@ impl BufferType for CpuBufferType {
 }
 
 enum Memory {
-    Owned { ptr: NonNull<u8>, layout: Layout },
-    Host(HostMemory),
+    Owned {
+        ptr: NonNull<u8>,
+        layout: Layout,
+    },
+    /// The owner plus the address and length read once at wrap time: an `AsRef` impl may return
+    /// different slices on later calls, so the buffer never asks it again.
+    Host {
+        _owner: HostMemory,
+        ptr: *const u8,
+    },
 }
 
 /// Host memory a CPU stream computes on.
@@ -103,11 +111,12 @@ impl CpuBuffer {
     }
 
     pub(crate) fn from_host(device: &str, mem: HostMemory) -> CpuBuffer {
-        let size = (*mem).as_ref().len();
+        let bytes: &[u8] = (*mem).as_ref();
+        let (ptr, size) = (bytes.as_ptr(), bytes.len());
         CpuBuffer {
             name: format!("{device} host buffer"),
             device: device.to_string(),
-            mem: Memory::Host(mem),
+            mem: Memory::Host { _owner: mem, ptr },
             size,
             access: Arc::default(),
         }
@@ -145,6 +154,30 @@ impl CpuBuffer {
         Ok(())
     }
 
+    /// Copies out of the buffer without the host lock (stream jobs, ordered by streams and events).
+    pub(crate) fn stream_read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_range(&self.name, offset, dst.len(), self.size)?;
+        // SAFETY: range checked; the caller is a stream job ordered after the writers of these bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.base_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+        };
+        Ok(())
+    }
+
+    /// Copies into the buffer without the host lock (stream jobs, ordered by streams and events).
+    pub(crate) fn stream_write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        check_range(&self.name, offset, src.len(), self.size)?;
+        if !self.writable() {
+            return Err(Error::ReadOnly(self.name.clone()));
+        }
+        // SAFETY: range checked, memory writable; the caller is a stream job ordered before the
+        // readers of these bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.base_ptr().add(offset), src.len())
+        };
+        Ok(())
+    }
+
     /// Whether graphs may write into this buffer.
     pub(crate) fn writable(&self) -> bool {
         matches!(self.mem, Memory::Owned { .. })
@@ -154,7 +187,7 @@ impl CpuBuffer {
     pub(crate) fn base_ptr(&self) -> *mut u8 {
         match &self.mem {
             Memory::Owned { ptr, .. } => ptr.as_ptr(),
-            Memory::Host(m) => (**m).as_ref().as_ptr() as *mut u8,
+            Memory::Host { ptr, .. } => *ptr as *mut u8,
         }
     }
 }

@@ -31,6 +31,8 @@ struct Shared {
 /// A thread barrier for the `n` threads of a region.
 pub(crate) struct Barrier {
     n: usize,
+    /// Set when a thread of the region panicked: waits return at once so the others finish.
+    poisoned: std::sync::atomic::AtomicBool,
     arrived: AtomicUsize,
     phase: AtomicUsize,
     lock: Mutex<()>,
@@ -41,6 +43,7 @@ impl Barrier {
     pub(crate) fn new(n: usize) -> Barrier {
         Barrier {
             n,
+            poisoned: std::sync::atomic::AtomicBool::new(false),
             arrived: AtomicUsize::new(0),
             phase: AtomicUsize::new(0),
             lock: Mutex::new(()),
@@ -48,9 +51,16 @@ impl Barrier {
         }
     }
 
-    /// Blocks until all `n` threads have called `wait` for this phase.
+    /// Releases every waiter now and later: a thread of the region died.
+    pub(crate) fn poison(&self) {
+        self.poisoned.store(true, Ordering::Release);
+        let _g = self.lock.lock();
+        self.cv.notify_all();
+    }
+
+    /// Blocks until all `n` threads have called `wait` for this phase (or the barrier is poisoned).
     pub(crate) fn wait(&self) {
-        if self.n <= 1 {
+        if self.n <= 1 || self.poisoned.load(Ordering::Acquire) {
             return;
         }
         let phase = self.phase.load(Ordering::Acquire);
@@ -62,13 +72,15 @@ impl Barrier {
             return;
         }
         for _ in 0..SPIN_ITERS {
-            if self.phase.load(Ordering::Acquire) != phase {
+            if self.phase.load(Ordering::Acquire) != phase || self.poisoned.load(Ordering::Acquire)
+            {
                 return;
             }
             std::hint::spin_loop();
         }
         let mut g = self.lock.lock();
-        while self.phase.load(Ordering::Acquire) == phase {
+        while self.phase.load(Ordering::Acquire) == phase && !self.poisoned.load(Ordering::Acquire)
+        {
             self.cv.wait(&mut g);
         }
     }
@@ -137,7 +149,13 @@ impl Pool {
             st.running = self.n_threads - 1;
             self.shared.start.notify_all();
         }
-        f(0, self.n_threads);
+        // A panic on the caller's share must not skip waiting for the workers, which still use
+        // data borrowed from the caller's stack.
+        let caught =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(0, self.n_threads)));
+        if caught.is_err() {
+            tracing::error!("CPU thread 0 panicked in a parallel region");
+        }
         if self.n_threads > 1 {
             let mut st = self.shared.state.lock();
             while st.running > 0 {

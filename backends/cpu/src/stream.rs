@@ -27,6 +27,8 @@ pub(crate) enum Job {
         dst: Arc<dyn Buffer>,
         dst_offset: usize,
         len: usize,
+        /// Host access to CPU buffers waits until the copy has run.
+        _guards: Vec<ArcRwLockReadGuard<RawRwLock, ()>>,
     },
     Signal(Arc<HostEvent>),
     Wait(Event),
@@ -171,6 +173,20 @@ impl CpuBackend {
                 buffers.push(buf);
             }
         }
+        // Every source of every node must be part of the graph (a node list cut by hand could
+        // leave a producer out); kernels index these views.
+        for &n in graph.nodes() {
+            let t = &tensors[n.index()];
+            for s in t.srcs().chain(t.view_of().map(|v| v.src)) {
+                if views.get(s.index()).is_none_or(|v| v.is_none()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "node {} reads {}, which is neither a node nor a leaf of the graph",
+                        graph.label(n),
+                        graph.label(s)
+                    )));
+                }
+            }
+        }
         let guards = buffers
             .iter()
             .filter_map(|b| b.as_any().downcast_ref::<CpuBuffer>())
@@ -222,8 +238,12 @@ impl StreamHandle {
 fn stream_loop(device: &str, pool: Pool, rx: mpsc::Receiver<Job>, status: Arc<Status>) {
     let mut scratch = SharedScratch::default();
     while let Ok(job) = rx.recv() {
-        let outcome = match job {
-            Job::Shutdown => break,
+        if matches!(job, Job::Shutdown) {
+            break;
+        }
+        // Every job is caught, so `pending` always comes down and `synchronize` never hangs.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job {
+            Job::Shutdown => Ok(()),
             Job::Compute(p) => run_graph(device, &pool, &p, &mut scratch),
             Job::Signal(e) => {
                 e.signal();
@@ -240,8 +260,15 @@ fn stream_loop(device: &str, pool: Pool, rx: mpsc::Receiver<Job>, status: Arc<St
                 dst,
                 dst_offset,
                 len,
+                _guards,
             } => stream_copy(&src, src_offset, &dst, dst_offset, len),
-        };
+        }))
+        .unwrap_or_else(|_| {
+            Err(Error::Compute {
+                device: device.to_string(),
+                reason: "a stream job panicked".into(),
+            })
+        });
         if let Err(e) = outcome {
             tracing::error!(device, error = %e, "CPU stream job failed");
             status.error.lock().get_or_insert(e);
@@ -261,12 +288,24 @@ fn stream_copy(
     dst_offset: usize,
     len: usize,
 ) -> Result<()> {
+    // Stream jobs never take the host lock: a graph queued after this copy already holds a read
+    // guard, so waiting for the write lock here would deadlock. Ordering comes from the stream.
     match (
         src.as_any().downcast_ref::<CpuBuffer>(),
         dst.as_any().downcast_ref::<CpuBuffer>(),
     ) {
         (Some(s), Some(d)) => CpuBuffer::stream_copy(s, src_offset, d, dst_offset, len),
-        _ => tessera_core::backend::copy_between(
+        (Some(s), None) => {
+            let mut staging = vec![0u8; len];
+            s.stream_read(src_offset, &mut staging)?;
+            dst.write(dst_offset, &staging)
+        }
+        (None, Some(d)) => {
+            let mut staging = vec![0u8; len];
+            src.read(src_offset, &mut staging)?;
+            d.stream_write(dst_offset, &staging)
+        }
+        (None, None) => tessera_core::backend::copy_between(
             src.as_ref(),
             src_offset,
             dst.as_ref(),
@@ -336,12 +375,21 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         tessera_core::error::check_range(&src.name(), src_offset, len, src.size())?;
         tessera_core::error::check_range(&dst.name(), dst_offset, len, dst.size())?;
+        let mut guards = Vec::new();
+        for b in [src, dst] {
+            if let Some(c) = b.as_any().downcast_ref::<CpuBuffer>()
+                && (guards.is_empty() || !Arc::ptr_eq(src, dst))
+            {
+                guards.push(c.access.read_arc());
+            }
+        }
         self.enqueue(Job::Copy {
             src: src.clone(),
             src_offset,
             dst: dst.clone(),
             dst_offset,
             len,
+            _guards: guards,
         })
     }
     fn record_event(&mut self) -> Result<Option<Event>> {

@@ -215,3 +215,70 @@ fn wrong_sizes_and_dtypes_are_errors() {
     ));
     assert!(dev.init_backend(&BackendOptions::with_threads(0)).is_err());
 }
+
+#[test]
+fn host_reads_wait_for_queued_copies() {
+    let dev = CpuDevice::new("CPU", vec![]);
+    let n = 8 << 20;
+    let src = dev.buffer_type().alloc(n).unwrap();
+    let dst = dev.buffer_type().alloc(n).unwrap();
+    src.write(0, &vec![7u8; n]).unwrap();
+    let mut be = dev.init_backend(&BackendOptions::with_threads(1)).unwrap();
+    be.copy_async(&src, 0, &dst, 0, n).unwrap();
+    // No synchronize: the host read is ordered after the queued copy by the buffer's guard.
+    let mut out = vec![0u8; n];
+    dst.read(0, &mut out).unwrap();
+    assert!(out.iter().all(|&b| b == 7));
+}
+
+/// A buffer of another backend: plain host memory behind a mutex.
+#[derive(Debug)]
+struct ForeignBuffer(parking_lot::Mutex<Vec<u8>>);
+
+impl tessera_core::Buffer for ForeignBuffer {
+    fn size(&self) -> usize {
+        self.0.lock().len()
+    }
+    fn name(&self) -> String {
+        "foreign".into()
+    }
+    fn is_host(&self) -> bool {
+        true
+    }
+    fn write(&self, offset: usize, src: &[u8]) -> tessera_core::Result<()> {
+        self.0.lock()[offset..offset + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+    fn read(&self, offset: usize, dst: &mut [u8]) -> tessera_core::Result<()> {
+        dst.copy_from_slice(&self.0.lock()[offset..offset + dst.len()]);
+        Ok(())
+    }
+    fn memset(&self, offset: usize, len: usize, value: u8) -> tessera_core::Result<()> {
+        self.0.lock()[offset..offset + len].fill(value);
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[test]
+fn copies_from_foreign_buffers_do_not_block_later_graphs() {
+    let dev = CpuDevice::new("CPU", vec![]);
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor(DType::F32, [1024]).unwrap();
+    let b = ctx.scale(a, 2.0).unwrap();
+    let graph = ctx.build_forward(b).unwrap();
+    let buf = dev.buffer_type().alloc_tensors(&ctx).unwrap();
+    let foreign: Arc<dyn tessera_core::Buffer> = Arc::new(ForeignBuffer(parking_lot::Mutex::new(
+        f32_bytes(&[1.5; 1024]),
+    )));
+    let mut be = dev.init_backend(&BackendOptions::with_threads(1)).unwrap();
+    // The copy job must not need the host lock, which the graph queued after it already holds.
+    for _ in 0..20 {
+        be.copy_async(&foreign, 0, buf.buffer(), 0, 4096).unwrap();
+        be.compute(&graph, buf.bindings()).unwrap();
+    }
+    be.synchronize().unwrap();
+    assert_eq!(buf.get_f32(b).unwrap(), vec![3.0; 1024]);
+}

@@ -154,7 +154,12 @@ impl AllReduce {
         }
         for (j, s) in slices.iter().enumerate() {
             if !s.contributes {
+                let fresh = self.zeros[j].as_ref().is_none_or(|b| b.size() < len * 4);
                 let z = ensure(&mut self.zeros[j], &self.devices[j], len * 4)?;
+                if fresh {
+                    // `alloc` zeroes only where cheap; this buffer must hold zeros everywhere.
+                    z.memset(0, z.size(), 0)?;
+                }
                 streams[j].copy_async(&z, 0, &s.buffer, s.offset, len * 4)?;
             }
         }

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::ops::{GluOp, Op, RopeParams, UnaryOp};
 use crate::tensor::{
-    MAX_DIMS, Shape, TensorDesc, TensorFlags, TensorId, ViewOf, contiguous_strides,
+    MAX_DIMS, Shape, TensorDesc, TensorFlags, TensorId, ViewOf, contiguous_strides, dense_bytes,
 };
 
 /// Tensor descriptions and the ops between them.
@@ -109,12 +109,26 @@ impl Context {
         id
     }
 
-    fn node(&mut self, op: Op, dtype: DType, ne: [usize; MAX_DIMS], src: &[TensorId]) -> TensorId {
+    fn node(
+        &mut self,
+        op: Op,
+        dtype: DType,
+        ne: [usize; MAX_DIMS],
+        src: &[TensorId],
+    ) -> Result<TensorId> {
+        if dense_bytes(dtype, ne).is_none() {
+            let first = src.first().map(|&s| self.label(s)).unwrap_or_default();
+            return Err(invalid(
+                &op,
+                first,
+                format!("the result {ne:?} of {dtype} overflows usize bytes"),
+            ));
+        }
         let mut t = TensorDesc::new(dtype, ne, op);
         for (slot, s) in t.src.iter_mut().zip(src) {
             *slot = Some(*s);
         }
-        self.push(t)
+        Ok(self.push(t))
     }
 
     fn get(&self, op: &Op, id: TensorId) -> Result<&TensorDesc> {
@@ -176,11 +190,12 @@ impl Context {
             .iter()
             .try_fold(1usize, |a, &b| a.checked_mul(b))
             .is_none()
+            || dense_bytes(dtype, ne).is_none()
         {
             return Err(invalid(
                 &Op::None,
                 format!("#{}", self.tensors.len()),
-                "element count overflows",
+                "the tensor's byte size overflows usize",
             ));
         }
         Ok(self.push(TensorDesc::new(dtype, ne, Op::None)))
@@ -343,7 +358,7 @@ impl Context {
             || "quantized rows must be contiguous".into(),
         )?;
         let (dtype, ne) = (t.dtype, t.ne);
-        Ok(self.node(op, dtype, ne, &[a]))
+        self.node(op, dtype, ne, &[a])
     }
 
     /// Copies `a` into `b`'s storage converting the dtype; returns a view of `b` to use as the result.
@@ -431,7 +446,7 @@ impl Context {
             DType::F32
         };
         let ne = [ta.ne[0], ti.ne[0], ti.ne[1], ti.ne[2]];
-        Ok(self.node(op, dtype, ne, &[a, ids]))
+        self.node(op, dtype, ne, &[a, ids])
     }
 
     /// Writes the rows of `src` into `dst` at the i32 row indices `ids` `[n, ...]` (broadcast over
@@ -511,7 +526,7 @@ impl Context {
         let mut ne = ta.ne;
         ne[dim] += tb.ne[dim];
         let dtype = ta.dtype;
-        Ok(self.node(op, dtype, ne, &[a, b]))
+        self.node(op, dtype, ne, &[a, b])
     }
 
     // ===== Element-wise =====
@@ -523,7 +538,7 @@ impl Context {
             format!("{:?} cannot be broadcast to {:?}", tb.ne, ta.ne)
         })?;
         let (dtype, ne) = (ta.dtype, ta.ne);
-        Ok(self.node(op, dtype, ne, &[a, b]))
+        self.node(op, dtype, ne, &[a, b])
     }
 
     /// `a + b`, `b` broadcast to `a`'s shape.
@@ -558,7 +573,7 @@ impl Context {
     fn map(&mut self, op: Op, a: TensorId) -> Result<TensorId> {
         let t = self.check_float(&op, a)?;
         let (dtype, ne) = (t.dtype, t.ne);
-        Ok(self.node(op, dtype, ne, &[a]))
+        self.node(op, dtype, ne, &[a])
     }
 
     /// `a · s`.
@@ -638,7 +653,7 @@ impl Context {
         })?;
         let (dtype, mut ne) = (t.dtype, t.ne);
         ne[0] /= 2;
-        Ok(self.node(op, dtype, ne, &[a]))
+        self.node(op, dtype, ne, &[a])
     }
 
     /// Gated unit with separate tensors: `f(gate) · up`.
@@ -656,7 +671,7 @@ impl Context {
             format!("gate {:?} and up {:?} differ", tg.ne, tu.ne)
         })?;
         let (dtype, ne) = (tg.dtype, tg.ne);
-        Ok(self.node(op, dtype, ne, &[gate, up]))
+        self.node(op, dtype, ne, &[gate, up])
     }
     /// `silu(gate) · up`.
     ///
@@ -694,7 +709,7 @@ impl Context {
         let t = self.check_float(&Op::SumRows, a)?;
         let (dtype, mut ne) = (t.dtype, t.ne);
         ne[0] = 1;
-        Ok(self.node(Op::SumRows, dtype, ne, &[a]))
+        self.node(Op::SumRows, dtype, ne, &[a])
     }
     /// Index of each row's maximum → i32 `[ne1, ne2, ne3]`.
     ///
@@ -704,7 +719,7 @@ impl Context {
         let t = self.check_float(&Op::Argmax, a)?;
         self.check(&Op::Argmax, a, t.ne[0] > 0, || "rows are empty".into())?;
         let ne = [t.ne[1], t.ne[2], t.ne[3], 1];
-        Ok(self.node(Op::Argmax, DType::I32, ne, &[a]))
+        self.node(Op::Argmax, DType::I32, ne, &[a])
     }
 
     /// `softmax(a)` of each row.
@@ -746,9 +761,9 @@ impl Context {
                     && ne[3] % tm.ne[3] == 0,
                 || format!("mask {:?} does not cover {:?}", tm.ne, ne),
             )?;
-            Ok(self.node(op, dtype, ne, &[a, m]))
+            self.node(op, dtype, ne, &[a, m])
         } else {
-            Ok(self.node(op, dtype, ne, &[a]))
+            self.node(op, dtype, ne, &[a])
         }
     }
 
@@ -786,7 +801,7 @@ impl Context {
             },
         )?;
         let (dtype, ne) = (t.dtype, t.ne);
-        Ok(self.node(op, dtype, ne, &[a, pos]))
+        self.node(op, dtype, ne, &[a, pos])
     }
 
     /// `aᵀ·b`: `a` `[k, m, a2, a3]` (any weight dtype), `b` `[k, n, b2, b3]` (float) → f32
@@ -815,7 +830,7 @@ impl Context {
             || format!("batch axes {:?} do not broadcast to {:?}", ta.ne, tb.ne),
         )?;
         let ne = [ta.ne[1], tb.ne[1], tb.ne[2], tb.ne[3]];
-        Ok(self.node(op, DType::F32, ne, &[a, b]))
+        self.node(op, DType::F32, ne, &[a, b])
     }
 
     /// Fused attention: `softmax(scale·q·kᵀ + mask)·v` per head with grouped KV heads.
@@ -896,7 +911,7 @@ impl Context {
             src.push(m);
         }
         let ne = [tv.ne[0], tq.ne[2], tq.ne[1], tq.ne[3]];
-        Ok(self.node(op, DType::F32, ne, &src))
+        self.node(op, DType::F32, ne, &src)
     }
 
     // ===== Graphs =====

@@ -113,7 +113,8 @@ impl Graph {
     }
 
     /// A sub-graph of the same tensors with only `nodes` (in the given order).
-    pub fn with_nodes(&self, nodes: Vec<TensorId>) -> Graph {
+    #[allow(dead_code)]
+    pub(crate) fn with_nodes(&self, nodes: Vec<TensorId>) -> Graph {
         Graph {
             tensors: self.tensors.clone(),
             nodes,
@@ -139,6 +140,39 @@ mod tests {
         let g = ctx.build_forward(e).unwrap();
         assert_eq!(g.nodes(), &[c, d, e]);
         assert_eq!(g.leafs(), &[a, b]);
+    }
+
+    #[test]
+    fn strided_views_span_their_farthest_element() {
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor(DType::F32, [1 << 10, 4]).unwrap();
+        let t = ctx.transpose(a).unwrap();
+        // Transposed: ne = [4, 1024], nb = [4096, 4]: the span is the whole source, not 4 rows.
+        assert_eq!(
+            ctx.tensor(t).unwrap().nbytes(),
+            ctx.tensor(a).unwrap().nbytes()
+        );
+        let b = ctx.new_tensor(DType::F16, [3, 5, 7]).unwrap();
+        let p = ctx.permute(b, [2, 0, 1, 3]).unwrap();
+        assert_eq!(ctx.tensor(p).unwrap().nbytes(), 3 * 5 * 7 * 2);
+        let q = ctx.new_tensor(DType::Q8_0, [64, 3]).unwrap();
+        assert_eq!(ctx.tensor(q).unwrap().nbytes(), 2 * 34 * 3);
+    }
+
+    #[test]
+    fn byte_sizes_that_overflow_are_refused() {
+        let mut ctx = Context::new();
+        // 2^62 elements fit usize, 2^64 bytes do not.
+        assert!(
+            ctx.new_tensor(DType::F32, [1 << 21, 1 << 21, 1 << 20])
+                .is_err()
+        );
+        let a = ctx
+            .new_tensor(DType::F32, [1, 1 << 31])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let b = ctx.new_tensor(DType::F32, [1, 1 << 31]).unwrap();
+        // [2^31, 2^31] f32 outputs need 2^64 bytes.
+        assert!(matches!(ctx.mul_mat(a, b), Err(Error::InvalidOp { .. })));
     }
 
     #[test]

@@ -237,9 +237,18 @@ impl Scheduler {
                 expected: t.nbytes(),
             });
         }
-        if let Some(&d) = p.slot_home.get(&id)
-            && let Some(ev) = &self.streams[d].slot_events[c]
-        {
+        // With one copy, other devices may read this input in place: wait for every device's
+        // previous round, not only the input's home device.
+        let waits: Vec<Event> = if self.n_copies == 1 {
+            self.round_events.iter().flatten().cloned().collect()
+        } else {
+            p.slot_home
+                .get(&id)
+                .and_then(|&d| self.streams[d].slot_events[c].clone())
+                .into_iter()
+                .collect()
+        };
+        for ev in &waits {
             ev.synchronize()?;
         }
         p.bindings[c].write(&p.tensors, id, 0, data)

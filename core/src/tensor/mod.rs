@@ -131,14 +131,25 @@ impl TensorDesc {
     pub fn row_bytes(&self) -> usize {
         self.ne[0] / self.dtype.block_size() * self.dtype.type_size()
     }
-    /// Bytes spanned from the first to one past the last element, following the strides.
+    /// Bytes spanned from the first to one past the last element, following the strides
+    /// (ggml's rule: a transposed or permuted view spans more than its row bytes suggest).
+    /// Saturates instead of wrapping, so an impossible layout fails every bounds check.
     pub fn nbytes(&self) -> usize {
         if self.ne.contains(&0) {
             return 0;
         }
-        let mut bytes = self.row_bytes();
+        let blck = self.dtype.block_size();
+        let mut bytes = if blck == 1 {
+            // Element 0 plus the farthest element along every axis, axis 0 included.
+            self.dtype
+                .type_size()
+                .saturating_add((self.ne[0] - 1).saturating_mul(self.nb[0]))
+        } else {
+            // Quantized rows are always dense: whole blocks of nb[0] bytes.
+            (self.ne[0] / blck).saturating_mul(self.nb[0])
+        };
         for d in 1..MAX_DIMS {
-            bytes += (self.ne[d] - 1) * self.nb[d];
+            bytes = bytes.saturating_add((self.ne[d] - 1).saturating_mul(self.nb[d]));
         }
         bytes
     }
@@ -179,14 +190,24 @@ impl TensorDesc {
     }
 }
 
-/// Byte strides of a densely packed tensor.
+/// Byte strides of a densely packed tensor (saturating: shapes whose size does not fit are
+/// refused by [`dense_bytes`] before a tensor is made).
 pub fn contiguous_strides(dtype: DType, ne: [usize; MAX_DIMS]) -> [usize; MAX_DIMS] {
     let mut nb = [0; MAX_DIMS];
     nb[0] = dtype.type_size();
-    nb[1] = nb[0] * (ne[0] / dtype.block_size());
-    nb[2] = nb[1] * ne[1];
-    nb[3] = nb[2] * ne[2];
+    nb[1] = nb[0].saturating_mul(ne[0] / dtype.block_size());
+    nb[2] = nb[1].saturating_mul(ne[1]);
+    nb[3] = nb[2].saturating_mul(ne[2]);
     nb
+}
+
+/// Bytes of a densely packed tensor, or `None` if that does not fit in `usize`.
+pub fn dense_bytes(dtype: DType, ne: [usize; MAX_DIMS]) -> Option<usize> {
+    (ne[0] / dtype.block_size())
+        .checked_mul(dtype.type_size())?
+        .checked_mul(ne[1])?
+        .checked_mul(ne[2])?
+        .checked_mul(ne[3])
 }
 
 /// Shape argument accepted by tensor constructors: `[a]`, `[a, b]`, `[a, b, c]`, `[a, b, c, d]`.

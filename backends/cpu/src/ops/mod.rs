@@ -75,7 +75,17 @@ impl ThreadScratch {
 #[derive(Default)]
 pub(crate) struct SharedScratch {
     mem: Vec<u64>,
+    /// `mem.as_mut_ptr()` taken in `ensure`: writes go through a pointer that allows them.
+    ptr: Option<std::ptr::NonNull<u8>>,
 }
+
+// SAFETY: the pointer targets `mem`, owned by this value; threads use disjoint ranges separated by
+// barriers (see `slice_mut`).
+#[allow(unsafe_code)]
+unsafe impl Sync for SharedScratch {}
+// SAFETY: as for Sync; the memory moves with the value.
+#[allow(unsafe_code)]
+unsafe impl Send for SharedScratch {}
 
 #[allow(unsafe_code)]
 impl SharedScratch {
@@ -84,9 +94,17 @@ impl SharedScratch {
         if self.mem.len() < words {
             self.mem.resize(words, 0);
         }
+        self.ptr = std::ptr::NonNull::new(self.mem.as_mut_ptr() as *mut u8);
     }
     fn len(&self) -> usize {
-        self.mem.len() * 8
+        if self.ptr.is_some() {
+            self.mem.len() * 8
+        } else {
+            0
+        }
+    }
+    fn base(&self) -> *mut u8 {
+        self.ptr.map_or(std::ptr::null_mut(), |p| p.as_ptr())
     }
     /// Mutable access to `range`.
     ///
@@ -98,22 +116,14 @@ impl SharedScratch {
     pub(crate) unsafe fn slice_mut(&self, range: Range<usize>) -> &mut [u8] {
         assert!(range.end <= self.len(), "shared scratch overrun");
         // SAFETY: in bounds (checked); exclusivity is the caller's contract.
-        unsafe {
-            std::slice::from_raw_parts_mut(
-                (self.mem.as_ptr() as *mut u8).add(range.start),
-                range.len(),
-            )
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.base().add(range.start), range.len()) }
     }
     /// Read access to `range` once the writers have passed a barrier.
     pub(crate) fn slice(&self, range: Range<usize>) -> &[u8] {
         assert!(range.end <= self.len(), "shared scratch overrun");
         // SAFETY: in bounds; writers finished before the barrier that precedes every reader.
         unsafe {
-            std::slice::from_raw_parts(
-                (self.mem.as_ptr() as *const u8).add(range.start),
-                range.len(),
-            )
+            std::slice::from_raw_parts(self.base().add(range.start) as *const u8, range.len())
         }
     }
 }
@@ -138,7 +148,19 @@ pub(crate) fn run_nodes(exec: &Exec<'_>, ith: usize, nth: usize) {
         if t.op().kind().is_view() || t.nelements() == 0 {
             continue;
         }
-        compute_node(exec, node, ith, nth, &mut ts);
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            compute_node(exec, node, ith, nth, &mut ts)
+        }));
+        if ok.is_err() {
+            // A Tessera bug, not user input: report it and let every other thread run free.
+            exec.fail(format!(
+                "{} {} panicked on thread {ith}",
+                t.op().name(),
+                exec.graph.label(node)
+            ));
+            exec.barrier.poison();
+            return;
+        }
         exec.barrier.wait();
     }
 }
