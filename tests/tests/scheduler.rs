@@ -404,3 +404,77 @@ fn user_assignment_is_respected_and_unsupported_everywhere_is_an_error() {
         .is_err()
     );
 }
+
+#[test]
+fn set_rows_then_read_of_another_view_on_another_device_is_ordered() {
+    let devs: Vec<Arc<dyn Device>> = split_devices(2)
+        .into_iter()
+        .map(|d| Arc::new(d) as Arc<dyn Device>)
+        .collect();
+    let (k, rows) = (256usize, 64usize);
+    let mut ctx = Context::new();
+    let param = TensorFlags {
+        param: true,
+        ..Default::default()
+    };
+    let w = ctx.new_named("w", DType::F32, [k, k]).unwrap();
+    let cache = ctx.new_named("cache", DType::F32, [k, rows]).unwrap();
+    ctx.set_flags(w, param).unwrap();
+    ctx.set_flags(cache, param).unwrap();
+    let x = ctx.new_named("x", DType::F32, [k, rows]).unwrap();
+    ctx.set_input(x).unwrap();
+    let ids = ctx.new_named("ids", DType::I32, [rows]).unwrap();
+    ctx.set_input(ids).unwrap();
+    // Some work on device 0, then SET_ROWS into the cache it holds.
+    let mut h = x;
+    for _ in 0..4 {
+        h = ctx.mul_mat(w, h).unwrap();
+    }
+    let sr = ctx.set_rows(cache, h, ids).unwrap();
+    // A reader of the cache through a separate view, forced onto device 1.
+    let kv = ctx
+        .view(cache, [k, rows], [k * 4, k * 4 * rows, k * 4 * rows], 0)
+        .unwrap();
+    let out = ctx.scale(kv, 2.0).unwrap();
+    ctx.set_output(out).unwrap();
+    let graph = ctx.build_forward_multi(&[sr, out]).unwrap();
+    let wbuf = devs[0]
+        .buffer_type()
+        .alloc_tensors_where(&ctx, |t| t.flags().param)
+        .unwrap();
+    let identity: Vec<f32> = (0..k * k)
+        .map(|i| if i % (k + 1) == 0 { 1.0 } else { 0.0 })
+        .collect();
+    wbuf.set_f32(w, &identity).unwrap();
+    wbuf.set_f32(cache, &vec![0.0; k * rows]).unwrap();
+    let mut sched = Scheduler::new(
+        &devs,
+        SchedOptions {
+            n_threads: Some(1),
+            n_copies: 1,
+        },
+    )
+    .unwrap();
+    sched.set_tensor_device(out, 1).unwrap();
+    sched.alloc_graph(&graph, wbuf.bindings()).unwrap();
+    let plan = sched.describe();
+    let reader = plan
+        .lines()
+        .find(|l| l.starts_with("split 1: CPU1"))
+        .unwrap_or_else(|| panic!("no split 1 on CPU1\n{plan}"));
+    assert!(
+        reader.contains("copied inputs: []") && reader.contains("waits on splits [0]"),
+        "the reader of the cache must read it in place after the SET_ROWS split\n{plan}"
+    );
+    let xb: Vec<u8> = (0..k * rows).flat_map(|_| 1.0f32.to_le_bytes()).collect();
+    let ib: Vec<u8> = (0..rows as i32).flat_map(|v| v.to_le_bytes()).collect();
+    sched.set_input(x, &xb).unwrap();
+    sched.set_input(ids, &ib).unwrap();
+    sched.compute().unwrap();
+    sched.synchronize().unwrap();
+    let got = sched.get_f32(out).unwrap();
+    assert!(
+        got.iter().all(|&v| v == 2.0),
+        "reader saw stale cache values"
+    );
+}

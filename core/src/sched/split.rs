@@ -129,14 +129,19 @@ pub(crate) fn plan(sched: &mut Scheduler, graph: &Graph, weights: &Bindings) -> 
             last.1.push(n);
         }
     }
-    let writer = |t: TensorId| -> Option<usize> {
-        let mut x = t;
-        loop {
-            if let Some(&s) = split_of.get(&x) {
-                return Some(s);
-            }
-            x = orig[x.index()].view?.src;
+    // The splits writing each storage root, in split order: a node writes its own root, which
+    // for CPY and SET_ROWS results is the root of their destination.
+    let mut writers: HashMap<TensorId, Vec<usize>> = HashMap::new();
+    for &n in &compute {
+        let w = writers.entry(root(orig, n)).or_default();
+        if w.last() != Some(&split_of[&n]) {
+            w.push(split_of[&n]);
         }
+    }
+    // The latest split before `si` writing the storage of `t`.
+    let writer = |t: TensorId, si: usize| -> Option<usize> {
+        let ws = writers.get(&root(orig, t))?;
+        ws[..ws.partition_point(|&w| w < si)].last().copied()
     };
 
     // Copies and in-place reads.
@@ -145,10 +150,20 @@ pub(crate) fn plan(sched: &mut Scheduler, graph: &Graph, weights: &Bindings) -> 
     let mut keep_alive: HashSet<TensorId> = HashSet::new();
     let mut copies_of: Vec<Vec<CopyIn>> = Vec::new();
     let mut waits_of: Vec<Vec<usize>> = Vec::new();
+    // The splits that read each storage root in place from another device, in split order.
+    let mut read_in_place: HashMap<TensorId, Vec<usize>> = HashMap::new();
     for (si, (d, nodes)) in split_nodes.iter().enumerate() {
         let d = *d;
         let mut copies: Vec<CopyIn> = Vec::new();
         let mut waits: Vec<usize> = Vec::new();
+        // Write after read: wait for earlier in-place readers of what this split writes.
+        for &n in nodes {
+            for &s in read_in_place.get(&root(orig, n)).into_iter().flatten() {
+                if split_nodes[s].0 != d && !waits.contains(&s) {
+                    waits.push(s);
+                }
+            }
+        }
         for &n in nodes {
             if let Some(v) = orig[n.index()].view {
                 let h = home(v.src)?;
@@ -174,8 +189,12 @@ pub(crate) fn plan(sched: &mut Scheduler, graph: &Graph, weights: &Bindings) -> 
                     Ok((buf, _)) => devices[d].can_access(buf.as_ref()),
                     Err(_) => devices[d].supports_buffer_type(devices[h].buffer_type().as_ref()),
                 };
-                let w = writer(t).filter(|&w| w != si);
+                let w = writer(t, si);
                 if sched.n_copies == 1 && reachable {
+                    let readers = read_in_place.entry(root(orig, t)).or_default();
+                    if readers.last() != Some(&si) {
+                        readers.push(si);
+                    }
                     if let Some(w) = w
                         && split_nodes[w].0 != d
                         && !waits.contains(&w)
