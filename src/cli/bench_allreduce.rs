@@ -138,21 +138,27 @@ pub fn run(devices: &[Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
                 contributes: true,
             })
             .collect();
-        let mut once = |streams: &mut [Box<dyn tessera::Backend>]| -> anyhow::Result<String> {
-            let path = match vendor.as_mut().map(|v| v.allreduce(&slices)).transpose()? {
-                Some(CommOutcome::Done) => format!("{} comm", devices[0].backend_name()),
-                _ => ar.run(streams, &slices)?.to_string(),
+        // Queues `iters` reductions back to back and waits once, as nccl-tests times them: the
+        // streams stay busy, so the figure is the per-reduce cost, not thread wake-ups.
+        let mut batch =
+            |streams: &mut [Box<dyn tessera::Backend>], iters: u32| -> anyhow::Result<String> {
+                let mut path = String::new();
+                for _ in 0..iters {
+                    path = match vendor.as_mut().map(|v| v.allreduce(&slices)).transpose()? {
+                        Some(CommOutcome::Done) => format!("{} comm", devices[0].backend_name()),
+                        _ => ar.run(streams, &slices)?.to_string(),
+                    };
+                }
+                for s in streams.iter_mut() {
+                    s.synchronize()?;
+                }
+                Ok(path)
             };
-            for s in streams.iter_mut() {
-                s.synchronize()?;
-            }
-            Ok(path)
-        };
-        let path = once(&mut streams)?;
+        let path = batch(&mut streams, 2)?;
         let (mut runs, t0) = (0u32, Instant::now());
-        while runs < 5 || (t0.elapsed() < opts.min_time && runs < 100_000) {
-            once(&mut streams)?;
-            runs += 1;
+        while runs < 20 || (t0.elapsed() < opts.min_time && runs < 1_000_000) {
+            batch(&mut streams, 10)?;
+            runs += 10;
         }
         let secs = t0.elapsed().as_secs_f64() / runs as f64;
         let algbw = size as f64 / secs;
