@@ -34,6 +34,37 @@ fn setup(n: usize, len: usize) -> Setup {
     }
 }
 
+/// `n` devices whose slice `j` holds `f(j, i)` (NaN for the `silent` ones, which do not contribute).
+fn filled(
+    n: usize,
+    len: usize,
+    silent: &[usize],
+    f: impl Fn(usize, usize) -> f32,
+) -> (Setup, Vec<CommSlice>) {
+    let s = setup(n, len);
+    for j in 0..n {
+        let v: Vec<f32> = (0..len)
+            .map(|i| {
+                if silent.contains(&j) {
+                    f32::NAN
+                } else {
+                    f(j, i)
+                }
+            })
+            .collect();
+        write(&s.bufs[j], &v);
+    }
+    let slices = (0..n)
+        .map(|j| CommSlice {
+            buffer: s.bufs[j].clone(),
+            offset: 16,
+            len,
+            contributes: !silent.contains(&j),
+        })
+        .collect();
+    (s, slices)
+}
+
 fn write(buf: &Arc<dyn Buffer>, v: &[f32]) {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     buf.write(16, &bytes).unwrap();
@@ -58,27 +89,7 @@ fn reduce(
     silent: &[usize],
     f: impl Fn(usize, usize) -> f32,
 ) -> (Vec<Vec<f32>>, ReducePath) {
-    let mut s = setup(n, len);
-    for j in 0..n {
-        let v: Vec<f32> = (0..len)
-            .map(|i| {
-                if silent.contains(&j) {
-                    f32::NAN
-                } else {
-                    f(j, i)
-                }
-            })
-            .collect();
-        write(&s.bufs[j], &v);
-    }
-    let slices: Vec<CommSlice> = (0..n)
-        .map(|j| CommSlice {
-            buffer: s.bufs[j].clone(),
-            offset: 16,
-            len,
-            contributes: !silent.contains(&j),
-        })
-        .collect();
+    let (mut s, slices) = filled(n, len, silent, f);
     let mut ar = AllReduce::new(&s.devices, wire, algo).unwrap();
     let path = ar.run(&mut s.streams, &slices).unwrap();
     for st in s.streams.iter_mut() {
@@ -242,27 +253,7 @@ fn vendor_reduce(
     silent: &[usize],
     f: impl Fn(usize, usize) -> f32,
 ) -> Vec<Vec<f32>> {
-    let mut s = setup(n, len);
-    for j in 0..n {
-        let v: Vec<f32> = (0..len)
-            .map(|i| {
-                if silent.contains(&j) {
-                    f32::NAN
-                } else {
-                    f(j, i)
-                }
-            })
-            .collect();
-        write(&s.bufs[j], &v);
-    }
-    let slices: Vec<CommSlice> = (0..n)
-        .map(|j| CommSlice {
-            buffer: s.bufs[j].clone(),
-            offset: 16,
-            len,
-            contributes: !silent.contains(&j),
-        })
-        .collect();
+    let (mut s, slices) = filled(n, len, silent, f);
     let mut comm = cpu_comm()
         .init(&mut s.streams)
         .expect("CPU streams are accepted");
