@@ -111,17 +111,6 @@ impl Graph {
             outputs,
         }
     }
-
-    /// A sub-graph of the same tensors with only `nodes` (in the given order).
-    #[allow(dead_code)]
-    pub(crate) fn with_nodes(&self, nodes: Vec<TensorId>) -> Graph {
-        Graph {
-            tensors: self.tensors.clone(),
-            nodes,
-            leafs: self.leafs.clone(),
-            outputs: self.outputs.clone(),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Data movement: CONT/CPY (with dtype conversion), GET_ROWS, SET_ROWS, CONCAT.
 
-use super::{Exec, ThreadScratch, row_index, split_range};
+use super::{Exec, ThreadScratch, my_rows, split_range};
 use tessera_core::{DType, TensorId};
 
 /// Element `e` (flat, natural order) of a tensor of shape `ne`, as coordinates.
@@ -15,10 +15,8 @@ fn unflatten(mut e: usize, ne: [usize; 4]) -> [usize; 4] {
 
 pub(crate) fn cpy(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &mut ThreadScratch) {
     let (dst, src) = (exec.view(node), exec.src(node, 0));
-    let rows = dst.ne[1] * dst.ne[2] * dst.ne[3];
     let same_shape = src.ne == dst.ne;
-    for r in split_range(rows, ith, nth) {
-        let (i1, i2, i3) = row_index(r, dst.ne);
+    for (i1, i2, i3) in my_rows(dst.ne, ith, nth) {
         if same_shape && src.dtype == dst.dtype && src.row_contiguous() && dst.row_contiguous() {
             dst.copy_row_from([i1, i2, i3], &src, [i1, i2, i3]);
         } else if src.dtype == DType::I32 {
@@ -64,8 +62,7 @@ pub(crate) fn get_rows(
     ts: &mut ThreadScratch,
 ) {
     let (dst, table, ids) = (exec.view(node), exec.src(node, 0), exec.src(node, 1));
-    for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
-        let (i1, i2, i3) = row_index(r, dst.ne);
+    for (i1, i2, i3) in my_rows(dst.ne, ith, nth) {
         let idx = ids.get_i32([i1, i2, i3, 0]);
         if idx < 0 || idx as usize >= table.ne[1] {
             exec.fail(format!(
@@ -126,8 +123,7 @@ pub(crate) fn concat(
     ts: &mut ThreadScratch,
 ) {
     let (dst, a, b) = (exec.view(node), exec.src(node, 0), exec.src(node, 1));
-    for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
-        let (i1, i2, i3) = row_index(r, dst.ne);
+    for (i1, i2, i3) in my_rows(dst.ne, ith, nth) {
         if dst.dtype == DType::I32 {
             // Element copies: i32 must not pass through f32.
             for i0 in 0..dst.ne[0] {

@@ -1,7 +1,7 @@
 //! Element-wise ops: broadcast binaries, unary maps, gated units. Every row is decoded to f32,
 //! transformed, and encoded into the destination, so any float dtype and stride works.
 
-use super::{Exec, ThreadScratch, row_index, split_range};
+use super::{Exec, ThreadScratch, my_rows};
 use tessera_core::{GluOp, Op, TensorId, UnaryOp};
 
 pub(crate) fn gelu(x: f32) -> f32 {
@@ -50,8 +50,7 @@ pub(crate) fn binary(
     let op = *exec.desc(node).op();
     let n = dst.ne[0];
     let nb0 = b.ne[0];
-    for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
-        let (i1, i2, i3) = row_index(r, dst.ne);
+    for (i1, i2, i3) in my_rows(dst.ne, ith, nth) {
         let (x, y, _) = ts.rows(n.max(nb0));
         a.read_row(i1, i2, i3, x);
         b.read_row(i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3], y);
@@ -71,8 +70,7 @@ pub(crate) fn map(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &
     let (dst, a) = (exec.view(node), exec.src(node, 0));
     let op = *exec.desc(node).op();
     let n = dst.ne[0];
-    for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
-        let (i1, i2, i3) = row_index(r, dst.ne);
+    for (i1, i2, i3) in my_rows(dst.ne, ith, nth) {
         let (x, _, _) = ts.rows(n);
         a.read_row(i1, i2, i3, x);
         match op {
@@ -101,8 +99,7 @@ pub(crate) fn glu(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &
     let split = t.src(1).is_some();
     let a = exec.src(node, 0);
     let b = if split { Some(exec.src(node, 1)) } else { None };
-    for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
-        let (i1, i2, i3) = row_index(r, dst.ne);
+    for (i1, i2, i3) in my_rows(dst.ne, ith, nth) {
         let (x, y, out) = ts.rows(2 * n);
         let (gate, up): (&[f32], &[f32]) = match b {
             Some(b) => {

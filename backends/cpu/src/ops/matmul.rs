@@ -82,7 +82,7 @@ pub(crate) fn mul_mat(
     let planes = dst.ne[2] * dst.ne[3];
     let total = planes * row_blocks * col_blocks;
     let (r2, r3) = (dst.ne[2] / w.ne[2], dst.ne[3] / w.ne[3]);
-    let mut tile: Vec<f32> = Vec::new();
+    let tile = &mut ts.tile;
     loop {
         let chunk = exec.counter.fetch_add(1, Ordering::Relaxed);
         if chunk >= total {
@@ -110,7 +110,7 @@ pub(crate) fn mul_mat(
             arb,
             cols,
             kdim,
-            &mut tile,
+            tile,
             rows,
             &mut ts.bytes,
         );

@@ -53,6 +53,8 @@ impl Exec<'_> {
 /// Per-thread reusable buffers.
 #[derive(Default)]
 pub(crate) struct ThreadScratch {
+    /// MUL_MAT output tile.
+    pub tile: Vec<f32>,
     pub a: Vec<f32>,
     pub b: Vec<f32>,
     pub c: Vec<f32>,
@@ -133,6 +135,15 @@ pub(crate) fn split_range(total: usize, ith: usize, nth: usize) -> Range<usize> 
     let per = total.div_ceil(nth.max(1));
     let start = (ith * per).min(total);
     start..(start + per).min(total)
+}
+
+/// Thread `ith`'s share of the rows of a tensor with shape `ne`, as `(i1, i2, i3)`.
+pub(crate) fn my_rows(
+    ne: [usize; 4],
+    ith: usize,
+    nth: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> {
+    split_range(ne[1] * ne[2] * ne[3], ith, nth).map(move |r| row_index(r, ne))
 }
 
 /// `(i1, i2, i3)` of flat row `r` of a tensor with shape `ne`.

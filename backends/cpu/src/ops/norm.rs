@@ -1,7 +1,7 @@
 //! Row-wise reductions: RMS_NORM, NORM, SUM_ROWS, ARGMAX, SOFT_MAX. Sums accumulate in f64, as
 //! ggml's `ggml_float` does, so long rows keep their precision.
 
-use super::{Exec, ThreadScratch, row_index, split_range};
+use super::{Exec, ThreadScratch, my_rows};
 use tessera_core::{Op, TensorId};
 
 pub(crate) fn norm(
@@ -14,8 +14,7 @@ pub(crate) fn norm(
     let (dst, a) = (exec.view(node), exec.src(node, 0));
     let op = *exec.desc(node).op();
     let n = dst.ne[0];
-    for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
-        let (i1, i2, i3) = row_index(r, dst.ne);
+    for (i1, i2, i3) in my_rows(dst.ne, ith, nth) {
         let (x, _, _) = ts.rows(n);
         a.read_row(i1, i2, i3, x);
         match op {
@@ -45,8 +44,7 @@ pub(crate) fn sum_rows(
     ts: &mut ThreadScratch,
 ) {
     let (dst, a) = (exec.view(node), exec.src(node, 0));
-    for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
-        let (i1, i2, i3) = row_index(r, dst.ne);
+    for (i1, i2, i3) in my_rows(dst.ne, ith, nth) {
         let (x, y, _) = ts.rows(a.ne[0].max(1));
         a.read_row(i1, i2, i3, x);
         y[0] = x[..a.ne[0]].iter().map(|&v| v as f64).sum::<f64>() as f32;
@@ -63,8 +61,7 @@ pub(crate) fn argmax(
 ) {
     let (dst, a) = (exec.view(node), exec.src(node, 0));
     // dst is [ne1, ne2, ne3] of a: one element per source row.
-    for r in split_range(a.ne[1] * a.ne[2] * a.ne[3], ith, nth) {
-        let (i1, i2, i3) = row_index(r, a.ne);
+    for (i1, i2, i3) in my_rows(a.ne, ith, nth) {
         let (x, _, _) = ts.rows(a.ne[0]);
         a.read_row(i1, i2, i3, x);
         let mut best = 0usize;
@@ -106,8 +103,7 @@ pub(crate) fn soft_max(
     let (dst, a) = (exec.view(node), exec.src(node, 0));
     let mask = t.src(1).map(|m| exec.view(m));
     let n = dst.ne[0];
-    for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
-        let (i1, i2, i3) = row_index(r, dst.ne);
+    for (i1, i2, i3) in my_rows(dst.ne, ith, nth) {
         let (x, m, _) = ts.rows(n);
         a.read_row(i1, i2, i3, x);
         let slope = alibi_slope(max_bias, i2, dst.ne[2]);

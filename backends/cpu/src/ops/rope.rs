@@ -1,6 +1,6 @@
 //! ROPE, normal (adjacent pairs) and NeoX (halves) modes, with ggml's θ schedule.
 
-use super::{Exec, ThreadScratch, row_index, split_range};
+use super::{Exec, ThreadScratch, my_rows};
 use tessera_core::{RopeMode, RopeParams, TensorId};
 
 pub(crate) fn rope(
@@ -17,8 +17,7 @@ pub(crate) fn rope(
     let theta_scale = (p.freq_base as f64).powf(-2.0 / p.n_dims as f64);
     let mut cos_sin: Vec<(f32, f32)> = vec![(1.0, 0.0); half];
     let mut cached_pos: Option<i32> = None;
-    for r in split_range(dst.ne[1] * dst.ne[2] * dst.ne[3], ith, nth) {
-        let (i1, i2, i3) = row_index(r, dst.ne);
+    for (i1, i2, i3) in my_rows(dst.ne, ith, nth) {
         let position = pos.get_i32([i2, 0, 0, 0]);
         if cached_pos != Some(position) {
             let mut theta = position as f64 * p.freq_scale as f64;
