@@ -36,6 +36,19 @@ enum Command {
         #[arg(short, long)]
         quiet: bool,
     },
+    /// Tensor-parallel equivalence: a small llama model on one CPU device vs split over
+    /// --devices (the meta device); prints NMSE per output, exits non-zero on a failure.
+    TestTp {
+        /// Devices of the meta device: comma-separated names, or KIND:N.
+        #[arg(long, default_value = "cpu:2")]
+        devices: String,
+        /// Split ratios, one per device (default: even), e.g. 2,1,1.
+        #[arg(long, value_delimiter = ',')]
+        ratios: Vec<f32>,
+        /// Use the generic all-reduce even where the backend has its own.
+        #[arg(long)]
+        generic: bool,
+    },
     /// Time the all-reduce between devices (size, time, algbw, busbw, path).
     BenchAllreduce {
         /// Devices: comma-separated names, or KIND:N.
@@ -121,6 +134,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let devs = cli::select_devices(devices.as_deref(), backend.as_deref())?;
             let ok = cli::test_ops::run(&devs, op.as_deref(), quiet)?;
             Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::TestTp {
+            devices,
+            ratios,
+            generic,
+        } => {
+            let devs = tessera::registry().select(&devices)?;
+            Ok(if cli::test_tp::run(&devs, &ratios, generic)? {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

@@ -6,9 +6,9 @@ use anyhow::Context as _;
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::Instant;
-use tessera::model::{LlamaConfig, LlamaModel, LlamaSession, argmax, nmse};
+use tessera::model::{LlamaConfig, LlamaModel, LlamaSession, TpSession, argmax, nmse};
 use tessera::sched::{SchedOptions, layer_devices};
-use tessera::{Device, registry};
+use tessera::{BackendOptions, Device, registry};
 
 /// Seed of the synthetic weights and of the prompt.
 const SEED: u64 = 0x11a3a;
@@ -23,15 +23,39 @@ pub enum SplitMode {
     None,
     /// Consecutive layers on consecutive devices.
     Layer,
+    /// Every layer split across the devices (tensor parallelism, the meta device).
+    Tensor,
 }
 
 impl SplitMode {
-    const ACCEPTED: &str = "none, layer";
+    const ACCEPTED: &str = "none, layer, tensor";
 
     fn name(self) -> &'static str {
         match self {
             SplitMode::None => "none",
             SplitMode::Layer => "layer",
+            SplitMode::Tensor => "tensor",
+        }
+    }
+}
+
+/// A loaded model in one split mode.
+enum Session<'m> {
+    Sched(LlamaSession<'m>),
+    Tp(TpSession<'m>),
+}
+
+impl Session<'_> {
+    fn eval(&mut self, tokens: &[i32]) -> tessera::Result<Vec<f32>> {
+        match self {
+            Session::Sched(s) => s.eval(tokens),
+            Session::Tp(s) => s.eval(tokens),
+        }
+    }
+    fn reset(&mut self) {
+        match self {
+            Session::Sched(s) => s.reset(),
+            Session::Tp(s) => s.reset(),
         }
     }
 }
@@ -44,10 +68,7 @@ pub fn parse_split_mode(s: &str) -> Result<SplitMode, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "none" => Ok(SplitMode::None),
         "layer" => Ok(SplitMode::Layer),
-        "tensor" | "row" => Err(format!(
-            "split mode '{s}' is not available yet (it needs the meta device); accepted modes: {}",
-            SplitMode::ACCEPTED
-        )),
+        "tensor" => Ok(SplitMode::Tensor),
         _ => Err(format!(
             "unknown split mode '{s}'; accepted modes: {}",
             SplitMode::ACCEPTED
@@ -69,10 +90,14 @@ pub enum ModelPreset {
 #[derive(Clone, Debug, clap::Args)]
 pub struct BenchArgs {
     /// Split modes to run, comma-separated: none (whole model on the first device), layer
-    /// (layers over all devices). `tensor` needs the meta device and is not available yet.
-    #[arg(long, value_delimiter = ',', value_parser = parse_split_mode, default_value = "none,layer")]
+    /// (layers over all devices), tensor (every layer split over all devices: the meta device).
+    #[arg(long, value_delimiter = ',', value_parser = parse_split_mode, default_value = "none,layer,tensor")]
     pub split_mode: Vec<SplitMode>,
-    /// Devices: comma-separated names, or KIND:N (default: CPU for none, cpu:2 for layer).
+    /// Split ratios of the tensor mode, one per device (default: even).
+    #[arg(long, value_delimiter = ',')]
+    pub ratios: Vec<f32>,
+    /// Devices: comma-separated names, or KIND:N (default: CPU for none, cpu:2 for layer and
+    /// tensor).
     #[arg(long)]
     pub devices: Option<String>,
     /// Prompt length of the pp test (0 skips it).
@@ -111,14 +136,14 @@ fn devices_for(mode: SplitMode, list: Option<&str>) -> anyhow::Result<Vec<Arc<dy
             Ok(d) => vec![d],
             Err(_) => reg.devices().into_iter().take(1).collect(),
         },
-        (None, SplitMode::Layer) => reg.select("cpu:2")?,
+        (None, SplitMode::Layer | SplitMode::Tensor) => reg.select("cpu:2")?,
     };
     if devs.is_empty() {
         anyhow::bail!("no device selected");
     }
     Ok(match mode {
         SplitMode::None => devs.into_iter().take(1).collect(),
-        SplitMode::Layer => devs,
+        SplitMode::Layer | SplitMode::Tensor => devs,
     })
 }
 
@@ -137,7 +162,7 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 }
 
 /// Runs the pp test: `prompt` in one graph from an empty cache. Returns tokens/s and the logits.
-fn run_pp(s: &mut LlamaSession<'_>, prompt: &[i32]) -> anyhow::Result<(f64, Vec<f32>)> {
+fn run_pp(s: &mut Session<'_>, prompt: &[i32]) -> anyhow::Result<(f64, Vec<f32>)> {
     s.reset();
     let t0 = Instant::now();
     let logits = s.eval(prompt)?;
@@ -146,7 +171,7 @@ fn run_pp(s: &mut LlamaSession<'_>, prompt: &[i32]) -> anyhow::Result<(f64, Vec<
 
 /// Runs the tg test: `n` single-token greedy steps from an empty cache, starting at BOS. Returns
 /// tokens/s, the last step's logits and the tokens fed.
-fn run_tg(s: &mut LlamaSession<'_>, n: usize) -> anyhow::Result<(f64, Vec<f32>, Vec<i32>)> {
+fn run_tg(s: &mut Session<'_>, n: usize) -> anyhow::Result<(f64, Vec<f32>, Vec<i32>)> {
     s.reset();
     let (mut tok, mut logits, mut fed) = (BOS, Vec::new(), Vec::with_capacity(n));
     let t0 = Instant::now();
@@ -167,8 +192,8 @@ fn run_mode(
     let devices = devices_for(mode, args.devices.as_deref())?;
     let n_layer = model.config().n_layer;
     let layer_device = match mode {
-        SplitMode::None => vec![0; n_layer],
         SplitMode::Layer => layer_devices(n_layer, &[], devices.len())?,
+        SplitMode::None | SplitMode::Tensor => vec![0; n_layer],
     };
     let names = device_names(&devices);
     let opts = SchedOptions {
@@ -178,7 +203,7 @@ fn run_mode(
     let t0 = Instant::now();
     let tty = std::io::stderr().is_terminal();
     let mut last_pct = usize::MAX;
-    let mut session = LlamaSession::with_progress(model, &devices, &layer_device, opts, |d, n| {
+    let progress = |d: usize, n: usize| {
         let pct = d * 100 / n.max(1);
         if tty && pct != last_pct {
             last_pct = pct;
@@ -187,8 +212,24 @@ fn run_mode(
                 mode.name()
             ));
         }
-    })
-    .with_context(|| format!("loading the model on {names}"))?;
+    };
+    let mut session = match mode {
+        SplitMode::Tensor => {
+            let meta = model.meta_device(&devices, &args.ratios)?;
+            let opts = match args.threads {
+                Some(t) => BackendOptions::with_threads(t),
+                None => BackendOptions::default(),
+            };
+            Session::Tp(
+                TpSession::new(model, meta, &opts, progress)
+                    .with_context(|| format!("splitting the model over {names}"))?,
+            )
+        }
+        _ => Session::Sched(
+            LlamaSession::with_progress(model, &devices, &layer_device, opts, progress)
+                .with_context(|| format!("loading the model on {names}"))?,
+        ),
+    };
     eprintln!(
         "{}loading {} on {names}: {:.1} MiB of weights and KV caches in {:.2} s",
         if tty { "\r" } else { "" },
@@ -200,22 +241,35 @@ fn run_mode(
     // Warm-up (not timed): plans and allocates compute memory for both graph shapes.
     if !prompt.is_empty() {
         run_pp(&mut session, prompt)?;
-        let st = session.plan_stats(prompt.len())?;
-        let per_device: Vec<String> = session
-            .compute_bytes()
-            .iter()
-            .map(|b| format!("{:.2}", *b as f64 / MIB))
-            .collect();
-        eprintln!(
-            "compute memory of the pp{} graph: peak {:.2} MiB in one buffer vs {:.2} MiB for all {} intermediates \
-             (liveness bound {:.2} MiB); scheduler per device: [{}] MiB",
-            prompt.len(),
-            st.peak as f64 / MIB,
-            st.total_tensor_bytes as f64 / MIB,
-            st.tensors,
-            st.liveness_bound as f64 / MIB,
-            per_device.join(", ")
-        );
+        let mib = |v: &[usize]| -> String {
+            v.iter()
+                .map(|b| format!("{:.2}", *b as f64 / MIB))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match &session {
+            Session::Sched(s) => {
+                let st = s.plan_stats(prompt.len())?;
+                eprintln!(
+                    "compute memory of the pp{} graph: peak {:.2} MiB in one buffer vs {:.2} MiB for all {} intermediates \
+                     (liveness bound {:.2} MiB); scheduler per device: [{}] MiB",
+                    prompt.len(),
+                    st.peak as f64 / MIB,
+                    st.total_tensor_bytes as f64 / MIB,
+                    st.tensors,
+                    st.liveness_bound as f64 / MIB,
+                    mib(&s.compute_bytes())
+                );
+            }
+            Session::Tp(s) => eprintln!(
+                "tensor split over {names}: weights and caches per device [{}] MiB; compute memory \
+                 of the pp{} graph per device [{}] MiB; all-reduce path: {}",
+                mib(&s.weight_bytes_per_device()),
+                prompt.len(),
+                mib(s.backend().compute_bytes()),
+                s.backend().comm_path()
+            ),
+        }
     }
     if args.n_gen > 0 {
         run_tg(&mut session, 1)?;
@@ -413,15 +467,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn split_modes_parse_and_tensor_is_refused() {
+    fn split_modes_parse() {
         assert_eq!(parse_split_mode("none"), Ok(SplitMode::None));
         assert_eq!(parse_split_mode("Layer"), Ok(SplitMode::Layer));
-        let e = parse_split_mode("tensor").unwrap_err();
-        assert!(
-            e.contains("not available") && e.contains("none, layer"),
-            "{e}"
-        );
-        assert!(parse_split_mode("rows").is_err());
+        assert_eq!(parse_split_mode("tensor"), Ok(SplitMode::Tensor));
+        let e = parse_split_mode("rows").unwrap_err();
+        assert!(e.contains("none, layer, tensor"), "{e}");
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod bench_ops;
 pub mod devices;
 pub mod inputs;
 pub mod test_ops;
+pub mod test_tp;
 
 use std::sync::Arc;
 use tessera::{Device, registry};

@@ -25,11 +25,15 @@ mod llama;
 mod session;
 #[cfg(all(test, feature = "cpu"))]
 mod tests;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_tp;
+mod tp;
 mod weights;
 
 pub use config::LlamaConfig;
 pub use llama::{LayerTensors, LlamaModel, Placement, Step};
 pub use session::LlamaSession;
+pub use tp::TpSession;
 
 /// Normalised mean squared error `Σ(a−b)² / Σb²` of `a` against the reference `b` (∞ if the
 /// lengths differ, 0 for two empty slices).

@@ -316,7 +316,11 @@ pub(super) fn alloc_tensors(
         tensors = placements.len(),
         "alloc_tensors"
     );
-    let buffer = buft.alloc(size)?;
+    let placed: Vec<(usize, &TensorDesc)> = placements
+        .iter()
+        .map(|&(id, off)| (off, &ctx.tensors()[id.index()]))
+        .collect();
+    let buffer = buft.alloc_placed(size, &placed)?;
     let mut bindings = Bindings::new();
     for (id, off) in placements {
         bindings.bind(id, buffer.clone(), off);

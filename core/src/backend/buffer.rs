@@ -26,6 +26,20 @@ pub trait BufferType: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`crate::Error::OutOfMemory`] and vendor errors.
     fn alloc(&self, size: usize) -> Result<Arc<dyn Buffer>>;
+    /// Optional. Allocates `size` bytes that will hold `tensors`, each `(offset, descriptor)`
+    /// (what [`alloc_tensors`](trait.BufferType.html#method.alloc_tensors) calls). Buffer types
+    /// that lay tensors out themselves, such as the meta device's, which splits each tensor across
+    /// devices, need the list. Default: [`BufferType::alloc`].
+    ///
+    /// # Errors
+    /// As [`BufferType::alloc`], plus the buffer type's own layout errors.
+    fn alloc_placed(
+        &self,
+        size: usize,
+        _tensors: &[(usize, &TensorDesc)],
+    ) -> Result<Arc<dyn Buffer>> {
+        self.alloc(size)
+    }
     /// Downcast support.
     fn as_any(&self) -> &dyn Any;
 }

@@ -23,6 +23,10 @@
 //! destination dim holds a whole number of split periods; ROPE rejects A0 and A2; SOFT_MAX
 //! rejects A0 and masks or ALiBi that the split would misalign; MQA keeps K/V mirrored.
 
+mod buffer;
+mod device;
+mod exec;
+mod local;
 pub mod policy;
 mod propagate;
 pub mod ratio;
@@ -35,7 +39,12 @@ mod tests_propagate;
 #[cfg(test)]
 mod tests_split;
 
+pub use buffer::{MetaBuffer, MetaBufferType, Placement};
+pub use device::{MetaDevice, SplitLayout, SplitPolicy};
+pub use exec::{CommPath, MetaBackend, MetaStats};
 pub use policy::LlamaSplitPolicy;
 pub use propagate::{NodeStates, propagate, reduce_points};
 pub use ratio::split_lengths;
-pub use split::{MAX_SEGMENTS, Segment, SplitKind, SplitState, gather, scatter, slice_desc};
+pub use split::{
+    MAX_SEGMENTS, Segment, SplitKind, SplitState, gather, local_runs, scatter, slice_desc,
+};

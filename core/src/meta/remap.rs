@@ -209,3 +209,80 @@ pub(crate) fn strided(
     let (k, out) = map_pattern(inner, &segs, &ne[..=d])?;
     to_state(k, out, ne[k])
 }
+
+/// Stride rule for views whose dims may come in any order (a KV-cache view `[head_dim, n_kv,
+/// n_head_kv]` of a `[n_embd_kv, n_ctx]` cache): `src` is contiguous; each view dim steps over
+/// one source dim by a whole multiple of its stride. The dims stepping over the split axis must
+/// nest densely (each one's step is the extent of the ones inside it); the split goes to the
+/// outermost of them, whose step every piece must be a whole multiple of.
+pub(crate) fn nested(
+    src: &TensorDesc,
+    state: &SplitState,
+    a: usize,
+    dst: &TensorDesc,
+    offset: usize,
+) -> Result<SplitState, Why> {
+    if src.dtype().is_quantized() || !src.is_contiguous() {
+        return Err("needs a contiguous, non-quantized source".into());
+    }
+    let g = contiguous_strides(src.dtype(), src.ne());
+    let (ne, nb) = (dst.ne(), dst.nb());
+    // (step along the split axis, view dim) of the dims that move along it.
+    let mut on_axis: Vec<(usize, usize)> = Vec::new();
+    for d in 0..MAX_DIMS {
+        if ne[d] <= 1 {
+            continue;
+        }
+        let k = (0..MAX_DIMS)
+            .rev()
+            .find(|&k| g[k] <= nb[d] && g[k] > 0)
+            .ok_or("a stride below the element size")?;
+        if !nb[d].is_multiple_of(g[k]) {
+            return Err(format!(
+                "stride {} is not a multiple of a source stride",
+                nb[d]
+            ));
+        }
+        if k == a {
+            on_axis.push((nb[d] / g[k], d));
+        }
+    }
+    on_axis.sort_unstable();
+    let Some(&(step_out, d_out)) = on_axis.last() else {
+        return Err("no view dim moves along the split axis".into());
+    };
+    let mut inner = 1;
+    for &(step, d) in &on_axis {
+        if step != inner {
+            return Err(format!(
+                "view dims along the split axis do not nest densely (dim {d} steps {step}, \
+                 {inner} expected)"
+            ));
+        }
+        inner *= ne[d];
+    }
+    let outer_row = if a + 1 < MAX_DIMS {
+        g[a + 1]
+    } else {
+        usize::MAX
+    };
+    let x0 = (offset % outer_row) / g[a];
+    if !(offset % outer_row).is_multiple_of(g[a]) {
+        return Err(format!("offset {offset} lies inside an element"));
+    }
+    let segs = restrict(state, x0, inner)?;
+    let mut out = Vec::with_capacity(segs.len());
+    for s in segs {
+        let mut lens = Vec::with_capacity(s.lens.len());
+        for &l in &s.lens {
+            if !l.is_multiple_of(step_out) {
+                return Err(format!(
+                    "a piece of {l} splits view dim {d_out}, which steps {step_out} at a time"
+                ));
+            }
+            lens.push(l / step_out);
+        }
+        out.push(Segment::new(lens, s.repeats));
+    }
+    to_state(d_out, out, ne[d_out])
+}

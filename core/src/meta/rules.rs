@@ -154,8 +154,12 @@ fn view_like(c: &NodeCtx<'_>, s0: &SplitState, offset: usize) -> Result<SplitSta
     if dst.ne() == src.ne() && dst.nb() == src.nb() && offset == 0 {
         return Ok(s0.clone());
     }
-    if src.is_permuted() || dst.is_permuted() {
+    if src.is_permuted() {
         return Err(c.fail("a view of a permuted split tensor"));
+    }
+    if dst.is_permuted() {
+        return remap::nested(src, s0, a, dst, offset)
+            .map_err(|e| c.fail(format!("as a permuted strided view: {e}")));
     }
     let flat = if src.is_contiguous() && dst.is_contiguous() {
         match remap::flat(src, s0, a, dst, offset) {
@@ -166,6 +170,7 @@ fn view_like(c: &NodeCtx<'_>, s0: &SplitState, offset: usize) -> Result<SplitSta
         "not contiguous".into()
     };
     remap::strided(src, s0, a, dst, offset)
+        .or_else(|e| remap::nested(src, s0, a, dst, offset).map_err(|n| format!("{e}; {n}")))
         .map_err(|e| c.fail(format!("as a reshape: {flat}; as a strided view: {e}")))
 }
 

@@ -497,3 +497,58 @@ pub fn gather(desc: &TensorDesc, state: &SplitState, parts: &[Vec<u8>]) -> Resul
     }
     Ok(full)
 }
+
+/// Device `j`'s share of the byte range `start..start + len` of a contiguous axis-split tensor:
+/// the local byte offset where that share begins, and the global byte runs `(offset, len)` it is
+/// made of, in local order. Device `j`'s bytes of any global range are one contiguous local
+/// range, because a device's slice keeps the global order of its pieces.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a non-axis state or one that does not fit the tensor;
+/// [`Error::OutOfBounds`] for a range outside the tensor.
+pub fn local_runs(
+    desc: &TensorDesc,
+    state: &SplitState,
+    j: usize,
+    start: usize,
+    len: usize,
+) -> Result<(usize, Vec<(usize, usize)>)> {
+    let SplitKind::Axis(a) = state.kind() else {
+        return Err(invalid(desc, format!("{state} has no per-device runs")));
+    };
+    check_axis_state(desc, state, a)?;
+    let total = dense_bytes(desc.dtype(), desc.ne());
+    crate::error::check_range(&format!("tensor {}", tname(desc)), start, len, total)?;
+    let geo = Geometry::new(desc, a);
+    let ranges = geo.ranges(state, j);
+    let local_chunk = geo.bytes(state.local_len(j));
+    let end = start + len;
+    let mut runs = Vec::new();
+    let mut local_lo = None;
+    if len == 0 || geo.chunk == 0 {
+        return Ok((0, runs));
+    }
+    for o in start / geo.chunk..end.div_ceil(geo.chunk) {
+        let mut cur = o * local_chunk;
+        for &(s, l) in &ranges {
+            let (gs, ge) = (o * geo.chunk + s, o * geo.chunk + s + l);
+            let (lo, hi) = (gs.max(start), ge.min(end));
+            if lo < hi {
+                local_lo.get_or_insert(cur + (lo - gs));
+                runs.push((lo, hi - lo));
+            }
+            cur += l;
+        }
+    }
+    // A range holding none of the device's bytes starts where its next piece would.
+    let local_lo = local_lo.unwrap_or_else(|| {
+        let o = start / geo.chunk;
+        let within = start - o * geo.chunk;
+        let before: usize = ranges
+            .iter()
+            .map(|&(s, l)| within.saturating_sub(s).min(l))
+            .sum();
+        o * local_chunk + before
+    });
+    Ok((local_lo, runs))
+}

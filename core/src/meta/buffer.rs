@@ -1,0 +1,366 @@
+//! Meta buffers: one buffer per device holding only that device's slices, behind a virtual
+//! address space in which every tensor has its full size (so `Bindings` and `TensorBuffer` work
+//! unchanged). Reads and writes of a tensor range are split, gathered, summed or mirrored
+//! according to the tensor's split state.
+
+use super::device::MetaInner;
+use super::split::{SplitKind, SplitState, local_runs, slice_desc};
+use crate::backend::{Buffer, BufferType};
+use crate::dtype::DType;
+use crate::error::{Error, Result, check_range};
+use crate::tensor::{TensorDesc, dense_bytes};
+use std::any::Any;
+use std::sync::Arc;
+
+/// The buffer type of a [`super::MetaDevice`]: tensors are laid out in a virtual space at their
+/// full size; each device allocates only its slices.
+#[derive(Clone, Debug)]
+pub struct MetaBufferType {
+    inner: Arc<MetaInner>,
+}
+
+impl MetaBufferType {
+    pub(crate) fn new(inner: Arc<MetaInner>) -> MetaBufferType {
+        MetaBufferType { inner }
+    }
+    pub(crate) fn inner(&self) -> &Arc<MetaInner> {
+        &self.inner
+    }
+}
+
+/// Where one tensor of a meta buffer lives.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    /// Offset in the virtual space.
+    pub offset: usize,
+    /// The tensor (contiguous) as allocated.
+    pub desc: TensorDesc,
+    /// Its split state.
+    pub state: SplitState,
+    /// Per device: byte offset of its slice in that device's buffer.
+    pub local_offset: Vec<usize>,
+    /// Per device: bytes of its slice.
+    pub local_bytes: Vec<usize>,
+}
+
+impl Placement {
+    fn virtual_bytes(&self) -> usize {
+        self.desc.nbytes()
+    }
+}
+
+fn name_of(desc: &TensorDesc) -> String {
+    if desc.name().is_empty() {
+        "<unnamed>".into()
+    } else {
+        format!("'{}'", desc.name())
+    }
+}
+
+impl BufferType for MetaBufferType {
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+    fn alignment(&self) -> usize {
+        self.inner
+            .devices
+            .iter()
+            .map(|d| d.buffer_type().alignment())
+            .max()
+            .unwrap_or(1)
+    }
+    fn is_host(&self) -> bool {
+        false
+    }
+    fn alloc(&self, size: usize) -> Result<Arc<dyn Buffer>> {
+        if size == 0 {
+            return self.alloc_placed(0, &[]);
+        }
+        Err(Error::InvalidArgument(format!(
+            "{} splits each tensor across its devices, so it cannot allocate {size} untyped \
+             bytes: allocate tensors with alloc_tensors",
+            self.inner.name
+        )))
+    }
+    fn alloc_placed(
+        &self,
+        size: usize,
+        tensors: &[(usize, &TensorDesc)],
+    ) -> Result<Arc<dyn Buffer>> {
+        let n = self.inner.devices.len();
+        let mut totals = vec![0usize; n];
+        let mut placements = Vec::with_capacity(tensors.len());
+        let aligns: Vec<usize> = self
+            .inner
+            .devices
+            .iter()
+            .map(|d| d.buffer_type().alignment().max(1))
+            .collect();
+        for &(offset, desc) in tensors {
+            check_range(
+                &format!("tensor {} in {}", name_of(desc), self.inner.name),
+                offset,
+                desc.nbytes(),
+                size,
+            )?;
+            let state = self.inner.policy.split_state(desc, &self.inner.layout)?;
+            if let Some(k) = state.n_devices()
+                && k != n
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "tensor {}: split state {state} has {k} devices, {} has {n}",
+                    name_of(desc),
+                    self.inner.name
+                )));
+            }
+            if state.is_partial() && desc.dtype() != DType::F32 {
+                return Err(Error::InvalidArgument(format!(
+                    "tensor {}: a PARTIAL tensor must be F32, not {}",
+                    name_of(desc),
+                    desc.dtype()
+                )));
+            }
+            let mut local_offset = Vec::with_capacity(n);
+            let mut local_bytes = Vec::with_capacity(n);
+            for j in 0..n {
+                let (ne, _) = slice_desc(desc, &state, j)?;
+                let bytes = match state.kind() {
+                    SplitKind::Axis(_) => dense_bytes(desc.dtype(), ne).unwrap_or(usize::MAX),
+                    _ => desc.nbytes(),
+                };
+                let at = totals[j].div_ceil(aligns[j]) * aligns[j];
+                totals[j] = at.checked_add(bytes).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "slice sizes overflow at tensor {}",
+                        name_of(desc)
+                    ))
+                })?;
+                local_offset.push(at);
+                local_bytes.push(bytes);
+            }
+            placements.push(Placement {
+                offset,
+                desc: desc.clone(),
+                state,
+                local_offset,
+                local_bytes,
+            });
+        }
+        placements.sort_by_key(|p| p.offset);
+        let parts = self
+            .inner
+            .devices
+            .iter()
+            .zip(&totals)
+            .map(|(d, &bytes)| d.buffer_type().alloc(bytes))
+            .collect::<Result<Vec<_>>>()?;
+        tracing::debug!(
+            device = %self.inner.name,
+            tensors = placements.len(),
+            per_device = ?totals,
+            "meta buffer"
+        );
+        Ok(Arc::new(MetaBuffer {
+            inner: self.inner.clone(),
+            size,
+            parts,
+            placements,
+        }))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A buffer of a [`super::MetaDevice`]: one buffer per device and the placement of each tensor.
+#[derive(Debug)]
+pub struct MetaBuffer {
+    inner: Arc<MetaInner>,
+    size: usize,
+    parts: Vec<Arc<dyn Buffer>>,
+    placements: Vec<Placement>,
+}
+
+impl MetaBuffer {
+    pub(crate) fn inner(&self) -> &Arc<MetaInner> {
+        &self.inner
+    }
+
+    /// The per-device buffers, in device order.
+    pub fn parts(&self) -> &[Arc<dyn Buffer>] {
+        &self.parts
+    }
+
+    /// Bytes each device holds.
+    pub fn device_bytes(&self) -> Vec<usize> {
+        self.parts.iter().map(|p| p.size()).collect()
+    }
+
+    /// Every tensor placed here, by virtual offset.
+    pub fn placements(&self) -> &[Placement] {
+        &self.placements
+    }
+
+    /// The tensor placed exactly at virtual `offset`.
+    pub fn placement_at(&self, offset: usize) -> Option<&Placement> {
+        self.placements
+            .binary_search_by_key(&offset, |p| p.offset)
+            .ok()
+            .map(|i| &self.placements[i])
+    }
+
+    /// The placement holding `offset..offset + len` whole, and the offset within it.
+    fn locate(&self, offset: usize, len: usize) -> Result<(&Placement, usize)> {
+        check_range(&self.name(), offset, len, self.size)?;
+        let i = self.placements.partition_point(|p| p.offset <= offset);
+        let found = i
+            .checked_sub(1)
+            .map(|i| &self.placements[i])
+            .filter(|p| offset + len <= p.offset + p.virtual_bytes().max(1));
+        match found {
+            Some(p) => Ok((p, offset - p.offset)),
+            None => Err(Error::InvalidArgument(format!(
+                "{}: bytes {offset}..{} are not inside one tensor (a meta buffer splits each \
+                 tensor separately)",
+                self.name(),
+                offset + len
+            ))),
+        }
+    }
+
+    fn check_partial(p: &Placement, rel: usize, len: usize) -> Result<()> {
+        if !rel.is_multiple_of(4) || !len.is_multiple_of(4) {
+            return Err(Error::InvalidArgument(format!(
+                "tensor {}: PARTIAL data is accessed in whole f32 values, not bytes {rel}..{}",
+                name_of(&p.desc),
+                rel + len
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Buffer for MetaBuffer {
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn name(&self) -> String {
+        format!("{} buffer", self.inner.name)
+    }
+    fn is_host(&self) -> bool {
+        false
+    }
+    fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let (p, rel) = self.locate(offset, src.len())?;
+        match p.state.kind() {
+            SplitKind::Mirrored => {
+                for (j, part) in self.parts.iter().enumerate() {
+                    part.write(p.local_offset[j] + rel, src)?;
+                }
+            }
+            SplitKind::Partial => {
+                // Device 0 holds the value and the others the additive identity: exact for any N
+                // (dividing by N is not).
+                Self::check_partial(p, rel, src.len())?;
+                let zeros: Vec<u8> = std::iter::repeat_n((-0.0f32).to_le_bytes(), src.len() / 4)
+                    .flatten()
+                    .collect();
+                for (j, part) in self.parts.iter().enumerate() {
+                    let data = if j == 0 { src } else { &zeros };
+                    part.write(p.local_offset[j] + rel, data)?;
+                }
+            }
+            SplitKind::Axis(_) => {
+                for (j, part) in self.parts.iter().enumerate() {
+                    let (lo, runs) = local_runs(&p.desc, &p.state, j, rel, src.len())?;
+                    if runs.is_empty() {
+                        continue;
+                    }
+                    let mut bytes = Vec::with_capacity(runs.iter().map(|r| r.1).sum());
+                    for (g, l) in runs {
+                        bytes.extend_from_slice(&src[g - rel..g - rel + l]);
+                    }
+                    part.write(p.local_offset[j] + lo, &bytes)?;
+                }
+            }
+        }
+        Ok(())
+    }
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let (p, rel) = self.locate(offset, dst.len())?;
+        match p.state.kind() {
+            SplitKind::Mirrored => self.parts[0].read(p.local_offset[0] + rel, dst)?,
+            SplitKind::Partial => {
+                Self::check_partial(p, rel, dst.len())?;
+                let mut acc = vec![0f32; dst.len() / 4];
+                let mut tmp = vec![0u8; dst.len()];
+                for (j, part) in self.parts.iter().enumerate() {
+                    part.read(p.local_offset[j] + rel, &mut tmp)?;
+                    for (a, c) in acc.iter_mut().zip(tmp.chunks_exact(4)) {
+                        let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        *a = if j == 0 { v } else { *a + v };
+                    }
+                }
+                for (d, a) in dst.chunks_exact_mut(4).zip(acc) {
+                    d.copy_from_slice(&a.to_le_bytes());
+                }
+            }
+            SplitKind::Axis(_) => {
+                for (j, part) in self.parts.iter().enumerate() {
+                    let (lo, runs) = local_runs(&p.desc, &p.state, j, rel, dst.len())?;
+                    if runs.is_empty() {
+                        continue;
+                    }
+                    let mut bytes = vec![0u8; runs.iter().map(|r| r.1).sum()];
+                    part.read(p.local_offset[j] + lo, &mut bytes)?;
+                    let mut cur = 0;
+                    for (g, l) in runs {
+                        dst[g - rel..g - rel + l].copy_from_slice(&bytes[cur..cur + l]);
+                        cur += l;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+    fn memset(&self, offset: usize, len: usize, value: u8) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (p, rel) = self.locate(offset, len)?;
+        match p.state.kind() {
+            SplitKind::Mirrored => {
+                for (j, part) in self.parts.iter().enumerate() {
+                    part.memset(p.local_offset[j] + rel, len, value)?;
+                }
+            }
+            SplitKind::Partial => {
+                // The value on device 0 and zeros elsewhere keeps the sum equal to the memset.
+                Self::check_partial(p, rel, len)?;
+                for (j, part) in self.parts.iter().enumerate() {
+                    let v = if j == 0 { value } else { 0 };
+                    part.memset(p.local_offset[j] + rel, len, v)?;
+                }
+            }
+            SplitKind::Axis(_) => {
+                for (j, part) in self.parts.iter().enumerate() {
+                    let (lo, runs) = local_runs(&p.desc, &p.state, j, rel, len)?;
+                    let bytes: usize = runs.iter().map(|r| r.1).sum();
+                    if bytes > 0 {
+                        part.memset(p.local_offset[j] + lo, bytes, value)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

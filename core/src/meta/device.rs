@@ -1,0 +1,296 @@
+//! [`MetaDevice`]: N devices driven as one, with static tensors split by a [`SplitPolicy`].
+
+use super::buffer::MetaBufferType;
+use super::exec::MetaBackend;
+use super::policy::LlamaSplitPolicy;
+use super::split::SplitState;
+use crate::backend::{
+    Backend, BackendOptions, Buffer, BufferType, Device, DeviceCaps, DeviceType, MemoryInfo,
+    Support,
+};
+use crate::comm::Wire;
+use crate::error::{Error, Result};
+use crate::tensor::{TensorDesc, TensorId};
+use std::fmt;
+use std::sync::Arc;
+
+/// How many devices a split spans and their `-ts` ratios (empty = even).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SplitLayout {
+    /// Devices of the meta device.
+    pub n_devices: usize,
+    /// One ratio per device, or empty for an even split.
+    pub ratios: Vec<f32>,
+}
+
+/// Chooses the split state of each statically allocated tensor (weights, caches) of a meta
+/// device. Compute tensors get theirs by propagation.
+pub trait SplitPolicy: Send + Sync {
+    /// The state of `desc` (named as the model names it) under `layout`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the tensor cannot be split as the policy wants.
+    fn split_state(&self, desc: &TensorDesc, layout: &SplitLayout) -> Result<SplitState>;
+}
+
+impl<F> SplitPolicy for F
+where
+    F: Fn(&TensorDesc, &SplitLayout) -> Result<SplitState> + Send + Sync,
+{
+    fn split_state(&self, desc: &TensorDesc, layout: &SplitLayout) -> Result<SplitState> {
+        self(desc, layout)
+    }
+}
+
+impl SplitPolicy for LlamaSplitPolicy {
+    fn split_state(&self, desc: &TensorDesc, layout: &SplitLayout) -> Result<SplitState> {
+        if self.n_devices == layout.n_devices && self.ratios == layout.ratios {
+            return self.state_for(desc.name(), desc);
+        }
+        let mut p = self.clone();
+        p.n_devices = layout.n_devices;
+        p.ratios = layout.ratios.clone();
+        p.state_for(desc.name(), desc)
+    }
+}
+
+/// What a meta device is made of; shared by its buffer type, buffers and streams.
+pub(crate) struct MetaInner {
+    pub(crate) name: String,
+    pub(crate) devices: Vec<Arc<dyn Device>>,
+    pub(crate) policy: Arc<dyn SplitPolicy>,
+    pub(crate) layout: SplitLayout,
+    pub(crate) wire: Wire,
+    pub(crate) vendor_comm: bool,
+}
+
+impl fmt::Debug for MetaInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MetaInner")
+            .field("name", &self.name)
+            .field("layout", &self.layout)
+            .finish()
+    }
+}
+
+/// A device made of N devices (any vendors): static tensors are split across them by a
+/// [`SplitPolicy`], compute tensors by propagation, and each graph runs as per-device sub-graphs
+/// joined by all-reduces. See `docs/meta-backend.md`.
+///
+/// ```no_run
+/// # use tessera_core::{DeviceRegistry, meta::{MetaDevice, LlamaSplitPolicy}, Device};
+/// # fn main() -> tessera_core::Result<()> {
+/// let reg = DeviceRegistry::global();
+/// let devs = reg.select("cpu:2")?;
+/// let policy = LlamaSplitPolicy::new(2, 8, 2, 64, 512, 1536, 4);
+/// let meta = MetaDevice::new(&devs, policy)?.with_ratios(&[3.0, 1.0])?;
+/// let backend = meta.init_backend(&Default::default())?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MetaDevice {
+    inner: Arc<MetaInner>,
+}
+
+impl MetaDevice {
+    /// A meta device over `devices` (at least one, distinct names) with an even split.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty list or a device listed twice.
+    pub fn new(
+        devices: &[Arc<dyn Device>],
+        policy: impl SplitPolicy + 'static,
+    ) -> Result<MetaDevice> {
+        if devices.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a meta device needs at least one device".into(),
+            ));
+        }
+        for (i, d) in devices.iter().enumerate() {
+            if devices[..i].iter().any(|e| e.name() == d.name()) {
+                return Err(Error::InvalidArgument(format!(
+                    "device {} is listed twice in the meta device",
+                    d.name()
+                )));
+            }
+            if d.kind() == DeviceType::Meta {
+                return Err(Error::InvalidArgument(format!(
+                    "meta device {} cannot be part of another meta device",
+                    d.name()
+                )));
+            }
+        }
+        let names: Vec<&str> = devices.iter().map(|d| d.name()).collect();
+        Ok(MetaDevice {
+            inner: Arc::new(MetaInner {
+                name: format!("META({})", names.join(",")),
+                devices: devices.to_vec(),
+                policy: Arc::new(policy),
+                layout: SplitLayout {
+                    n_devices: devices.len(),
+                    ratios: Vec::new(),
+                },
+                wire: Wire::F32,
+                vendor_comm: true,
+            }),
+        })
+    }
+
+    /// The same devices split by `ratios` (one non-negative number per device, positive sum).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a wrong count or a negative, non-finite or all-zero list.
+    pub fn with_ratios(self, ratios: &[f32]) -> Result<MetaDevice> {
+        let n = self.inner.devices.len();
+        if ratios.len() != n {
+            return Err(Error::InvalidArgument(format!(
+                "{} split ratios for {n} devices",
+                ratios.len()
+            )));
+        }
+        if let Some(r) = ratios.iter().find(|r| !r.is_finite() || **r < 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "split ratio {r} is not a finite non-negative number"
+            )));
+        }
+        if ratios.iter().sum::<f32>() <= 0.0 {
+            return Err(Error::InvalidArgument(
+                "split ratios sum to zero: give at least one device a share".into(),
+            ));
+        }
+        let mut inner = self.rebuild();
+        inner.layout.ratios = ratios.to_vec();
+        Ok(MetaDevice {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The same devices exchanging all-reduce data of the generic path in `wire` format
+    /// (default [`Wire::F32`], exact).
+    pub fn with_wire(self, wire: Wire) -> MetaDevice {
+        let mut inner = self.rebuild();
+        inner.wire = wire;
+        MetaDevice {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Whether streams may use the devices' backend comm (default `true`); `false` always takes
+    /// the generic all-reduce (to compare paths, or to work around a faulty vendor library).
+    pub fn with_vendor_comm(self, enabled: bool) -> MetaDevice {
+        let mut inner = self.rebuild();
+        inner.vendor_comm = enabled;
+        MetaDevice {
+            inner: Arc::new(inner),
+        }
+    }
+
+    fn rebuild(&self) -> MetaInner {
+        MetaInner {
+            name: self.inner.name.clone(),
+            devices: self.inner.devices.clone(),
+            policy: self.inner.policy.clone(),
+            layout: self.inner.layout.clone(),
+            wire: self.inner.wire,
+            vendor_comm: self.inner.vendor_comm,
+        }
+    }
+
+    /// The devices, in split order.
+    pub fn devices(&self) -> &[Arc<dyn Device>] {
+        &self.inner.devices
+    }
+
+    /// Device count and ratios.
+    pub fn layout(&self) -> &SplitLayout {
+        &self.inner.layout
+    }
+
+    /// The state the policy gives `desc`.
+    ///
+    /// # Errors
+    /// The policy's errors.
+    pub fn split_state(&self, desc: &TensorDesc) -> Result<SplitState> {
+        self.inner.policy.split_state(desc, &self.inner.layout)
+    }
+
+    /// The concrete buffer type (for its per-device figures).
+    pub fn meta_buffer_type(&self) -> MetaBufferType {
+        MetaBufferType::new(self.inner.clone())
+    }
+
+    /// A stream of the meta device with its concrete type.
+    ///
+    /// # Errors
+    /// As [`Device::init_backend`] of the devices.
+    pub fn init_meta_backend(&self, opts: &BackendOptions) -> Result<MetaBackend> {
+        MetaBackend::new(self.inner.clone(), opts)
+    }
+}
+
+impl Device for MetaDevice {
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+    fn description(&self) -> String {
+        format!(
+            "tensor-parallel over {} devices{}",
+            self.inner.devices.len(),
+            if self.inner.layout.ratios.is_empty() {
+                String::new()
+            } else {
+                format!(" (ratios {:?})", self.inner.layout.ratios)
+            }
+        )
+    }
+    fn backend_name(&self) -> &str {
+        "meta"
+    }
+    fn kind(&self) -> DeviceType {
+        DeviceType::Meta
+    }
+    fn memory(&self) -> MemoryInfo {
+        self.inner
+            .devices
+            .iter()
+            .map(|d| d.memory())
+            .fold(MemoryInfo::default(), |a, m| MemoryInfo {
+                free: a.free.saturating_add(m.free),
+                total: a.total.saturating_add(m.total),
+            })
+    }
+    fn caps(&self) -> DeviceCaps {
+        // Events and host buffers would let a scheduler mix the meta device with pipeline
+        // parallelism, which it does not support.
+        DeviceCaps {
+            is_async: self.inner.devices.iter().all(|d| d.caps().is_async),
+            host_buffer: false,
+            buffer_from_host: false,
+            events: false,
+        }
+    }
+    fn buffer_type(&self) -> Arc<dyn BufferType> {
+        Arc::new(self.meta_buffer_type())
+    }
+    fn supports_op(&self, tensors: &[TensorDesc], node: TensorId) -> Support {
+        for d in &self.inner.devices {
+            if let Support::No(why) = d.supports_op(tensors, node) {
+                return Support::No(format!("{}: {why}", d.name()));
+            }
+        }
+        Support::Yes
+    }
+    fn supports_buffer_type(&self, buft: &dyn BufferType) -> bool {
+        buft.as_any()
+            .downcast_ref::<MetaBufferType>()
+            .is_some_and(|b| Arc::ptr_eq(b.inner(), &self.inner))
+    }
+    fn owns_buffer(&self, buf: &dyn Buffer) -> bool {
+        buf.as_any()
+            .downcast_ref::<super::buffer::MetaBuffer>()
+            .is_some_and(|b| Arc::ptr_eq(b.inner(), &self.inner))
+    }
+    fn init_backend(&self, opts: &BackendOptions) -> Result<Box<dyn Backend>> {
+        Ok(Box::new(self.init_meta_backend(opts)?))
+    }
+}

@@ -1,0 +1,547 @@
+//! [`MetaBackend`]: runs a graph on every device of a meta device as per-device sub-graphs cut
+//! after each node that needs an all-reduce, with the reduce in place between them.
+//!
+//! Per graph: leaves bound to meta buffers take their split state from their placement, other
+//! leaves (inputs in host or device buffers) are MIRRORED; [`propagate`] gives every node its
+//! state and the reduce points; each device gets its own descriptors ([`local_tensors`]) and its
+//! own compute memory, planned on its slice shapes (so a device only reserves its share). Output
+//! nodes bound by the caller are gathered into their buffers by [`Backend::synchronize`].
+
+use super::buffer::MetaBuffer;
+use super::device::MetaInner;
+use super::local::local_tensors;
+use super::propagate::{NodeStates, propagate, reduce_points};
+use super::split::{SplitState, gather};
+use crate::alloc::plan;
+use crate::backend::{Backend, BackendOptions, Bindings, Buffer};
+use crate::comm::{Algorithm, AllReduce, CommSlice, DEFAULT_RING_THRESHOLD};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::plugin::{CommApi, CommOutcome, VendorComm};
+use crate::registry::DeviceRegistry;
+use crate::tensor::{TensorDesc, TensorId};
+use std::any::Any;
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+/// Which all-reduce path a meta stream uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CommPath {
+    /// One device: nothing to reduce.
+    Single,
+    /// The devices' backend's own comm functions (found by name through `proc_address`).
+    Vendor(String),
+    /// Tessera's generic all-reduce over streams and copies.
+    Generic,
+}
+
+impl fmt::Display for CommPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CommPath::Single => f.write_str("none (one device)"),
+            CommPath::Vendor(b) => write!(f, "{b} comm"),
+            CommPath::Generic => f.write_str("generic"),
+        }
+    }
+}
+
+/// Counters of a meta stream since it was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetaStats {
+    /// Graphs computed.
+    pub graphs: usize,
+    /// Per-device sub-graphs enqueued (all devices).
+    pub subgraphs: usize,
+    /// All-reduces run by the vendor comm.
+    pub vendor_reduces: usize,
+    /// All-reduces run by the generic path.
+    pub generic_reduces: usize,
+    /// F32 values summed, over all reduces.
+    pub reduced_values: usize,
+}
+
+/// A leaf living in a meta buffer: its state and its binding.
+type MetaLeaf = (SplitState, Arc<dyn Buffer>, usize);
+
+/// What one compute left for synchronize and reads.
+struct LastRun {
+    tensors: Arc<[TensorDesc]>,
+    states: Vec<Option<NodeStates>>,
+    locals: Vec<Arc<[TensorDesc]>>,
+    bindings: Vec<Bindings>,
+    /// Output nodes the caller bound: gathered into `(buffer, offset)` at synchronize.
+    pending: Vec<(TensorId, Arc<dyn Buffer>, usize)>,
+}
+
+/// A stream of a [`super::MetaDevice`]: one stream per device plus the all-reduce machinery.
+pub struct MetaBackend {
+    inner: Arc<MetaInner>,
+    streams: Vec<Box<dyn Backend>>,
+    vendor: Option<VendorComm>,
+    path: CommPath,
+    declined_logged: bool,
+    generic: AllReduce,
+    compute: Vec<Option<Arc<dyn Buffer>>>,
+    staging: Vec<Option<Arc<dyn Buffer>>>,
+    compute_bytes: Vec<usize>,
+    last: Option<LastRun>,
+    stats: MetaStats,
+}
+
+impl fmt::Debug for MetaBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MetaBackend")
+            .field("device", &self.inner.name)
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+fn tensor_label(tensors: &[TensorDesc], id: TensorId) -> String {
+    crate::graph::label_of(tensors, id)
+}
+
+impl MetaBackend {
+    pub(crate) fn new(inner: Arc<MetaInner>, opts: &BackendOptions) -> Result<MetaBackend> {
+        let mut streams = inner
+            .devices
+            .iter()
+            .map(|d| d.init_backend(opts))
+            .collect::<Result<Vec<_>>>()?;
+        let n = inner.devices.len();
+        let (vendor, path) = if n == 1 {
+            (None, CommPath::Single)
+        } else if !inner.vendor_comm {
+            (None, CommPath::Generic)
+        } else {
+            Self::vendor_comm(&inner, &mut streams)
+        };
+        tracing::info!(target: "tessera::meta", device = %inner.name, path = %path, "all-reduce path");
+        let generic = AllReduce::new(
+            &inner.devices,
+            inner.wire,
+            Algorithm::Auto {
+                threshold_bytes: DEFAULT_RING_THRESHOLD,
+            },
+        )?;
+        Ok(MetaBackend {
+            streams,
+            vendor,
+            path,
+            declined_logged: false,
+            generic,
+            compute: vec![None; n],
+            staging: vec![None; n],
+            compute_bytes: vec![0; n],
+            last: None,
+            stats: MetaStats::default(),
+            inner,
+        })
+    }
+
+    /// The vendor comm when every device belongs to one registry that exports the trio and
+    /// accepts these streams; the generic path otherwise.
+    fn vendor_comm(
+        inner: &MetaInner,
+        streams: &mut [Box<dyn Backend>],
+    ) -> (Option<VendorComm>, CommPath) {
+        let backend = inner.devices[0].backend_name();
+        if inner
+            .devices
+            .iter()
+            .any(|d| !d.backend_name().eq_ignore_ascii_case(backend))
+        {
+            tracing::info!(target: "tessera::meta", "devices of several backends: no vendor comm covers them all");
+            return (None, CommPath::Generic);
+        }
+        let Some(registry) = DeviceRegistry::global().registry(backend) else {
+            return (None, CommPath::Generic);
+        };
+        let Some(api) = CommApi::from_registry(registry.as_ref()) else {
+            tracing::info!(target: "tessera::meta", backend, "backend exports no comm functions");
+            return (None, CommPath::Generic);
+        };
+        match api.init(streams) {
+            Some(c) => (Some(c), CommPath::Vendor(backend.to_string())),
+            None => {
+                tracing::info!(target: "tessera::meta", backend, "comm init declined these streams");
+                (None, CommPath::Generic)
+            }
+        }
+    }
+
+    /// The all-reduce path chosen at creation.
+    pub fn comm_path(&self) -> &CommPath {
+        &self.path
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> MetaStats {
+        self.stats
+    }
+
+    /// Compute-memory bytes each device reserved for the last graph (its share only).
+    pub fn compute_bytes(&self) -> &[usize] {
+        &self.compute_bytes
+    }
+
+    /// The split state of `id` in the last graph: what the node produces (PARTIAL before its
+    /// reduce) and what its consumers read.
+    pub fn state_of(&self, id: TensorId) -> Option<(SplitState, SplitState)> {
+        let st = self.last.as_ref()?.states.get(id.index())?.as_ref()?;
+        Some((st.own.clone(), st.seen.clone()))
+    }
+
+    /// The full value of `id` after the last graph (call [`Backend::synchronize`] first):
+    /// gathered from the devices for split tensors, summed for PARTIAL ones. Valid for output
+    /// nodes, leaves and any node whose memory was not reused.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when no graph ran or `id` is not part of it; read errors.
+    pub fn get(&self, id: TensorId) -> Result<Vec<u8>> {
+        let last = self.last.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(format!("{}: no graph has run", self.inner.name))
+        })?;
+        Self::gather_from(&self.inner, last, id)
+    }
+
+    fn gather_from(inner: &MetaInner, last: &LastRun, id: TensorId) -> Result<Vec<u8>> {
+        let st = last
+            .states
+            .get(id.index())
+            .and_then(Option::as_ref)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{}: tensor {} is not part of the last graph",
+                    inner.name,
+                    tensor_label(&last.tensors, id)
+                ))
+            })?;
+        // A reduced node holds the sum on every device.
+        let state = if st.reduce { &st.seen } else { &st.own };
+        let mut parts = Vec::with_capacity(inner.devices.len());
+        for (j, b) in last.bindings.iter().enumerate() {
+            let local = &last.locals[j][id.index()];
+            if !local.is_contiguous() {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: tensor {} is a strided view; read its source",
+                    inner.name,
+                    tensor_label(&last.tensors, id)
+                )));
+            }
+            let mut bytes = vec![0u8; local.nbytes()];
+            if !bytes.is_empty() {
+                let (buf, off) = b.resolve(&last.locals[j], id)?;
+                buf.read(off, &mut bytes)?;
+            }
+            parts.push(bytes);
+            if state.is_mirrored() {
+                break;
+            }
+        }
+        gather(&last.tensors[id.index()], state, &parts)
+    }
+
+    /// Static states of the leaves from their meta-buffer placements; other leaves are inputs.
+    fn leaf_states(&self, graph: &Graph, bindings: &Bindings) -> Result<Vec<Option<MetaLeaf>>> {
+        let tensors = graph.tensors();
+        let mut out = vec![None; tensors.len()];
+        for &leaf in graph.leafs() {
+            let t = &tensors[leaf.index()];
+            if t.is_view() {
+                return Err(Error::InvalidOp {
+                    op: t.op().name().into(),
+                    tensor: tensor_label(tensors, leaf),
+                    reason: "a leaf view cannot be split: make the view a node of the graph".into(),
+                });
+            }
+            let (buf, off) = bindings.resolve(tensors, leaf)?;
+            if let Some(mb) = buf.as_any().downcast_ref::<MetaBuffer>() {
+                if !Arc::ptr_eq(mb.inner(), &self.inner) {
+                    return Err(Error::Foreign {
+                        backend: self.inner.name.clone(),
+                        what: format!(
+                            "tensor {} lives in another meta device's buffer",
+                            tensor_label(tensors, leaf)
+                        ),
+                    });
+                }
+                let p = mb.placement_at(off).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "tensor {} is not a tensor of {} (offset {off})",
+                        tensor_label(tensors, leaf),
+                        mb.name()
+                    ))
+                })?;
+                if p.desc.ne() != t.ne() || p.desc.dtype() != t.dtype() {
+                    return Err(Error::InvalidArgument(format!(
+                        "tensor {} ({} {:?}) is bound to a meta placement of {} {:?}",
+                        tensor_label(tensors, leaf),
+                        t.dtype(),
+                        t.ne(),
+                        p.desc.dtype(),
+                        p.desc.ne()
+                    )));
+                }
+                out[leaf.index()] = Some((p.state.clone(), buf.clone(), off));
+            }
+        }
+        Ok(out)
+    }
+
+    fn ensure(
+        slot: &mut Option<Arc<dyn Buffer>>,
+        dev: &dyn crate::backend::Device,
+        bytes: usize,
+    ) -> Result<Arc<dyn Buffer>> {
+        match slot {
+            Some(b) if b.size() >= bytes => Ok(b.clone()),
+            _ => {
+                let b = dev.buffer_type().alloc(bytes)?;
+                *slot = Some(b.clone());
+                Ok(b)
+            }
+        }
+    }
+
+    fn finish_pending(&mut self) -> Result<()> {
+        let Some(last) = self.last.as_mut() else {
+            return Ok(());
+        };
+        if last.pending.is_empty() {
+            return Ok(());
+        }
+        let pending = std::mem::take(&mut last.pending);
+        let last = self.last.as_ref().expect("checked above");
+        for (id, buf, off) in pending {
+            let full = Self::gather_from(&self.inner, last, id)?;
+            buf.write(off, &full)?;
+        }
+        Ok(())
+    }
+
+    fn sync_streams(&mut self) -> Result<()> {
+        let mut first = None;
+        for s in &mut self.streams {
+            if let Err(e) = s.synchronize() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn reduce(&mut self, slices: &[CommSlice]) -> Result<()> {
+        if let Some(v) = self.vendor.as_mut() {
+            match v.allreduce(slices)? {
+                CommOutcome::Done => {
+                    self.stats.vendor_reduces += 1;
+                    return Ok(());
+                }
+                CommOutcome::Declined => {
+                    if !self.declined_logged {
+                        self.declined_logged = true;
+                        tracing::info!(
+                            target: "tessera::meta",
+                            device = %self.inner.name,
+                            "vendor all-reduce declined; using the generic path for such calls"
+                        );
+                    }
+                }
+            }
+        }
+        self.generic.run(&mut self.streams, slices)?;
+        self.stats.generic_reduces += 1;
+        Ok(())
+    }
+}
+
+/// Tensors `nodes` read (sources and viewed tensors) that they do not produce.
+fn referenced(tensors: &[TensorDesc], nodes: &[TensorId]) -> Vec<TensorId> {
+    let set: HashSet<TensorId> = nodes.iter().copied().collect();
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for &n in nodes {
+        let t = &tensors[n.index()];
+        for r in t.srcs().chain(t.view_of().map(|v| v.src)) {
+            if !set.contains(&r) && seen.insert(r) {
+                out.push(r);
+            }
+        }
+    }
+    out
+}
+
+impl Backend for MetaBackend {
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    fn compute(&mut self, graph: &Graph, bindings: &Bindings) -> Result<()> {
+        // Outputs of the previous graph still owed to their buffers are read before this graph
+        // may reuse the memory.
+        if self.last.as_ref().is_some_and(|l| !l.pending.is_empty()) {
+            self.sync_streams()?;
+            self.finish_pending()?;
+        }
+        let tensors = graph.tensors();
+        let n = self.inner.devices.len();
+        let leaves = self.leaf_states(graph, bindings)?;
+        let states = propagate(graph, &|id| {
+            leaves[id.index()].as_ref().map(|(s, _, _)| s.clone())
+        })?;
+        let reduces = reduce_points(graph, &states);
+        for &r in &reduces {
+            let t = &tensors[r.index()];
+            if t.dtype() != DType::F32 || t.is_view() {
+                return Err(Error::InvalidOp {
+                    op: t.op().name().into(),
+                    tensor: tensor_label(tensors, r),
+                    reason: format!(
+                        "its PARTIAL sums need an all-reduce, which takes contiguous F32 nodes, \
+                         not {}{}",
+                        t.dtype(),
+                        if t.is_view() { " views" } else { "" }
+                    ),
+                });
+            }
+        }
+        let mut outputs: Vec<TensorId> = graph.outputs().to_vec();
+        for &id in graph.nodes() {
+            if tensors[id.index()].flags().output && !outputs.contains(&id) {
+                outputs.push(id);
+            }
+        }
+
+        // Per device: descriptors, bindings of leaves, compute memory.
+        let mut locals = Vec::with_capacity(n);
+        let mut dev_bindings = Vec::with_capacity(n);
+        for j in 0..n {
+            let dev = self.inner.devices[j].clone();
+            let local: Arc<[TensorDesc]> = local_tensors(graph, &states, j)?.into();
+            let mut pre = Bindings::new();
+            let mut staged: Vec<(TensorId, Arc<dyn Buffer>, usize, usize)> = Vec::new();
+            let mut staging_bytes = 0usize;
+            let align = dev.buffer_type().alignment().max(1);
+            for &leaf in graph.leafs() {
+                match &leaves[leaf.index()] {
+                    Some((_, buf, off)) => {
+                        let mb = buf
+                            .as_any()
+                            .downcast_ref::<MetaBuffer>()
+                            .expect("leaf_states only keeps meta buffers");
+                        let p = mb.placement_at(*off).expect("checked by leaf_states");
+                        pre.bind(leaf, mb.parts()[j].clone(), p.local_offset[j]);
+                    }
+                    None => {
+                        let (buf, off) = bindings.resolve(tensors, leaf)?;
+                        if dev.can_access(buf.as_ref()) {
+                            pre.bind(leaf, buf, off);
+                        } else {
+                            let at = staging_bytes.div_ceil(align) * align;
+                            staging_bytes = at + tensors[leaf.index()].nbytes();
+                            staged.push((leaf, buf, off, at));
+                        }
+                    }
+                }
+            }
+            if !staged.is_empty() {
+                let sbuf = Self::ensure(&mut self.staging[j], dev.as_ref(), staging_bytes)?;
+                for (leaf, src, off, at) in staged {
+                    let mut bytes = vec![0u8; tensors[leaf.index()].nbytes()];
+                    src.read(off, &mut bytes)?;
+                    self.streams[j].write_async(sbuf.as_ref(), at, &bytes)?;
+                    pre.bind(leaf, sbuf.clone(), at);
+                }
+            }
+            let g = Graph::from_parts(
+                local.clone(),
+                graph.nodes().to_vec(),
+                graph.leafs().to_vec(),
+                outputs.clone(),
+            );
+            let buft = dev.buffer_type();
+            let p = plan(&g, &pre, buft.alignment(), &|t| buft.alloc_size(t))?;
+            self.compute_bytes[j] = p.stats.peak;
+            if !p.offsets.is_empty() {
+                let cbuf = Self::ensure(&mut self.compute[j], dev.as_ref(), p.stats.peak.max(1))?;
+                for (id, off) in p.offsets {
+                    pre.bind(id, cbuf.clone(), off);
+                }
+            }
+            locals.push(local);
+            dev_bindings.push(pre);
+        }
+
+        // Sub-graphs between reduces; the reduce follows its node.
+        let nodes = graph.nodes();
+        let mut start = 0;
+        let mut cuts: Vec<(usize, usize, Option<TensorId>)> = Vec::new();
+        for (i, id) in nodes.iter().enumerate() {
+            if reduces.contains(id) {
+                cuts.push((start, i + 1, Some(*id)));
+                start = i + 1;
+            }
+        }
+        if start < nodes.len() {
+            cuts.push((start, nodes.len(), None));
+        }
+        for (s, e, red) in cuts {
+            let seg = &nodes[s..e];
+            for j in 0..n {
+                let sub = Graph::from_parts(
+                    locals[j].clone(),
+                    seg.to_vec(),
+                    referenced(&locals[j], seg),
+                    Vec::new(),
+                );
+                self.streams[j].compute(&sub, &dev_bindings[j])?;
+                self.stats.subgraphs += 1;
+            }
+            if let Some(r) = red
+                && n > 1
+            {
+                let len = tensors[r.index()].nelements();
+                let slices = (0..n)
+                    .map(|j| {
+                        let (buffer, offset) = dev_bindings[j].resolve(&locals[j], r)?;
+                        Ok(CommSlice {
+                            buffer,
+                            offset,
+                            len,
+                            contributes: true,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                self.reduce(&slices)?;
+                self.stats.reduced_values += len;
+            }
+        }
+        self.stats.graphs += 1;
+
+        let mut pending = Vec::new();
+        for &o in &outputs {
+            if let Some(slot) = bindings.slot(o) {
+                pending.push((o, slot.buffer.clone(), slot.offset));
+            }
+        }
+        self.last = Some(LastRun {
+            tensors: graph.tensors().into(),
+            states,
+            locals,
+            bindings: dev_bindings,
+            pending,
+        });
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.sync_streams()?;
+        self.finish_pending()
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}

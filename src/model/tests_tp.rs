@@ -1,0 +1,159 @@
+//! Tensor-parallel equivalence: the llama model on a meta device of N CPU devices against one
+//! CPU device (meta-backend.md §15, issue 3 item 8).
+
+use super::*;
+use crate::meta::{CommPath, SplitKind};
+use crate::sched::{SchedOptions, layer_devices};
+use crate::{BackendOptions, DType, Device, registry};
+use std::sync::Arc;
+
+const SEED: u64 = 0x7e55;
+const PROMPT: [i32; 6] = [1, 17, 200, 3, 255, 9];
+
+fn config(dtype: DType) -> LlamaConfig {
+    LlamaConfig {
+        weight_dtype: dtype,
+        ..LlamaConfig::tiny()
+    }
+}
+
+fn reference(model: &LlamaModel) -> Vec<Vec<f32>> {
+    let devs = registry().select("cpu:1").unwrap();
+    let ld = layer_devices(model.config().n_layer, &[], 1).unwrap();
+    let mut s = LlamaSession::new(model, &devs, &ld, SchedOptions::default()).unwrap();
+    [&PROMPT[..], &[7], &[8]]
+        .iter()
+        .map(|chunk| s.eval(chunk).unwrap())
+        .collect()
+}
+
+/// Runs the prompt and two decode steps on a meta device, then hands the session to `f`.
+fn tp_run<R>(
+    model: &LlamaModel,
+    devs: &[Arc<dyn Device>],
+    ratios: &[f32],
+    f: impl FnOnce(&TpSession<'_>) -> R,
+) -> (Vec<Vec<f32>>, R) {
+    let meta = model.meta_device(devs, ratios).unwrap();
+    let mut s = TpSession::new(model, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap();
+    let out = [&PROMPT[..], &[7], &[8]]
+        .iter()
+        .map(|chunk| s.eval(chunk).unwrap())
+        .collect();
+    let r = f(&s);
+    (out, r)
+}
+
+fn check(dtype: DType, spec: &str, ratios: &[f32], tol: f64) {
+    let model = LlamaModel::new(config(dtype), SEED).unwrap();
+    let want = reference(&model);
+    let devs = registry().select(spec).unwrap();
+    let (got, (path, st)) = tp_run(&model, &devs, ratios, |s| {
+        (s.backend().comm_path().clone(), s.backend().stats())
+    });
+    for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+        let e = nmse(g, w);
+        assert!(
+            e <= tol,
+            "{dtype} {spec} ratios {ratios:?} step {step}: nmse {e:e} > {tol:e}"
+        );
+    }
+    if devs.len() == 1 {
+        assert_eq!(path, CommPath::Single);
+    } else {
+        assert_eq!(
+            path,
+            CommPath::Vendor("cpu".into()),
+            "CPU devices use the CPU comm"
+        );
+        // Two reduces per layer and step: after attention and after the feed-forward.
+        assert_eq!(
+            st.vendor_reduces + st.generic_reduces,
+            3 * 2 * model.config().n_layer,
+            "{st:?}"
+        );
+    }
+}
+
+#[test]
+fn f32_weights_match_single_device_for_1_to_4_devices() {
+    for spec in ["cpu:1", "cpu:2", "cpu:3", "cpu:4"] {
+        check(DType::F32, spec, &[], 1e-6);
+    }
+}
+
+#[test]
+fn q8_0_weights_match_single_device() {
+    for spec in ["cpu:2", "cpu:3"] {
+        check(DType::Q8_0, spec, &[], 1e-6);
+    }
+}
+
+#[test]
+fn uneven_ratios_and_zero_length_slices_match() {
+    check(DType::F32, "cpu:2", &[3.0, 1.0], 1e-6);
+    check(DType::F32, "cpu:3", &[2.0, 1.0, 1.0], 1e-6);
+    // Device 1 gets nothing: every split tensor has a zero-length slice there.
+    check(DType::F32, "cpu:2", &[1.0, 0.0], 1e-6);
+    check(DType::Q8_0, "cpu:4", &[1.0, 0.0, 2.0, 1.0], 1e-6);
+}
+
+#[test]
+fn generic_all_reduce_path_matches_too() {
+    let model = LlamaModel::new(config(DType::F32), SEED).unwrap();
+    let want = reference(&model);
+    for spec in ["cpu:2", "cpu:3"] {
+        let devs = registry().select(spec).unwrap();
+        let meta = model
+            .meta_device(&devs, &[])
+            .unwrap()
+            .with_vendor_comm(false);
+        let mut s =
+            TpSession::new(&model, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap();
+        assert_eq!(s.backend().comm_path(), &CommPath::Generic);
+        for (chunk, w) in [&PROMPT[..], &[7], &[8]].iter().zip(&want) {
+            let e = nmse(&s.eval(chunk).unwrap(), w);
+            assert!(e <= 1e-6, "{spec}: nmse {e:e}");
+        }
+        assert_eq!(s.backend().stats().vendor_reduces, 0);
+        assert_eq!(
+            s.backend().stats().generic_reduces,
+            3 * 2 * model.config().n_layer
+        );
+    }
+}
+
+#[test]
+fn weights_are_truly_split_and_compute_memory_is_a_share() {
+    let model = LlamaModel::new(config(DType::F32), SEED).unwrap();
+    let devs = registry().select("cpu:2").unwrap();
+    let wq = model.layers()[0].wq;
+    let (_, (per_dev, st, compute)) = tp_run(&model, &devs, &[], |s| {
+        (
+            s.weight_bytes_per_device(),
+            s.meta()
+                .split_state(&model.context().tensors()[wq.index()])
+                .unwrap(),
+            s.backend().compute_bytes().to_vec(),
+        )
+    });
+    let full = model.weight_bytes_total() + model.cache_bytes_total();
+    assert_eq!(per_dev.len(), 2);
+    for &b in &per_dev {
+        assert!(b < full, "a device holds {b} of {full} bytes");
+    }
+    // Split tensors are stored once in all; mirrored ones (norms, embedding) twice.
+    assert!(per_dev.iter().sum::<usize>() > full);
+    assert_eq!(st.kind(), SplitKind::Axis(1));
+    // Each device plans compute memory for its slices only.
+    let single = {
+        let d = registry().select("cpu:1").unwrap();
+        let ld = layer_devices(model.config().n_layer, &[], 1).unwrap();
+        let mut ls = LlamaSession::new(&model, &d, &ld, SchedOptions::default()).unwrap();
+        ls.eval(&[8]).unwrap();
+        ls.compute_bytes()[0]
+    };
+    for &b in &compute {
+        assert!(b <= single, "device compute {b} > single-device {single}");
+    }
+}

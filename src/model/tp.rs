@@ -1,0 +1,168 @@
+//! [`TpSession`]: a [`LlamaModel`] split across devices by a [`MetaDevice`] (tensor
+//! parallelism, `--split-mode tensor`), evaluated step by step through its split KV caches.
+
+use super::llama::LlamaModel;
+use crate::meta::{LlamaSplitPolicy, MetaBackend, MetaDevice};
+use crate::{Backend, BackendOptions, Bindings, Buffer, Device, Error, Result, TensorBuffer};
+use std::sync::Arc;
+
+/// A model's weights split over the devices of a meta device, and its stream.
+pub struct TpSession<'m> {
+    model: &'m LlamaModel,
+    meta: MetaDevice,
+    backend: MetaBackend,
+    weights: TensorBuffer,
+    n_past: usize,
+}
+
+impl LlamaModel {
+    /// The llama-family split policy for this model over `n_devices` devices, with the partner
+    /// block sizes learned from the model's weights.
+    pub fn split_policy(&self, n_devices: usize) -> LlamaSplitPolicy {
+        let c = self.config();
+        let mut p = LlamaSplitPolicy::new(
+            n_devices,
+            c.n_head,
+            c.n_head_kv,
+            c.head_dim,
+            c.n_embd,
+            c.n_ff,
+            c.n_layer,
+        );
+        let named: Vec<(String, crate::TensorDesc)> = self
+            .params()
+            .map(|(id, _)| {
+                let t = &self.context().tensors()[id.index()];
+                (t.name().to_string(), t.clone())
+            })
+            .collect();
+        p.learn_partner_blocks(&named);
+        p
+    }
+
+    /// A meta device over `devices` splitting this model's weights with
+    /// [`LlamaModel::split_policy`], by `ratios` (empty for an even split).
+    ///
+    /// # Errors
+    /// As [`MetaDevice::new`] and [`MetaDevice::with_ratios`].
+    pub fn meta_device(&self, devices: &[Arc<dyn Device>], ratios: &[f32]) -> Result<MetaDevice> {
+        let meta = MetaDevice::new(devices, self.split_policy(devices.len()))?;
+        if ratios.is_empty() {
+            Ok(meta)
+        } else {
+            meta.with_ratios(ratios)
+        }
+    }
+}
+
+impl<'m> TpSession<'m> {
+    /// Splits `model`'s weights and caches over `meta`'s devices, uploads them (calling
+    /// `progress(done, total)` after each tensor) and opens a stream with `opts`.
+    ///
+    /// # Errors
+    /// Split-policy errors naming the tensor; allocation, write and stream errors.
+    pub fn new(
+        model: &'m LlamaModel,
+        meta: MetaDevice,
+        opts: &BackendOptions,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<TpSession<'m>> {
+        let ids: Vec<_> = model.params().map(|(id, _)| id).collect();
+        let weights = meta
+            .buffer_type()
+            .alloc_tensors_where(model.context(), |t| t.flags().param)?;
+        for (i, &id) in ids.iter().enumerate() {
+            if model.is_cache(id) {
+                let slot = weights
+                    .bindings()
+                    .slot(id)
+                    .ok_or_else(|| Error::NotAllocated {
+                        tensor: model.context().label(id),
+                    })?;
+                let len = model.context().tensors()[id.index()].nbytes();
+                weights.buffer().memset(slot.offset, len, 0)?;
+            } else {
+                weights.set(id, &model.weight_bytes(id)?)?;
+            }
+            progress(i + 1, ids.len());
+        }
+        let backend = meta.init_meta_backend(opts)?;
+        Ok(TpSession {
+            model,
+            meta,
+            backend,
+            weights,
+            n_past: 0,
+        })
+    }
+
+    /// The meta device.
+    pub fn meta(&self) -> &MetaDevice {
+        &self.meta
+    }
+
+    /// The stream (all-reduce path, counters, per-device compute memory).
+    pub fn backend(&self) -> &MetaBackend {
+        &self.backend
+    }
+
+    /// Bytes of weights and caches each device holds.
+    pub fn weight_bytes_per_device(&self) -> Vec<usize> {
+        self.weights
+            .buffer()
+            .as_any()
+            .downcast_ref::<crate::meta::MetaBuffer>()
+            .map(|b| b.device_bytes())
+            .unwrap_or_default()
+    }
+
+    /// Cache rows filled so far.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Starts a new sequence (the caches are overwritten row by row).
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Evaluates `tokens` after the cached ones and returns their logits, `n_vocab` per token.
+    ///
+    /// # Errors
+    /// As [`super::LlamaSession::eval`]; split errors of the graph naming the node.
+    pub fn eval(&mut self, tokens: &[i32]) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::InvalidArgument("no tokens to evaluate".into()));
+        }
+        let step = self.model.build_step(tokens.len(), self.n_past)?;
+        let inputs = self.model.step_inputs(&step, tokens, self.n_past)?;
+        // Inputs and logits live in host memory of the first device; the meta stream copies
+        // inputs to devices that cannot read it and gathers the logits into it.
+        let host = self.meta.devices()[0].buffer_type();
+        let tensors = step.graph.tensors();
+        let align = host.alignment().max(1);
+        let mut at = Vec::new();
+        let mut size = 0usize;
+        for id in inputs.iter().map(|(id, _)| *id).chain([step.logits]) {
+            let off = size.div_ceil(align) * align;
+            size = off + tensors[id.index()].nbytes();
+            at.push((id, off));
+        }
+        let buf: Arc<dyn Buffer> = host.alloc(size)?;
+        let mut bindings = Bindings::new();
+        bindings.extend(self.weights.bindings());
+        for &(id, off) in &at {
+            bindings.bind(id, buf.clone(), off);
+        }
+        for ((_, bytes), &(_, off)) in inputs.iter().zip(&at) {
+            buf.write(off, bytes)?;
+        }
+        self.backend.compute(&step.graph, &bindings)?;
+        self.backend.synchronize()?;
+        let (_, logits_off) = at[at.len() - 1];
+        let mut bytes = vec![0u8; tensors[step.logits.index()].nbytes()];
+        buf.read(logits_off, &mut bytes)?;
+        self.n_past += tokens.len();
+        Ok(crate::dtype::f32_from_le_bytes(&bytes))
+    }
+}
