@@ -124,7 +124,7 @@ struct ModeResult {
     pp: Vec<f64>,
     tg: Vec<f64>,
     pp_logits: Vec<f32>,
-    tg_logits: Vec<f32>,
+    tg_logits: Vec<Vec<f32>>,
     tg_tokens: Vec<i32>,
 }
 
@@ -170,17 +170,18 @@ fn run_pp(s: &mut Session<'_>, prompt: &[i32]) -> anyhow::Result<(f64, Vec<f32>)
 }
 
 /// Runs the tg test: `n` single-token greedy steps from an empty cache, starting at BOS. Returns
-/// tokens/s, the last step's logits and the tokens fed.
-fn run_tg(s: &mut Session<'_>, n: usize) -> anyhow::Result<(f64, Vec<f32>, Vec<i32>)> {
+/// tokens/s, every step's logits and the tokens fed.
+fn run_tg(s: &mut Session<'_>, n: usize) -> anyhow::Result<(f64, Vec<Vec<f32>>, Vec<i32>)> {
     s.reset();
-    let (mut tok, mut logits, mut fed) = (BOS, Vec::new(), Vec::with_capacity(n));
+    let (mut tok, mut steps, mut fed) = (BOS, Vec::with_capacity(n), Vec::with_capacity(n));
     let t0 = Instant::now();
     for _ in 0..n {
         fed.push(tok);
-        logits = s.eval(&[tok])?;
+        let logits = s.eval(&[tok])?;
         tok = i32::try_from(argmax(&logits)).context("token id overflows i32")?;
+        steps.push(logits);
     }
-    Ok((n as f64 / t0.elapsed().as_secs_f64(), logits, fed))
+    Ok((n as f64 / t0.elapsed().as_secs_f64(), steps, fed))
 }
 
 fn run_mode(
@@ -443,10 +444,21 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 .zip(&base.tg_tokens)
                 .take_while(|(a, b)| a == b)
                 .count();
+            // Logits are comparable while both runs were fed the same tokens; random synthetic
+            // weights give near-ties, so greedy paths may part after a last-bit difference.
+            let worst = r
+                .tg_logits
+                .iter()
+                .zip(&base.tg_logits)
+                .take(same)
+                .map(|(a, b)| nmse(a, b))
+                .fold(0.0f64, f64::max);
             parts.push(format!(
-                "tg{} final logits NMSE {:.3e}, greedy tokens {}/{} identical",
+                "tg{} logits NMSE ≤ {:.3e} over the {} steps with the same history, greedy tokens \
+                 {}/{} identical",
                 args.n_gen,
-                nmse(&r.tg_logits, &base.tg_logits),
+                worst,
+                same,
                 same,
                 base.tg_tokens.len()
             ));

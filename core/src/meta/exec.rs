@@ -385,6 +385,7 @@ impl Backend for MetaBackend {
             self.sync_streams()?;
             self.finish_pending()?;
         }
+        let t_plan = std::time::Instant::now();
         let tensors = graph.tensors();
         let n = self.inner.devices.len();
         let leaves = self.leaf_states(graph, bindings)?;
@@ -474,6 +475,14 @@ impl Backend for MetaBackend {
             dev_bindings.push(pre);
         }
 
+        tracing::debug!(
+            target: "tessera::meta",
+            nodes = graph.nodes().len(),
+            reduces = reduces.len(),
+            plan_us = t_plan.elapsed().as_micros() as u64,
+            compute_bytes = ?self.compute_bytes,
+            "planned"
+        );
         // Sub-graphs between reduces; the reduce follows its node.
         let nodes = graph.nodes();
         let mut start = 0;
