@@ -357,6 +357,16 @@ impl MetaBackend {
     }
 }
 
+/// Whether device-local node `r` holds an addend: a row-parallel matmul over a zero-length slice
+/// of the reduction axis adds nothing, so the comm may skip its memory whatever it holds.
+fn contributes(local: &[TensorDesc], r: TensorId) -> bool {
+    let t = &local[r.index()];
+    match (t.op().kind(), t.src(0)) {
+        (crate::ops::OpKind::MulMat, Some(w)) => local[w.index()].ne()[0] > 0,
+        _ => true,
+    }
+}
+
 /// Tensors `nodes` read (sources and viewed tensors) that they do not produce.
 fn referenced(tensors: &[TensorDesc], nodes: &[TensorId]) -> Vec<TensorId> {
     let set: HashSet<TensorId> = nodes.iter().copied().collect();
@@ -519,7 +529,7 @@ impl Backend for MetaBackend {
                             buffer,
                             offset,
                             len,
-                            contributes: true,
+                            contributes: contributes(&locals[j], r),
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
