@@ -335,6 +335,56 @@ fn graphs_match_one_device_for_1_to_6_devices_on_both_paths() {
 }
 
 #[test]
+fn isolated_devices_get_inputs_staged_and_outputs_gathered() {
+    // Isolated CPU devices cannot read each other's memory, like discrete GPUs: the input lives
+    // on device 0, so the others get a staged copy, and the output is gathered back.
+    let m = mlp(32, 64, 3);
+    let (want, _) = run_mlp(&devices(1), true, &m);
+    for n in [2, 3] {
+        let isolated: Vec<Arc<dyn Device>> = tessera_cpu::split_devices(n)
+            .into_iter()
+            .map(|d| Arc::new(d.isolated()) as Arc<dyn Device>)
+            .collect();
+        for vendor in [true, false] {
+            let (got, _) = run_mlp(&isolated, vendor, &m);
+            let e = nmse(&got, &want);
+            assert!(e <= 1e-10, "isolated N={n} vendor={vendor}: nmse {e:e}");
+        }
+    }
+}
+
+#[test]
+fn a_device_refusing_its_slice_is_an_error_before_running() {
+    let mut devs = devices(2);
+    let refusing = tessera_cpu::split_devices(2)
+        .pop()
+        .unwrap()
+        .refusing(&[tessera_core::OpKind::Unary]);
+    devs[1] = Arc::new(refusing);
+    let m = mlp(16, 32, 2);
+    let graph = m.ctx.build_forward(m.y).unwrap();
+    let meta = MetaDevice::new(&devs, by_name).unwrap();
+    let weights = meta
+        .buffer_type()
+        .alloc_tensors_where(&m.ctx, |t| t.name().starts_with('w'))
+        .unwrap();
+    let io = devs[0]
+        .buffer_type()
+        .alloc_tensors_where(&m.ctx, |t| t.name() == "x" || t.flags().output)
+        .unwrap();
+    let mut b = Bindings::new();
+    b.extend(weights.bindings());
+    b.extend(io.bindings());
+    let mut be = meta.init_backend(&BackendOptions::default()).unwrap();
+    let e = be.compute(&graph, &b).unwrap_err();
+    assert!(
+        matches!(&e, Error::Unsupported { device, .. } if device == devs[1].name()),
+        "{e}"
+    );
+    be.synchronize().unwrap();
+}
+
+#[test]
 fn an_unsplittable_graph_fails_before_running() {
     // RMS_NORM over a tensor split along its rows (A0) has no rule: a typed error names it.
     let mut ctx = Context::new();

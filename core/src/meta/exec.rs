@@ -431,6 +431,18 @@ impl Backend for MetaBackend {
         for j in 0..n {
             let dev = self.inner.devices[j].clone();
             let local: Arc<[TensorDesc]> = local_tensors(graph, &states, j)?.into();
+            // Each device is asked about its own slice of every node, before anything runs.
+            for &id in graph.nodes() {
+                if let crate::backend::Support::No(reason) = dev.supports_op(&local, id) {
+                    let t = &local[id.index()];
+                    return Err(Error::Unsupported {
+                        op: t.op().name().into(),
+                        dtype: t.src(0).map_or(t.dtype(), |s| local[s.index()].dtype()),
+                        device: dev.name().into(),
+                        reason: format!("{} (slice of {})", reason, tensor_label(tensors, id)),
+                    });
+                }
+            }
             let mut pre = Bindings::new();
             let mut staged: Vec<(TensorId, Arc<dyn Buffer>, usize, usize)> = Vec::new();
             let mut staging_bytes = 0usize;
