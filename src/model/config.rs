@@ -2,6 +2,63 @@
 
 use crate::{DType, Error, Result};
 
+/// The model family: which optional tensors a block has and how it is wired.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// Llama 2/3, TinyLlama, SmolLM: RMS norms, SwiGLU, no biases.
+    #[default]
+    Llama,
+    /// Qwen2: llama plus biases on the Q/K/V projections.
+    Qwen2,
+    /// Qwen3: llama plus RMS norms of Q and K per head (QK-norm).
+    Qwen3,
+    /// Gemma 3: QK-norm, norms after attention and feed-forward, GeGLU, embeddings scaled by
+    /// √n_embd, sliding-window layers with their own RoPE base, output tied to the embedding.
+    Gemma3,
+}
+
+impl Arch {
+    /// The GGUF `general.architecture` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
+        }
+    }
+
+    /// The architecture of a GGUF `general.architecture` name.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3]
+            .into_iter()
+            .find(|a| a.name() == name)
+    }
+
+    /// Q/K/V projections carry biases.
+    pub fn attn_bias(self) -> bool {
+        self == Arch::Qwen2
+    }
+
+    /// Q and K are RMS-normed per head before RoPE.
+    pub fn qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Gemma3)
+    }
+
+    /// Attention and feed-forward outputs are RMS-normed before the residual add.
+    pub fn post_norms(self) -> bool {
+        self == Arch::Gemma3
+    }
+
+    /// The gated activation of the feed-forward block.
+    pub fn glu(self) -> crate::GluOp {
+        match self {
+            Arch::Gemma3 => crate::GluOp::Geglu,
+            _ => crate::GluOp::Swiglu,
+        }
+    }
+}
+
 /// Hyper-parameters of a llama-style decoder (names as in llama.cpp's `llama_hparams`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
@@ -28,6 +85,17 @@ pub struct LlamaConfig {
     /// Dtype of the projection matrices (attention, feed-forward and output); the token
     /// embedding and the norms are F32.
     pub weight_dtype: DType,
+    /// Model family.
+    pub arch: Arch,
+    /// Sliding-window size of the local-attention layers (0: every layer attends globally).
+    pub n_swa: usize,
+    /// With a sliding window, every `swa_period`-th layer (counting from 1) is global and the
+    /// others are local (Gemma 3: 6). 0: all layers are local when `n_swa > 0`.
+    pub swa_period: usize,
+    /// RoPE θ base of the local (sliding-window) layers.
+    pub rope_base_swa: f32,
+    /// The output projection is the token embedding (no `output.weight`).
+    pub tied_output: bool,
 }
 
 impl LlamaConfig {
@@ -48,6 +116,11 @@ impl LlamaConfig {
             rope_base: 10000.0,
             norm_eps: 1e-5,
             weight_dtype: DType::Q8_0,
+            arch: Arch::Llama,
+            n_swa: 0,
+            swa_period: 0,
+            rope_base_swa: 10000.0,
+            tied_output: false,
         }
     }
 
@@ -66,7 +139,34 @@ impl LlamaConfig {
             rope_base: 10000.0,
             norm_eps: 1e-5,
             weight_dtype: DType::Q8_0,
+            arch: Arch::Llama,
+            n_swa: 0,
+            swa_period: 0,
+            rope_base_swa: 10000.0,
+            tied_output: false,
         }
+    }
+
+    /// [`LlamaConfig::tiny`] shaped as `arch` (Gemma 3 with a window of 4 tokens, every second
+    /// layer global, and a tied output), for tests of every architecture.
+    pub fn tiny_arch(arch: Arch) -> LlamaConfig {
+        let mut c = LlamaConfig {
+            arch,
+            ..LlamaConfig::tiny()
+        };
+        if arch == Arch::Gemma3 {
+            c.n_swa = 4;
+            c.swa_period = 2;
+            c.rope_base_swa = 10000.0;
+            c.rope_base = 1_000_000.0;
+            c.tied_output = true;
+        }
+        c
+    }
+
+    /// Whether layer `il` attends through a sliding window.
+    pub fn is_swa(&self, il: usize) -> bool {
+        self.n_swa > 0 && (self.swa_period == 0 || !(il + 1).is_multiple_of(self.swa_period))
     }
 
     /// Width of the attention output (`n_head · head_dim`).
@@ -82,8 +182,16 @@ impl LlamaConfig {
     /// Parameters of the weights (KV caches excluded).
     pub fn param_count(&self) -> usize {
         let (e, q, kv, ff) = (self.n_embd, self.n_embd_q(), self.n_embd_kv(), self.n_ff);
-        let per_layer = 2 * e + 2 * e * q + 2 * e * kv + 3 * e * ff;
-        2 * self.n_vocab * e + e + self.n_layer * per_layer
+        let a = self.arch;
+        let per_layer = 2 * e
+            + 2 * e * q
+            + 2 * e * kv
+            + 3 * e * ff
+            + if a.attn_bias() { q + 2 * kv } else { 0 }
+            + if a.qk_norm() { 2 * self.head_dim } else { 0 }
+            + if a.post_norms() { 2 * e } else { 0 };
+        let embeddings = if self.tied_output { 1 } else { 2 };
+        embeddings * self.n_vocab * e + e + self.n_layer * per_layer
     }
 
     /// Checks that the shapes are consistent and that every matrix row is a whole number of
@@ -137,6 +245,12 @@ impl LlamaConfig {
         }
         if !(self.rope_base.is_finite() && self.rope_base > 0.0) {
             return bad(format!("rope_base {} must be positive", self.rope_base));
+        }
+        if !(self.rope_base_swa.is_finite() && self.rope_base_swa > 0.0) {
+            return bad(format!(
+                "rope_base_swa {} must be positive",
+                self.rope_base_swa
+            ));
         }
         if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0) {
             return bad(format!("norm_eps {} must be ≥ 0", self.norm_eps));

@@ -56,22 +56,52 @@ impl LlamaModel {
         let positions = input(ctx, "inp_pos", DType::I32, [t, 1])?;
         let kv_rows = input(ctx, "inp_kv_rows", DType::I32, [t, 1])?;
         let mask = input(ctx, "kq_mask", DType::F16, [n_kv, t])?;
+        let mask_swa = if (0..c.n_layer).any(|il| c.is_swa(il)) {
+            Some(input(ctx, "kq_mask_swa", DType::F16, [n_kv, t])?)
+        } else {
+            None
+        };
 
         let cache_row = c.n_embd_kv() * DType::F16.type_size();
         let kq_scale = 1.0 / (hd as f32).sqrt();
         let mut h = ctx.get_rows(self.tok_embd(), tokens)?;
+        if c.arch == super::Arch::Gemma3 {
+            h = ctx.scale(h, (c.n_embd as f32).sqrt())?;
+        }
         for (il, l) in self.layers().iter().enumerate() {
+            let swa = c.is_swa(il);
+            let rope = RopeParams {
+                freq_base: if swa { c.rope_base_swa } else { c.rope_base },
+                ..rope
+            };
             let x = ctx.rms_norm(h, eps)?;
             let x = ctx.mul(x, l.attn_norm)?;
 
-            let q = ctx.mul_mat(l.wq, x)?;
+            let proj = |ctx: &mut Context, w: TensorId, bias: Option<TensorId>| {
+                let y = ctx.mul_mat(w, x)?;
+                match bias {
+                    Some(b) => ctx.add(y, b),
+                    None => Ok(y),
+                }
+            };
+            let [bq, bk, bv] = l.bias_qkv.map_or([None; 3], |b| b.map(Some));
+            let head_norm = |ctx: &mut Context, y: TensorId, which: usize| match l.qk_norm {
+                Some(w) => {
+                    let y = ctx.rms_norm(y, eps)?;
+                    ctx.mul(y, w[which])
+                }
+                None => Ok(y),
+            };
+            let q = proj(ctx, l.wq, bq)?;
             let q = ctx.reshape(q, [hd, nh, t])?;
+            let q = head_norm(ctx, q, 0)?;
             let q = ctx.rope(q, positions, rope)?;
-            let k = ctx.mul_mat(l.wk, x)?;
+            let k = proj(ctx, l.wk, bk)?;
             let k = ctx.reshape(k, [hd, nkv, t])?;
+            let k = head_norm(ctx, k, 1)?;
             let k = ctx.rope(k, positions, rope)?;
             let k = ctx.reshape(k, [hd * nkv, t])?;
-            let v = ctx.mul_mat(l.wv, x)?;
+            let v = proj(ctx, l.wv, bv)?;
 
             let k_all = ctx.set_rows(l.cache_k, k, kv_rows)?;
             let v_all = ctx.set_rows(l.cache_v, v, kv_rows)?;
@@ -80,18 +110,28 @@ impl LlamaModel {
             let v_view = ctx.view(v_all, [hd, n_kv, nkv], strides, 0)?;
 
             let q = ctx.permute(q, [0, 2, 1, 3])?; // [hd, T, n_head]
-            let attn = ctx.flash_attn_ext(q, k_view, v_view, Some(mask), kq_scale, 0.0, 0.0)?;
+            let layer_mask = if swa { mask_swa.unwrap_or(mask) } else { mask };
+            let attn =
+                ctx.flash_attn_ext(q, k_view, v_view, Some(layer_mask), kq_scale, 0.0, 0.0)?;
             let attn = ctx.reshape(attn, [hd * nh, t])?;
-            let o = ctx.mul_mat(l.wo, attn)?;
+            let mut o = ctx.mul_mat(l.wo, attn)?;
             ctx.set_name(o, format!("attn_out.{il}"))?;
+            if let Some([post_attn, _]) = l.post_norms {
+                o = ctx.rms_norm(o, eps)?;
+                o = ctx.mul(o, post_attn)?;
+            }
             h = ctx.add(h, o)?;
 
             let x = ctx.rms_norm(h, eps)?;
             let x = ctx.mul(x, l.ffn_norm)?;
             let gate = ctx.mul_mat(l.ffn_gate, x)?;
             let up = ctx.mul_mat(l.ffn_up, x)?;
-            let act = ctx.swiglu(gate, up)?;
-            let down = ctx.mul_mat(l.ffn_down, act)?;
+            let act = ctx.glu_split(gate, up, c.arch.glu())?;
+            let mut down = ctx.mul_mat(l.ffn_down, act)?;
+            if let Some([_, post_ffn]) = l.post_norms {
+                down = ctx.rms_norm(down, eps)?;
+                down = ctx.mul(down, post_ffn)?;
+            }
             h = ctx.add(h, down)?;
             ctx.set_name(h, format!("l_out.{il}"))?;
         }
@@ -107,6 +147,7 @@ impl LlamaModel {
             positions,
             kv_rows,
             mask,
+            mask_swa,
             logits,
             n_tokens,
             n_past,
@@ -123,9 +164,9 @@ impl LlamaModel {
         self.build(&mut ctx, n_tokens, n_past)
     }
 
-    /// The bytes of the four inputs of `step` for `tokens` after `n_past` cached tokens: token ids,
-    /// positions and cache rows `n_past..n_past+T`, and the causal mask (0 where key `j ≤ n_past + i`
-    /// for query `i`, −∞ elsewhere, f16).
+    /// The bytes of the inputs of `step` for `tokens` after `n_past` cached tokens: token ids,
+    /// positions and cache rows `n_past..n_past+T`, the causal mask (0 where key `j ≤ n_past + i`
+    /// for query `i`, −∞ elsewhere, f16), and for sliding-window models the windowed mask.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `tokens` or `n_past` do not match the step, or a token is
@@ -163,17 +204,28 @@ impl LlamaModel {
             half::f16::from_f32(0.0).to_le_bytes(),
             half::f16::NEG_INFINITY.to_le_bytes(),
         );
-        let mut mask = Vec::with_capacity(2 * n_kv * tokens.len());
-        for i in 0..tokens.len() {
-            for j in 0..n_kv {
-                mask.extend_from_slice(if j <= n_past + i { &zero } else { &ninf });
+        // Key j is visible to query i when it is not in the future and, for sliding-window
+        // layers, fewer than n_swa positions back (llama.cpp's standard SWA).
+        let mask_bytes = |window: usize| {
+            let mut m = Vec::with_capacity(2 * n_kv * tokens.len());
+            for i in 0..tokens.len() {
+                let p = n_past + i;
+                for j in 0..n_kv {
+                    let visible = j <= p && p - j < window;
+                    m.extend_from_slice(if visible { &zero } else { &ninf });
+                }
             }
-        }
-        Ok(vec![
+            m
+        };
+        let mut out = vec![
             (step.tokens, i32_bytes(&mut tokens.iter().copied())),
             (step.positions, i32_bytes(&mut rows())),
             (step.kv_rows, i32_bytes(&mut rows())),
-            (step.mask, mask),
-        ])
+            (step.mask, mask_bytes(usize::MAX)),
+        ];
+        if let Some(m) = step.mask_swa {
+            out.push((m, mask_bytes(self.config().n_swa)));
+        }
+        Ok(out)
     }
 }

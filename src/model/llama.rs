@@ -54,6 +54,12 @@ pub struct LayerTensors {
     pub ffn_up: TensorId,
     /// `blk.{i}.ffn_down.weight` `[n_ff, n_embd]`.
     pub ffn_down: TensorId,
+    /// `blk.{i}.attn_q.bias`, `attn_k.bias`, `attn_v.bias` F32 (Qwen2).
+    pub bias_qkv: Option<[TensorId; 3]>,
+    /// `blk.{i}.attn_q_norm.weight`, `attn_k_norm.weight` F32 `[head_dim]` (QK-norm).
+    pub qk_norm: Option<[TensorId; 2]>,
+    /// `blk.{i}.post_attention_norm.weight`, `post_ffw_norm.weight` F32 `[n_embd]` (Gemma 3).
+    pub post_norms: Option<[TensorId; 2]>,
     /// `cache_k.{i}` F16 `[n_head_kv·head_dim, n_ctx]`.
     pub cache_k: TensorId,
     /// `cache_v.{i}` F16 `[n_head_kv·head_dim, n_ctx]`.
@@ -71,6 +77,8 @@ pub struct Step {
     pub kv_rows: TensorId,
     /// Causal mask, f16 `[n_past+T, T]`: 0 where a query may see a key, −∞ elsewhere (input).
     pub mask: TensorId,
+    /// The sliding-window causal mask of the local-attention layers, if any (input).
+    pub mask_swa: Option<TensorId>,
     /// Logits, f32 `[n_vocab, T]` (output).
     pub logits: TensorId,
     /// Tokens in the step (`T`).
@@ -153,6 +161,35 @@ impl LlamaModel {
             let ffn_gate = w(&mut ctx, "ffn_gate", wt, [e, ff], proj(e))?;
             let ffn_up = w(&mut ctx, "ffn_up", wt, [e, ff], proj(e))?;
             let ffn_down = w(&mut ctx, "ffn_down", wt, [ff, e], proj(ff))?;
+            let hd = c.head_dim;
+            let mut named = |ctx: &mut Context, name: &str, n: usize, init| {
+                param(ctx, format!("blk.{i}.{name}"), DType::F32, [n, 1], init, p)
+            };
+            let bias_qkv = if c.arch.attn_bias() {
+                Some([
+                    named(&mut ctx, "attn_q.bias", q, Init::Uniform(0.1))?,
+                    named(&mut ctx, "attn_k.bias", kv, Init::Uniform(0.1))?,
+                    named(&mut ctx, "attn_v.bias", kv, Init::Uniform(0.1))?,
+                ])
+            } else {
+                None
+            };
+            let qk_norm = if c.arch.qk_norm() {
+                Some([
+                    named(&mut ctx, "attn_q_norm.weight", hd, Init::Norm)?,
+                    named(&mut ctx, "attn_k_norm.weight", hd, Init::Norm)?,
+                ])
+            } else {
+                None
+            };
+            let post_norms = if c.arch.post_norms() {
+                Some([
+                    named(&mut ctx, "post_attention_norm.weight", e, Init::Norm)?,
+                    named(&mut ctx, "post_ffw_norm.weight", e, Init::Norm)?,
+                ])
+            } else {
+                None
+            };
             let cache_k = param(
                 &mut ctx,
                 format!("cache_k.{i}"),
@@ -179,6 +216,9 @@ impl LlamaModel {
                 ffn_gate,
                 ffn_up,
                 ffn_down,
+                bias_qkv,
+                qk_norm,
+                post_norms,
                 cache_k,
                 cache_v,
             });
@@ -191,14 +231,18 @@ impl LlamaModel {
             Init::Norm,
             Placement::Output,
         )?;
-        let output = param(
-            &mut ctx,
-            "output.weight".into(),
-            wt,
-            [e, c.n_vocab],
-            proj(e),
-            Placement::Output,
-        )?;
+        let output = if c.tied_output {
+            tok_embd
+        } else {
+            param(
+                &mut ctx,
+                "output.weight".into(),
+                wt,
+                [e, c.n_vocab],
+                proj(e),
+                Placement::Output,
+            )?
+        };
         Ok(LlamaModel {
             config,
             seed,
@@ -231,7 +275,7 @@ impl LlamaModel {
         &self.layers
     }
 
-    /// `output_norm.weight` and `output.weight`.
+    /// `output_norm.weight` and `output.weight` (the token embedding when the output is tied).
     pub fn output_tensors(&self) -> (TensorId, TensorId) {
         (self.output_norm, self.output)
     }

@@ -26,11 +26,13 @@ mod session;
 #[cfg(all(test, feature = "cpu"))]
 mod tests;
 #[cfg(all(test, feature = "cpu"))]
+mod tests_arch;
+#[cfg(all(test, feature = "cpu"))]
 mod tests_tp;
 mod tp;
 mod weights;
 
-pub use config::LlamaConfig;
+pub use config::{Arch, LlamaConfig};
 pub use llama::{LayerTensors, LlamaModel, Placement, Step};
 pub use session::LlamaSession;
 pub use tp::TpSession;

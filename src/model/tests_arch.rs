@@ -1,0 +1,124 @@
+//! Every architecture on CPU devices: batched prompts against token-by-token steps (masks and
+//! caches, including sliding windows), and the layer and tensor splits against one device.
+
+use super::*;
+use crate::sched::{SchedOptions, layer_devices};
+use crate::{BackendOptions, DType, registry};
+
+const SEED: u64 = 0xa7c4;
+const PROMPT: [i32; 9] = [1, 17, 200, 3, 255, 9, 64, 128, 31];
+const ARCHS: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
+
+fn model(arch: Arch, dtype: DType) -> LlamaModel {
+    let config = LlamaConfig {
+        weight_dtype: dtype,
+        ..LlamaConfig::tiny_arch(arch)
+    };
+    LlamaModel::new(config, SEED).unwrap()
+}
+
+fn session<'m>(m: &'m LlamaModel, spec: &str) -> LlamaSession<'m> {
+    let devs = registry().select(spec).unwrap();
+    let ld = layer_devices(m.config().n_layer, &[], devs.len()).unwrap();
+    LlamaSession::new(m, &devs, &ld, SchedOptions::default()).unwrap()
+}
+
+#[test]
+fn batched_prompt_matches_single_steps_for_every_arch() {
+    for arch in ARCHS {
+        let m = model(arch, DType::F32);
+        let n_vocab = m.config().n_vocab;
+        let mut s = session(&m, "cpu:1");
+        let batch = s.eval(&PROMPT).unwrap();
+        assert!(batch.iter().all(|x| x.is_finite()), "{arch:?}");
+        s.reset();
+        for (i, &tok) in PROMPT.iter().enumerate() {
+            let one = s.eval(&[tok]).unwrap();
+            let e = nmse(&one, &batch[i * n_vocab..(i + 1) * n_vocab]);
+            assert!(e <= 1e-8, "{arch:?} position {i}: nmse {e:e}");
+        }
+    }
+}
+
+#[test]
+fn architectures_differ_and_the_window_matters() {
+    let logits = |c: LlamaConfig| {
+        let m = LlamaModel::new(c, SEED).unwrap();
+        session(&m, "cpu:1").eval(&PROMPT).unwrap()
+    };
+    let base = logits(LlamaConfig::tiny_arch(Arch::Llama));
+    for arch in [Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
+        let other = logits(LlamaConfig::tiny_arch(arch));
+        assert!(
+            nmse(&other, &base) > 1e-4,
+            "{arch:?} computes the same as llama"
+        );
+    }
+    // Gemma 3 with the window wider than the prompt attends like a global layer: the last
+    // token's logits change once the window is narrower than its history.
+    let wide = logits(LlamaConfig {
+        n_swa: 64,
+        ..LlamaConfig::tiny_arch(Arch::Gemma3)
+    });
+    let narrow = logits(LlamaConfig::tiny_arch(Arch::Gemma3));
+    let n_vocab = LlamaConfig::tiny().n_vocab;
+    let first = |v: &[f32]| v[..n_vocab].to_vec();
+    let last = |v: &[f32]| v[v.len() - n_vocab..].to_vec();
+    assert!(
+        nmse(&first(&narrow), &first(&wide)) <= 1e-12,
+        "the first token sees itself only"
+    );
+    assert!(
+        nmse(&last(&narrow), &last(&wide)) > 1e-6,
+        "the window is ignored"
+    );
+}
+
+#[test]
+fn layer_and_tensor_splits_match_one_device_for_every_arch() {
+    for arch in ARCHS {
+        for dtype in [DType::F32, DType::Q8_0] {
+            let m = model(arch, dtype);
+            let tol = if dtype == DType::F32 { 1e-6 } else { 1e-4 };
+            let mut single = session(&m, "cpu:1");
+            let mut layer = session(&m, "cpu:2");
+            let mut tps = ["cpu:2", "cpu:3"].map(|spec| {
+                let devs = registry().select(spec).unwrap();
+                let meta = m.meta_device(&devs, &[]).unwrap();
+                TpSession::new(&m, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap()
+            });
+            for chunk in [&PROMPT[..], &[7], &[8]] {
+                let want = single.eval(chunk).unwrap();
+                let e = nmse(&layer.eval(chunk).unwrap(), &want);
+                assert!(e <= 1e-10, "{arch:?} {dtype} layer: nmse {e:e}");
+                for tp in &mut tps {
+                    let e = nmse(&tp.eval(chunk).unwrap(), &want);
+                    assert!(e <= tol, "{arch:?} {dtype} tensor: nmse {e:e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn single_kv_head_models_split_queries_and_mirror_kv() {
+    // Gemma 3 270M has one KV head: K/V and the caches stay whole on every device.
+    let config = LlamaConfig {
+        n_head_kv: 1,
+        weight_dtype: DType::F32,
+        ..LlamaConfig::tiny_arch(Arch::Gemma3)
+    };
+    let m = LlamaModel::new(config, SEED).unwrap();
+    let mut single = session(&m, "cpu:1");
+    let devs = registry().select("cpu:2").unwrap();
+    let meta = m.meta_device(&devs, &[]).unwrap();
+    let cache = &m.context().tensors()[m.layers()[0].cache_k.index()];
+    assert!(meta.split_state(cache).unwrap().is_mirrored());
+    let wq = &m.context().tensors()[m.layers()[0].wq.index()];
+    assert_eq!(meta.split_state(wq).unwrap().split_axis(), Some(1));
+    let mut tp = TpSession::new(&m, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap();
+    for chunk in [&PROMPT[..], &[7]] {
+        let e = nmse(&tp.eval(chunk).unwrap(), &single.eval(chunk).unwrap());
+        assert!(e <= 1e-6, "nmse {e:e}");
+    }
+}
