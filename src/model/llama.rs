@@ -89,7 +89,21 @@ pub struct Step {
     pub graph: Graph,
 }
 
-/// A llama-style decoder with deterministic synthetic weights.
+/// Where a model's weights come from when they are not synthetic (a GGUF file, a test's map).
+pub trait WeightSource: Send + Sync + std::fmt::Debug {
+    /// Dtype and shape (`ne`, innermost first) of tensor `name`, if the source holds it.
+    fn describe(&self, name: &str) -> Option<(DType, [usize; 4])>;
+    /// The bytes of tensor `name`, exactly its size in its dtype.
+    ///
+    /// # Errors
+    /// I/O or format errors naming the tensor.
+    fn read(&self, name: &str) -> Result<Vec<u8>>;
+    /// A label for messages (a file path).
+    fn label(&self) -> String;
+}
+
+/// A llama-style decoder with deterministic synthetic weights, or weights from a
+/// [`WeightSource`].
 ///
 /// The model's [`Context`] holds only parameters (flag `param`): weights named as in GGUF and the
 /// per-layer F16 KV caches `cache_k.{i}` / `cache_v.{i}`. Step graphs are built on clones of that
@@ -98,6 +112,7 @@ pub struct Step {
 pub struct LlamaModel {
     config: LlamaConfig,
     seed: u64,
+    source: Option<Arc<dyn WeightSource>>,
     ctx: Context,
     tok_embd: TensorId,
     layers: Vec<LayerTensors>,
@@ -112,7 +127,31 @@ impl LlamaModel {
     /// # Errors
     /// [`Error::InvalidArgument`] for an invalid config (see [`LlamaConfig::validate`]).
     pub fn new(config: LlamaConfig, seed: u64) -> Result<LlamaModel> {
-        config.validate()?;
+        Self::build_params(config, seed, None)
+    }
+
+    /// Describes the tensors of a model with `config` whose weights come from `source`: each
+    /// weight takes the source's dtype (quantization mixes differ per tensor) and must have the
+    /// shape `config` implies.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an invalid config, or naming a tensor the source lacks or
+    /// holds with another shape.
+    pub fn from_source(config: LlamaConfig, source: Arc<dyn WeightSource>) -> Result<LlamaModel> {
+        Self::build_params(config, 0, Some(source))
+    }
+
+    fn build_params(
+        config: LlamaConfig,
+        seed: u64,
+        source: Option<Arc<dyn WeightSource>>,
+    ) -> Result<LlamaModel> {
+        // A source brings its own dtypes; only the shapes of the config matter then.
+        let mut check = config.clone();
+        if source.is_some() {
+            check.weight_dtype = DType::F32;
+        }
+        check.validate()?;
         let c = &config;
         let wt = c.weight_dtype;
         let (e, q, kv, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
@@ -125,6 +164,24 @@ impl LlamaModel {
                          init: Init,
                          place: Placement|
          -> Result<TensorId> {
+            let dtype = match (&source, init) {
+                (Some(src), Init::Norm | Init::Uniform(_)) => {
+                    let (dt, ne) = src.describe(&name).ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "{}: tensor '{name}' is missing",
+                            src.label()
+                        ))
+                    })?;
+                    if ne != [shape[0], shape[1], 1, 1] {
+                        return Err(Error::InvalidArgument(format!(
+                            "{}: tensor '{name}' has shape {ne:?}, the model expects {shape:?}",
+                            src.label()
+                        )));
+                    }
+                    dt
+                }
+                _ => dtype,
+            };
             let id = ctx.new_named(&name, dtype, shape)?;
             ctx.set_flags(
                 id,
@@ -246,6 +303,7 @@ impl LlamaModel {
         Ok(LlamaModel {
             config,
             seed,
+            source,
             ctx,
             tok_embd,
             layers,
@@ -324,13 +382,24 @@ impl LlamaModel {
         Ok((self.ctx.tensor(id)?, init, place))
     }
 
-    /// The bytes of parameter `id` in its dtype: deterministic values drawn from the model seed and
-    /// the tensor's name (zeros for a KV cache).
+    /// The bytes of parameter `id` in its dtype: from the weight source, or deterministic values
+    /// drawn from the model seed and the tensor's name (zeros for a KV cache).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `id` is not a parameter of this model.
+    /// [`Error::InvalidArgument`] if `id` is not a parameter of this model; the source's errors.
     pub fn weight_bytes(&self, id: TensorId) -> Result<Vec<u8>> {
         let (t, init, _) = self.param_entry(id)?;
+        if let (Some(src), false) = (&self.source, init == Init::Zero) {
+            let bytes = src.read(t.name())?;
+            if bytes.len() != t.nbytes() {
+                return Err(Error::SizeMismatch {
+                    tensor: format!("'{}' in {}", t.name(), src.label()),
+                    got: bytes.len(),
+                    expected: t.nbytes(),
+                });
+            }
+            return Ok(bytes);
+        }
         let (center, half) = match init {
             Init::Zero => return Ok(vec![0u8; t.nbytes()]),
             Init::Norm => (1.0, 0.1),

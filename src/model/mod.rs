@@ -33,7 +33,7 @@ mod tp;
 mod weights;
 
 pub use config::{Arch, LlamaConfig};
-pub use llama::{LayerTensors, LlamaModel, Placement, Step};
+pub use llama::{LayerTensors, LlamaModel, Placement, Step, WeightSource};
 pub use session::LlamaSession;
 pub use tp::TpSession;
 

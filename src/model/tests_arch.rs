@@ -4,6 +4,7 @@
 use super::*;
 use crate::sched::{SchedOptions, layer_devices};
 use crate::{BackendOptions, DType, registry};
+use std::sync::Arc;
 
 const SEED: u64 = 0xa7c4;
 const PROMPT: [i32; 9] = [1, 17, 200, 3, 255, 9, 64, 128, 31];
@@ -121,4 +122,73 @@ fn single_kv_head_models_split_queries_and_mirror_kv() {
         let e = nmse(&tp.eval(chunk).unwrap(), &single.eval(chunk).unwrap());
         assert!(e <= 1e-6, "nmse {e:e}");
     }
+}
+
+/// Weights held in memory by name, as a GGUF file would hold them.
+#[derive(Debug)]
+struct MapSource(std::collections::HashMap<String, (DType, [usize; 4], Vec<u8>)>);
+
+impl WeightSource for MapSource {
+    fn describe(&self, name: &str) -> Option<(DType, [usize; 4])> {
+        self.0.get(name).map(|(d, ne, _)| (*d, *ne))
+    }
+    fn read(&self, name: &str) -> crate::Result<Vec<u8>> {
+        self.0
+            .get(name)
+            .map(|(_, _, b)| b.clone())
+            .ok_or_else(|| crate::Error::InvalidArgument(format!("no tensor {name}")))
+    }
+    fn label(&self) -> String {
+        "map".into()
+    }
+}
+
+fn source_of(m: &LlamaModel, f32_names: &[&str]) -> MapSource {
+    let mut map = std::collections::HashMap::new();
+    for (id, _) in m.params() {
+        if m.is_cache(id) {
+            continue;
+        }
+        let t = &m.context().tensors()[id.index()];
+        let mut bytes = m.weight_bytes(id).unwrap();
+        let mut dtype = t.dtype();
+        if f32_names.contains(&t.name()) {
+            bytes = crate::encode_f32(DType::F32, &crate::decode_to_f32(dtype, &bytes).unwrap())
+                .unwrap();
+            dtype = DType::F32;
+        }
+        map.insert(t.name().to_string(), (dtype, t.ne(), bytes));
+    }
+    MapSource(map)
+}
+
+#[test]
+fn models_load_from_a_weight_source_with_mixed_dtypes() {
+    let synth = model(Arch::Qwen3, DType::Q8_0);
+    let want = session(&synth, "cpu:1").eval(&PROMPT).unwrap();
+    // Same bytes, same dtypes: identical logits.
+    let config = synth.config().clone();
+    let same = LlamaModel::from_source(config.clone(), Arc::new(source_of(&synth, &[]))).unwrap();
+    assert_eq!(session(&same, "cpu:1").eval(&PROMPT).unwrap(), want);
+    // One projection stored as F32 (dequantized): a mixed model, the same values.
+    let mixed = LlamaModel::from_source(
+        config.clone(),
+        Arc::new(source_of(&synth, &["blk.1.ffn_down.weight"])),
+    )
+    .unwrap();
+    let l1 = mixed.layers()[1].ffn_down;
+    assert_eq!(mixed.context().tensors()[l1.index()].dtype(), DType::F32);
+    let got = session(&mixed, "cpu:1").eval(&PROMPT).unwrap();
+    // The F32 matmul skips the Q8_0 quantization of its activations, hence not bit-identical.
+    let e = nmse(&got, &want);
+    assert!(e <= 1e-3, "nmse {e:e}");
+    // Missing and misshapen tensors are named.
+    let mut src = source_of(&synth, &[]);
+    src.0.remove("blk.0.attn_k_norm.weight");
+    let e = LlamaModel::from_source(config.clone(), Arc::new(src)).unwrap_err();
+    assert!(e.to_string().contains("blk.0.attn_k_norm.weight"), "{e}");
+    let mut src = source_of(&synth, &[]);
+    src.0.get_mut("output_norm.weight").unwrap().1 = [32, 1, 1, 1];
+    let e = LlamaModel::from_source(config, Arc::new(src)).unwrap_err();
+    assert!(e.to_string().contains("output_norm.weight"), "{e}");
 }
