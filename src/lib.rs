@@ -181,7 +181,11 @@ mod tests {
     #[test]
     fn cuda_backend_is_registered() {
         let reg = registry();
-        let info = reg.backends().into_iter().find(|b| b.name == "cuda").unwrap();
+        let info = reg
+            .backends()
+            .into_iter()
+            .find(|b| b.name == "cuda")
+            .unwrap();
         match (&info.devices, cuda::CudaRegistry::new().reason()) {
             (Err(text), Some(why)) => {
                 assert!(text.contains(&why));

@@ -191,6 +191,9 @@ impl DeviceMem {
         };
         // SAFETY: `ptr` spans `size` bytes just allocated.
         unsafe { result::memset_d8_sync(ptr, 0, size) }.map_err(|e| driver_err("cuMemsetD8", e))?;
+        // cuMemsetD8 may return before it runs, and Tessera's streams do not wait for the
+        // legacy stream: finish it before any stream can use the memory.
+        gpu.synchronize()?;
         Ok(mem)
     }
     /// The device address.
