@@ -29,6 +29,8 @@ pub use tessera_core::*;
 
 #[cfg(feature = "cpu")]
 pub use tessera_cpu as cpu;
+#[cfg(feature = "cuda")]
+pub use tessera_cuda as cuda;
 
 pub mod model;
 
@@ -37,7 +39,7 @@ use std::sync::Once;
 /// Vendor backends Tessera knows, and whether this build includes each.
 pub const BACKENDS: [(&str, bool); 4] = [
     ("cpu", cfg!(feature = "cpu")),
-    ("cuda", false),
+    ("cuda", cfg!(feature = "cuda")),
     ("hip", false),
     ("sycl", false),
 ];
@@ -49,6 +51,8 @@ pub fn registry() -> &'static DeviceRegistry {
     INIT.call_once(|| {
         #[cfg(feature = "cpu")]
         reg.register(tessera_cpu::registry());
+        #[cfg(feature = "cuda")]
+        reg.register(tessera_cuda::registry());
     });
     reg
 }
@@ -166,6 +170,29 @@ mod tests {
         ));
         assert_eq!(reg.select("cpu:3").unwrap().len(), 3);
         assert!(reg.select("cpu:x").is_err());
-        assert!(reg.select("cuda:1").is_err());
+        if !cfg!(feature = "cuda") {
+            assert!(reg.select("cuda:1").is_err());
+        }
+    }
+
+    /// With the `cuda` feature the backend is always registered: with devices, or with the
+    /// reason it has none (no driver on CI), and selecting it then fails instead of panicking.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_backend_is_registered() {
+        let reg = registry();
+        let info = reg
+            .backends()
+            .into_iter()
+            .find(|b| b.name == "cuda")
+            .unwrap();
+        match (&info.devices, cuda::CudaRegistry::new().reason()) {
+            (Err(text), Some(why)) => {
+                assert!(text.contains(&why));
+                assert!(reg.select("cuda:1").is_err());
+            }
+            (Ok(devs), None) => assert!(!devs.is_empty()),
+            (got, want) => panic!("registry says {got:?}, cuda says {want:?}"),
+        }
     }
 }

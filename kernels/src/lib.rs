@@ -5,7 +5,10 @@
 //! matrix multiplication used by the CPU backend. Every kernel has a portable
 //! scalar implementation plus AVX2 and AVX-512 implementations selected at
 //! runtime.
+//!
+//! The [`cuda`] module embeds the CUDA C sources of the GPU backends (compiled at run time).
 
 #![deny(unsafe_code)]
 
 pub mod cpu;
+pub mod cuda;

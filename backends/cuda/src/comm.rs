@@ -1,0 +1,329 @@
+//! The comm trio through NCCL: `tessera_comm_init` / `tessera_comm_allreduce_tensor` /
+//! `tessera_comm_free` (see `tessera_core::plugin`), one communicator per GPU from
+//! `ncclCommInitAll` in this process.
+//!
+//! - Wire: f32 below the element thresholds of ggml-cuda (N ≤ 2: 32768, N = 3: 131072, N ≥ 4:
+//!   262144), else bf16 with round-to-nearest-even conversion kernels around the reduction.
+//! - Slices that do not contribute are zeroed first; zero-length reductions are done at once.
+//! - Declines (nothing enqueued, the generic all-reduce runs): `TESSERA_CUDA_ALLREDUCE=none`, a
+//!   stream that is not CUDA, NCCL not loadable, two logical devices on one GPU (NCCL needs one
+//!   rank per GPU), or a slice that is not 4-byte aligned CUDA memory of its stream's GPU.
+#![allow(unsafe_code)]
+
+use crate::buffer::CudaBuffer;
+use crate::compile::Kernels;
+use crate::stream::CudaBackend;
+use crate::sys::driver::{Args, DeviceMem, RawEvent, Stream, launch};
+use crate::sys::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, Nccl, NcclComm};
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use tessera_core::plugin::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT, RawCommSlice};
+use tessera_core::{Backend, Buffer, ProcAddress, Result};
+
+/// Environment variable choosing the all-reduce path: `nccl` (default) or `none` (always the
+/// generic fallback).
+pub const ALLREDUCE_ENV: &str = "TESSERA_CUDA_ALLREDUCE";
+
+/// Whether `n_elements` values over `n_devices` GPUs go over the wire as f32 (else bf16): the
+/// thresholds ggml-cuda tuned on PCIe 4.0.
+pub fn f32_wire(n_devices: usize, n_elements: usize) -> bool {
+    match n_devices {
+        0..=2 => n_elements < 32768,
+        3 => n_elements < 131_072,
+        _ => n_elements < 262_144,
+    }
+}
+
+/// The comm trio's addresses by name.
+pub(crate) fn proc_address(name: &str) -> Option<ProcAddress> {
+    let f: *const c_void = match name {
+        COMM_INIT => comm_init as *const c_void,
+        COMM_ALLREDUCE => comm_allreduce as *const c_void,
+        COMM_FREE => comm_free as *const c_void,
+        _ => return None,
+    };
+    Some(ProcAddress::new(f))
+}
+
+struct Member {
+    ordinal: usize,
+    stream: Arc<Stream>,
+    kernels: Arc<Kernels>,
+    scratch: Option<DeviceMem>,
+}
+
+/// Events recorded after one reduction and the buffers it uses, kept until they complete.
+type InFlight = (Vec<RawEvent>, Vec<Arc<dyn Buffer>>);
+
+struct CommCtx {
+    members: Vec<Member>,
+    /// NCCL and one communicator per member, or why this set of streams is declined.
+    nccl: std::result::Result<(Arc<Nccl>, Vec<NcclComm>), String>,
+    inflight: VecDeque<InFlight>,
+}
+
+unsafe extern "C" fn comm_init(streams: *const *mut c_void, n: usize) -> *mut c_void {
+    // SAFETY: the comm ABI passes `n` valid `*mut Box<dyn Backend>` handles, borrowed for this call.
+    let run = || unsafe { init(streams, n) };
+    match catch_unwind(AssertUnwindSafe(run)) {
+        Ok(Some(ctx)) => Box::into_raw(Box::new(ctx)) as *mut c_void,
+        Ok(None) => std::ptr::null_mut(),
+        Err(_) => {
+            tracing::warn!("{COMM_INIT} panicked; declining");
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// # Safety
+/// `streams` points to `n` valid `*mut Box<dyn Backend>`.
+unsafe fn init(streams: *const *mut c_void, n: usize) -> Option<CommCtx> {
+    if std::env::var(ALLREDUCE_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("none"))
+        || n < 2
+        || streams.is_null()
+    {
+        return None;
+    }
+    let mut members = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: the caller's contract: entry `i` is a live, exclusively borrowed backend.
+        let backend: &mut Box<dyn Backend> =
+            unsafe { &mut *(*streams.add(i) as *mut Box<dyn Backend>) };
+        let cuda = backend.as_any_mut().downcast_mut::<CudaBackend>()?;
+        members.push(Member {
+            ordinal: cuda.gpu_ordinal(),
+            stream: cuda.stream.clone(),
+            kernels: cuda.shared.kernels().ok()?,
+            scratch: None,
+        });
+    }
+    let mut ordinals: Vec<usize> = members.iter().map(|m| m.ordinal).collect();
+    ordinals.sort_unstable();
+    let nccl = if ordinals.windows(2).any(|w| w[0] == w[1]) {
+        Err("two logical devices share a GPU".to_string())
+    } else {
+        let nccl = Arc::new(
+            Nccl::load()
+                .map_err(|e| tracing::info!(error = %e, "NCCL unavailable"))
+                .ok()?,
+        );
+        let devs: Vec<i32> = members.iter().map(|m| m.ordinal as i32).collect();
+        let comms = nccl
+            .init_all(&devs)
+            .map_err(|e| tracing::warn!(error = %e, "ncclCommInitAll failed; declining"))
+            .ok()?;
+        Ok((nccl, comms))
+    };
+    Some(CommCtx {
+        members,
+        nccl,
+        inflight: VecDeque::new(),
+    })
+}
+
+unsafe extern "C" fn comm_allreduce(
+    ctx: *mut c_void,
+    slices: *const RawCommSlice,
+    n: usize,
+) -> i32 {
+    if ctx.is_null() || (slices.is_null() && n > 0) {
+        return -2;
+    }
+    // SAFETY: `ctx` came from comm_init and is used by one caller at a time (`&mut VendorComm`).
+    let ctx = unsafe { &mut *(ctx as *mut CommCtx) };
+    let slices = if n == 0 {
+        &[][..]
+    } else {
+        // SAFETY: the ABI passes `n` slices valid for the call.
+        unsafe { std::slice::from_raw_parts(slices, n) }
+    };
+    match catch_unwind(AssertUnwindSafe(|| allreduce(ctx, slices))) {
+        Ok(Ok(code)) => code,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "NCCL all-reduce failed");
+            -1
+        }
+        Err(_) => -3,
+    }
+}
+
+/// A validated slice: its buffer (kept alive while queued) and device address.
+struct Slot {
+    buffer: Arc<dyn Buffer>,
+    ptr: u64,
+    contributes: bool,
+}
+
+fn allreduce(ctx: &mut CommCtx, raw: &[RawCommSlice]) -> Result<i32> {
+    if raw.len() != ctx.members.len() {
+        return Ok(-2);
+    }
+    let Ok((nccl, comms)) = &ctx.nccl else {
+        return Ok(1);
+    };
+    let len = raw.first().map_or(0, |s| s.len);
+    let mut slots = Vec::with_capacity(raw.len());
+    for (s, m) in raw.iter().zip(&ctx.members) {
+        if s.buffer.is_null() || s.len != len {
+            return Ok(1);
+        }
+        // SAFETY: the ABI's `buffer` is a `*const Arc<dyn Buffer>` valid for the call.
+        let buffer: Arc<dyn Buffer> = unsafe { (*(s.buffer as *const Arc<dyn Buffer>)).clone() };
+        let Some(cb) = buffer.as_any().downcast_ref::<CudaBuffer>() else {
+            return Ok(1);
+        };
+        let in_range = s
+            .offset
+            .checked_add(len * 4)
+            .is_some_and(|end| end <= cb.mem.size());
+        if cb.gpu_ordinal() != m.ordinal || s.offset % 4 != 0 || !in_range {
+            return Ok(1);
+        }
+        let ptr = cb.mem.ptr() + s.offset as u64;
+        slots.push(Slot {
+            buffer,
+            ptr,
+            contributes: s.contributes != 0,
+        });
+    }
+    if len == 0 {
+        return Ok(0);
+    }
+    // Drop the buffers of reductions that have finished.
+    while ctx
+        .inflight
+        .front()
+        .is_some_and(|(evs, _)| evs.iter().all(RawEvent::is_complete))
+    {
+        ctx.inflight.pop_front();
+    }
+    let n_dev = ctx.members.len();
+    if f32_wire(n_dev, len) {
+        for (slot, m) in slots.iter().zip(&ctx.members) {
+            if !slot.contributes {
+                zero(&m.stream, slot, len * 4)?;
+            }
+        }
+        nccl.group(|| {
+            for ((slot, m), comm) in slots.iter().zip(&ctx.members).zip(comms) {
+                // SAFETY: `slot.ptr` addresses `len` f32 values inside a live buffer of this
+                // member's GPU (validated above), held in `inflight` until the stream passes.
+                unsafe {
+                    comm.all_reduce_in_place(
+                        slot.ptr,
+                        len,
+                        NCCL_FLOAT32,
+                        m.stream.raw() as *mut c_void,
+                    )?
+                };
+            }
+            Ok(())
+        })?;
+    } else {
+        for m in ctx.members.iter_mut() {
+            if m.scratch.as_ref().is_none_or(|s| s.size() < len * 2) {
+                m.stream.synchronize()?;
+                m.scratch = Some(DeviceMem::alloc(m.stream.gpu(), len * 2)?);
+            }
+        }
+        for (slot, m) in slots.iter().zip(&ctx.members) {
+            let scratch = m.scratch.as_ref().map_or(0, DeviceMem::ptr);
+            if slot.contributes {
+                convert(m, "k_f32_to_bf16", scratch, slot.ptr, len)?;
+            } else if let Some(s) = &m.scratch {
+                m.stream.memset(s, 0, len * 2, 0)?;
+            }
+        }
+        nccl.group(|| {
+            for (m, comm) in ctx.members.iter().zip(comms) {
+                let scratch = m.scratch.as_ref().map_or(0, DeviceMem::ptr);
+                // SAFETY: the member's scratch holds at least `len` bf16 values (grown above) and
+                // lives in the context until it is freed after a synchronize.
+                unsafe {
+                    comm.all_reduce_in_place(
+                        scratch,
+                        len,
+                        NCCL_BFLOAT16,
+                        m.stream.raw() as *mut c_void,
+                    )?
+                };
+            }
+            Ok(())
+        })?;
+        for (slot, m) in slots.iter().zip(&ctx.members) {
+            let scratch = m.scratch.as_ref().map_or(0, DeviceMem::ptr);
+            convert(m, "k_bf16_to_f32", slot.ptr, scratch, len)?;
+        }
+    }
+    let events = ctx
+        .members
+        .iter()
+        .map(|m| RawEvent::record(&m.stream))
+        .collect::<Result<Vec<_>>>()?;
+    ctx.inflight
+        .push_back((events, slots.into_iter().map(|s| s.buffer).collect()));
+    Ok(0)
+}
+
+fn zero(stream: &Stream, slot: &Slot, bytes: usize) -> Result<()> {
+    let Some(cb) = slot.buffer.as_any().downcast_ref::<CudaBuffer>() else {
+        return Ok(());
+    };
+    let offset = (slot.ptr - cb.mem.ptr()) as usize;
+    stream.memset(&cb.mem, offset, bytes, 0)
+}
+
+/// Queues a wire conversion of `len` values from `src` to `dst` (device addresses).
+fn convert(m: &Member, kernel: &str, dst: u64, src: u64, len: usize) -> Result<()> {
+    let f = m.kernels.get(kernel)?;
+    let mut args = Args::new();
+    args.ptr(dst).ptr(src).i64(len as i64);
+    let blocks = len.div_ceil(256).clamp(1, 1 << 20) as u32;
+    // SAFETY: (dst, src, n) matches `k_f32_to_bf16` / `k_bf16_to_f32`; both addresses span `len`
+    // values of live memory of this member's GPU (a validated slice and the member's scratch).
+    unsafe { launch(&m.stream, f, (blocks, 1, 1), 256, &mut args) }
+}
+
+unsafe extern "C" fn comm_free(ctx: *mut c_void) {
+    if ctx.is_null() {
+        return;
+    }
+    // SAFETY: `ctx` came from comm_init's Box and is freed exactly once, here.
+    let ctx = unsafe { Box::from_raw(ctx as *mut CommCtx) };
+    let _ = catch_unwind(AssertUnwindSafe(move || {
+        for m in &ctx.members {
+            if let Err(e) = m.stream.synchronize() {
+                tracing::warn!(error = %e, "CUDA stream failed while freeing the comm");
+            }
+        }
+        drop(ctx);
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_thresholds_follow_ggml() {
+        assert!(f32_wire(2, 32767) && !f32_wire(2, 32768));
+        assert!(f32_wire(3, 131_071) && !f32_wire(3, 131_072));
+        assert!(f32_wire(8, 262_143) && !f32_wire(4, 262_144));
+    }
+
+    #[test]
+    fn trio_is_exported() {
+        for name in [COMM_INIT, COMM_ALLREDUCE, COMM_FREE] {
+            assert!(proc_address(name).is_some_and(|p| !p.as_ptr().is_null()));
+        }
+        assert!(proc_address("tessera_nope").is_none());
+    }
+
+    #[test]
+    fn init_declines_without_streams() {
+        // SAFETY: zero streams: nothing is dereferenced.
+        assert!(unsafe { comm_init(std::ptr::null(), 0) }.is_null());
+    }
+}

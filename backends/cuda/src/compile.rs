@@ -1,0 +1,160 @@
+//! Kernel modules for one GPU: every source of `tessera_kernels::cuda` compiled by NVRTC for the
+//! GPU's architecture, cached on disk, and loaded.
+//!
+//! The cache lives in `$XDG_CACHE_HOME/tessera/cuda` (or `~/.cache/tessera/cuda`); a file's name
+//! carries the source name, a hash of the source, headers and options, the target and the NVRTC
+//! version, so a changed kernel or compiler never loads a stale image. `TESSERA_CUDA_CACHE=0`
+//! turns the cache off. Writes go through a temporary file and a rename, so concurrent processes
+//! never read a partial image.
+
+use crate::sys::driver::{Function, Gpu, Module};
+use crate::sys::nvrtc::{Nvrtc, Target};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tessera_core::{Error, Result};
+use tessera_kernels::cuda::{HEADERS, KERNELS, SOURCES};
+
+/// The NVRTC target for compute capability `cc`: a CUBIN when NVRTC knows the architecture,
+/// else PTX for the newest architecture it knows that the GPU can run (JIT by the driver).
+pub fn target_for(nvrtc: &Nvrtc, cc: (i32, i32)) -> Target {
+    let arch = (cc.0.max(0) * 10 + cc.1.max(0)) as u32;
+    let archs = nvrtc.supported_archs();
+    if archs.contains(&arch) {
+        return Target::Cubin(arch);
+    }
+    let best = archs.iter().copied().filter(|&a| a <= arch).max();
+    Target::Ptx(best.unwrap_or(arch))
+}
+
+/// The on-disk cache directory, if caching is on and a home or cache directory is known.
+pub fn cache_dir() -> Option<PathBuf> {
+    if std::env::var("TESSERA_CUDA_CACHE").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("tessera").join("cuda"))
+}
+
+/// 64-bit FNV-1a: stable across Rust releases (unlike `DefaultHasher`), enough for cache keys.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        // Separate parts so ("ab", "c") and ("a", "bc") differ.
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The cache file name of source `name` compiled for `target` by `nvrtc`.
+pub fn cache_file_name(nvrtc: &Nvrtc, name: &str, source: &str, target: Target) -> String {
+    let mut parts: Vec<&[u8]> = vec![source.as_bytes()];
+    for (n, t) in HEADERS {
+        parts.push(n.as_bytes());
+        parts.push(t.as_bytes());
+    }
+    let (maj, min) = nvrtc.version();
+    let stem = name.trim_end_matches(".cu");
+    format!(
+        "{stem}-{:016x}-{}-nvrtc{maj}.{min}.{}",
+        fnv1a(&parts),
+        target.arch_flag(),
+        target.extension()
+    )
+}
+
+/// Compiles `source`, or reads the cached image.
+///
+/// # Errors
+/// The NVRTC error with its log.
+pub fn compile_cached(nvrtc: &Nvrtc, name: &str, source: &str, target: Target) -> Result<Vec<u8>> {
+    let path = cache_dir().map(|d| d.join(cache_file_name(nvrtc, name, source, target)));
+    if let Some(p) = &path
+        && let Ok(bytes) = std::fs::read(p)
+        && !bytes.is_empty()
+    {
+        tracing::debug!(file = %p.display(), "CUDA kernel cache hit");
+        return Ok(bytes);
+    }
+    let compiled = nvrtc.compile(name, source, HEADERS, target, &[])?;
+    if !compiled.log.is_empty() {
+        tracing::debug!(source = name, log = %compiled.log, "NVRTC log");
+    }
+    if let Some(p) = &path {
+        let write = || -> std::io::Result<()> {
+            if let Some(dir) = p.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, &compiled.image)?;
+            std::fs::rename(&tmp, p)
+        };
+        if let Err(e) = write() {
+            tracing::debug!(file = %p.display(), error = %e, "cannot write the CUDA kernel cache");
+        }
+    }
+    Ok(compiled.image)
+}
+
+/// Every kernel of the backend, loaded on one GPU.
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    _modules: Vec<Arc<Module>>,
+    functions: HashMap<&'static str, Function>,
+}
+
+impl Kernels {
+    /// Compiles (or reads from the cache) and loads every source for `gpu`.
+    pub(crate) fn build(gpu: &Arc<Gpu>, nvrtc: &Nvrtc) -> Result<Kernels> {
+        let target = target_for(nvrtc, gpu.compute_capability());
+        let mut modules = Vec::new();
+        let mut functions = HashMap::new();
+        for (name, source) in SOURCES {
+            let image = compile_cached(nvrtc, name, source, target)?;
+            let module = Arc::new(Module::load(gpu, &image, matches!(target, Target::Ptx(_)))?);
+            for (file, kernel) in KERNELS.iter().filter(|(f, _)| f == name) {
+                let f = module.function(kernel).map_err(|e| Error::Compute {
+                    device: gpu.name().to_string(),
+                    reason: format!("kernel {kernel} of {file}: {e}"),
+                })?;
+                functions.insert(*kernel, f);
+            }
+            modules.push(module);
+        }
+        tracing::debug!(gpu = gpu.name(), target = %target.arch_flag(), "CUDA kernels loaded");
+        Ok(Kernels {
+            _modules: modules,
+            functions,
+        })
+    }
+
+    /// The kernel `name`.
+    pub(crate) fn get(&self, name: &str) -> Result<Function> {
+        self.functions
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::Compute {
+                device: "cuda".into(),
+                reason: format!("kernel {name} is not loaded"),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_separates_parts() {
+        assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
+        assert_eq!(fnv1a(&[b"x"]), fnv1a(&[b"x"]));
+    }
+}

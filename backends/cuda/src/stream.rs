@@ -1,0 +1,267 @@
+//! [`CudaBackend`]: a CUDA stream. `compute` validates and resolves a graph, then queues one or a
+//! few kernels per node and returns; `synchronize` waits and reports run-time errors (kernels
+//! write index errors into a per-stream status word). Buffers a queued graph uses are kept alive
+//! until an event recorded after it completes.
+
+use crate::buffer::{CudaBuffer, CudaHostBuffer};
+use crate::compile::Kernels;
+use crate::device::GpuShared;
+use crate::ops::{self, Launcher};
+use crate::sys::driver::{DeviceMem, RawEvent, Stream};
+use std::any::Any;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use tessera_core::backend::EventImpl;
+use tessera_core::backend::copy_between;
+use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result, Support};
+
+/// A CUDA event: completes when the stream work before it has.
+#[derive(Debug)]
+pub struct CudaEvent(pub(crate) RawEvent);
+
+impl EventImpl for CudaEvent {
+    fn synchronize(&self) -> Result<()> {
+        self.0.synchronize()
+    }
+    fn is_complete(&self) -> bool {
+        self.0.is_complete()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A stream of work on a CUDA device.
+#[derive(Debug)]
+pub struct CudaBackend {
+    name: String,
+    pub(crate) shared: Arc<GpuShared>,
+    pub(crate) stream: Arc<Stream>,
+    kernels: Arc<Kernels>,
+    status: DeviceMem,
+    inflight: VecDeque<(RawEvent, Vec<Arc<dyn Buffer>>)>,
+}
+
+impl CudaBackend {
+    pub(crate) fn new(name: &str, shared: Arc<GpuShared>) -> Result<CudaBackend> {
+        let kernels = shared.kernels()?;
+        let stream = Arc::new(Stream::new(&shared.gpu)?);
+        let status = DeviceMem::alloc(&shared.gpu, 8)?;
+        Ok(CudaBackend {
+            name: name.to_string(),
+            shared,
+            stream,
+            kernels,
+            status,
+            inflight: VecDeque::new(),
+        })
+    }
+
+    /// The driver ordinal of the stream's GPU.
+    pub fn gpu_ordinal(&self) -> usize {
+        self.shared.gpu.ordinal()
+    }
+
+    /// Keeps `buffers` alive until the work queued so far completes; drops finished entries.
+    pub(crate) fn hold(&mut self, buffers: Vec<Arc<dyn Buffer>>) -> Result<()> {
+        while self.inflight.front().is_some_and(|(e, _)| e.is_complete()) {
+            self.inflight.pop_front();
+        }
+        if !buffers.is_empty() {
+            self.inflight
+                .push_back((RawEvent::record(&self.stream)?, buffers));
+        }
+        Ok(())
+    }
+
+    fn device_buffer<'a>(&self, b: &'a dyn Buffer, what: &str) -> Result<&'a CudaBuffer> {
+        b.as_any()
+            .downcast_ref::<CudaBuffer>()
+            .filter(|c| c.gpu_ordinal() == self.gpu_ordinal())
+            .ok_or_else(|| Error::Foreign {
+                backend: "cuda".into(),
+                what: format!(
+                    "{what} {} is not memory of GPU {}",
+                    b.name(),
+                    self.gpu_ordinal()
+                ),
+            })
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn compute(&mut self, graph: &Graph, bindings: &Bindings) -> Result<()> {
+        bindings.check_graph(graph)?;
+        let tensors = graph.tensors();
+        for &n in graph.nodes() {
+            if let Support::No(reason) = ops::supports(tensors, n) {
+                let t = &tensors[n.index()];
+                return Err(Error::Unsupported {
+                    op: t.op().name().to_string(),
+                    dtype: t
+                        .src(0)
+                        .map(|s| tensors[s.index()].dtype())
+                        .unwrap_or(t.dtype()),
+                    device: self.name.clone(),
+                    reason,
+                });
+            }
+        }
+        let mut ptrs = vec![0u64; tensors.len()];
+        let mut held: Vec<Arc<dyn Buffer>> = Vec::new();
+        for &id in graph.leafs().iter().chain(graph.nodes()) {
+            let (buf, off) = bindings.resolve(tensors, id)?;
+            let t = &tensors[id.index()];
+            let cuda =
+                self.device_buffer(buf.as_ref(), &format!("tensor {} in", graph.label(id)))?;
+            let addr = cuda.mem.ptr() + off as u64;
+            let align = ops::alignment_of(t.dtype()) as u64;
+            if !addr.is_multiple_of(align)
+                || t.nb().iter().any(|&s| !(s as u64).is_multiple_of(align))
+            {
+                return Err(Error::Unsupported {
+                    op: t.op().name().to_string(),
+                    dtype: t.dtype(),
+                    device: self.name.clone(),
+                    reason: format!("tensor {} is not {align}-byte aligned", graph.label(id)),
+                });
+            }
+            ptrs[id.index()] = addr;
+            if !held.iter().any(|h| Arc::ptr_eq(h, &buf)) {
+                held.push(buf);
+            }
+        }
+        let launcher = Launcher {
+            stream: &self.stream,
+            kernels: &self.kernels,
+            status: self.status.ptr(),
+            tensors,
+            ptrs: &ptrs,
+        };
+        for &n in graph.nodes() {
+            launcher.node(n)?;
+        }
+        self.hold(held)
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.stream.synchronize()?;
+        self.inflight.clear();
+        let mut words = [0u8; 8];
+        self.stream.read(&self.status, 0, &mut words)?;
+        let code = i32::from_ne_bytes([words[0], words[1], words[2], words[3]]);
+        if code != 0 {
+            let value = i32::from_ne_bytes([words[4], words[5], words[6], words[7]]);
+            self.stream.memset(&self.status, 0, 8, 0)?;
+            self.stream.synchronize()?;
+            return Err(Error::Compute {
+                device: self.name.clone(),
+                reason: format!("GET_ROWS/SET_ROWS: row index {value} is out of range"),
+            });
+        }
+        Ok(())
+    }
+
+    fn write_async(&mut self, dst: &dyn Buffer, offset: usize, data: &[u8]) -> Result<()> {
+        match dst.as_any().downcast_ref::<CudaBuffer>() {
+            Some(d) if d.gpu_ordinal() == self.gpu_ordinal() => {
+                self.stream.write(&d.mem, offset, data)
+            }
+            _ => {
+                self.synchronize()?;
+                dst.write(offset, data)
+            }
+        }
+    }
+
+    fn read_async(&mut self, src: &dyn Buffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+        match src.as_any().downcast_ref::<CudaBuffer>() {
+            Some(s) if s.gpu_ordinal() == self.gpu_ordinal() => {
+                self.stream.read(&s.mem, offset, dst)
+            }
+            _ => {
+                self.synchronize()?;
+                src.read(offset, dst)
+            }
+        }
+    }
+
+    fn copy_async(
+        &mut self,
+        src: &Arc<dyn Buffer>,
+        src_offset: usize,
+        dst: &Arc<dyn Buffer>,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (sd, dd) = (
+            src.as_any().downcast_ref::<CudaBuffer>(),
+            dst.as_any().downcast_ref::<CudaBuffer>(),
+        );
+        let (sh, dh) = (
+            src.as_any().downcast_ref::<CudaHostBuffer>(),
+            dst.as_any().downcast_ref::<CudaHostBuffer>(),
+        );
+        match (sd, dd, sh, dh) {
+            (Some(s), Some(d), _, _) => {
+                if s.gpu_ordinal() == d.gpu_ordinal() {
+                    self.stream
+                        .copy_dtod(&d.mem, dst_offset, &s.mem, src_offset, len)?;
+                } else {
+                    let (sg, dg) = (s.mem.gpu(), d.mem.gpu());
+                    if dg.can_access_peer(sg) {
+                        dg.enable_peer_access(sg)?;
+                    }
+                    self.stream
+                        .copy_peer(&d.mem, dst_offset, &s.mem, src_offset, len)?;
+                }
+            }
+            (None, Some(d), Some(s), _) => {
+                self.stream
+                    .copy_htod_pinned(&d.mem, dst_offset, &s.mem, src_offset, len)?;
+            }
+            (Some(s), None, _, Some(d)) => {
+                self.stream
+                    .copy_dtoh_pinned(&d.mem, dst_offset, &s.mem, src_offset, len)?;
+            }
+            _ => {
+                self.synchronize()?;
+                return copy_between(src.as_ref(), src_offset, dst.as_ref(), dst_offset, len);
+            }
+        }
+        self.hold(vec![src.clone(), dst.clone()])
+    }
+
+    fn record_event(&mut self) -> Result<Option<Event>> {
+        Ok(Some(Event(Arc::new(CudaEvent(RawEvent::record(
+            &self.stream,
+        )?)))))
+    }
+
+    fn wait_event(&mut self, event: &Event) -> Result<()> {
+        match event.0.as_any().downcast_ref::<CudaEvent>() {
+            Some(e) => self.stream.wait(&e.0),
+            None => event.synchronize(),
+        }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Queued work may still read held buffers and the status word: let it finish.
+        if let Err(e) = self.stream.synchronize() {
+            tracing::warn!(device = %self.name, error = %e, "CUDA stream failed while dropping");
+        }
+    }
+}

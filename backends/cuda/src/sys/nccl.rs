@@ -1,0 +1,215 @@
+//! NCCL as a `libloading` table (`libnccl.so.2`, or RCCL's `librccl.so.1`, which exports the same
+//! C API). Found through `TESSERA_NCCL_PATH` (a file or a directory), the loader's search path,
+//! or the `nvidia-nccl-cu12` wheel of the active or nearest `.venv`.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::path::{Path, PathBuf};
+use tessera_core::{Error, Result};
+
+/// Environment variable naming the NCCL library (or its directory).
+pub const NCCL_PATH_ENV: &str = "TESSERA_NCCL_PATH";
+
+/// `ncclFloat32`.
+pub(crate) const NCCL_FLOAT32: c_int = 7;
+/// `ncclBfloat16` (NCCL ≥ 2.10).
+pub(crate) const NCCL_BFLOAT16: c_int = 9;
+/// `ncclSum`.
+pub(crate) const NCCL_SUM: c_int = 0;
+
+type Comm = *mut c_void;
+type Status = c_int;
+
+struct Fns {
+    version: unsafe extern "C" fn(*mut c_int) -> Status,
+    init_all: unsafe extern "C" fn(*mut Comm, c_int, *const c_int) -> Status,
+    destroy: unsafe extern "C" fn(Comm) -> Status,
+    all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        Comm,
+        *mut c_void,
+    ) -> Status,
+    group_start: unsafe extern "C" fn() -> Status,
+    group_end: unsafe extern "C" fn() -> Status,
+    error_string: unsafe extern "C" fn(Status) -> *const c_char,
+}
+
+/// A loaded NCCL library.
+pub struct Nccl {
+    fns: Fns,
+    path: PathBuf,
+    _lib: libloading::Library,
+}
+
+impl std::fmt::Debug for Nccl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nccl").field("path", &self.path).finish()
+    }
+}
+
+impl Nccl {
+    /// Loads NCCL from the first candidate that works (see the module docs).
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] naming the variable to set when no candidate loads.
+    pub fn load() -> Result<Nccl> {
+        let candidates = super::library_candidates(
+            NCCL_PATH_ENV,
+            &["libnccl.so.2", "libnccl.so", "librccl.so.1"],
+            &["nccl/lib", "cu13/lib"],
+        );
+        let (lib, path) = super::open_first(&candidates).map_err(|e| Error::Unavailable {
+            backend: "cuda".into(),
+            reason: format!("NCCL not found (set {NCCL_PATH_ENV}): {e}"),
+        })?;
+        Nccl::from_library(lib, path)
+    }
+
+    /// Loads NCCL from `path`.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the file does not load or lacks an entry point.
+    pub fn load_from(path: &Path) -> Result<Nccl> {
+        let (lib, path) =
+            super::open_first(&[path.to_path_buf()]).map_err(|e| Error::Unavailable {
+                backend: "cuda".into(),
+                reason: format!("NCCL: {e}"),
+            })?;
+        Nccl::from_library(lib, path)
+    }
+
+    fn from_library(lib: libloading::Library, path: PathBuf) -> Result<Nccl> {
+        let missing = |name: &str, e: libloading::Error| Error::Unavailable {
+            backend: "cuda".into(),
+            reason: format!("{}: missing {name}: {e}", path.display()),
+        };
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the symbol is NCCL's documented C entry point of this name, stored in a
+                // field of exactly its C signature (nccl.h; handles and streams as pointers).
+                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                    .map_err(|e| missing($name, e))?
+            };
+        }
+        let fns = Fns {
+            version: sym!("ncclGetVersion"),
+            init_all: sym!("ncclCommInitAll"),
+            destroy: sym!("ncclCommDestroy"),
+            all_reduce: sym!("ncclAllReduce"),
+            group_start: sym!("ncclGroupStart"),
+            group_end: sym!("ncclGroupEnd"),
+            error_string: sym!("ncclGetErrorString"),
+        };
+        Ok(Nccl {
+            fns,
+            path,
+            _lib: lib,
+        })
+    }
+
+    /// The file the library was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn check(&self, call: &str, rc: Status) -> Result<()> {
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: ncclGetErrorString returns a static C string for any code.
+        let p = unsafe { (self.fns.error_string)(rc) };
+        let text = if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: non-null static C string.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        };
+        Err(Error::Driver {
+            backend: "cuda".into(),
+            call: format!("{call} ({text})"),
+            code: rc as i64,
+        })
+    }
+
+    /// NCCL's version code (`major * 10000 + minor * 100 + patch`, e.g. 22703 for 2.27.3).
+    ///
+    /// # Errors
+    /// NCCL's status as [`Error::Driver`].
+    pub fn version(&self) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: valid out-pointer; needs no GPU.
+        self.check("ncclGetVersion", unsafe { (self.fns.version)(&mut v) })?;
+        Ok(v)
+    }
+
+    /// One communicator per GPU ordinal in `devices` (single process, `ncclCommInitAll`).
+    pub(crate) fn init_all(self: &std::sync::Arc<Nccl>, devices: &[i32]) -> Result<Vec<NcclComm>> {
+        let mut comms: Vec<Comm> = vec![std::ptr::null_mut(); devices.len()];
+        // SAFETY: `comms` has room for one handle per device; `devices` holds that many ordinals.
+        let rc = unsafe {
+            (self.fns.init_all)(comms.as_mut_ptr(), devices.len() as c_int, devices.as_ptr())
+        };
+        self.check("ncclCommInitAll", rc)?;
+        Ok(comms
+            .into_iter()
+            .map(|raw| NcclComm {
+                nccl: self.clone(),
+                raw,
+            })
+            .collect())
+    }
+
+    /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` (the end runs even if `f` fails).
+    pub(crate) fn group<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        // SAFETY: no arguments; groups nest.
+        self.check("ncclGroupStart", unsafe { (self.fns.group_start)() })?;
+        let out = f();
+        // SAFETY: balances the start above.
+        let end = self.check("ncclGroupEnd", unsafe { (self.fns.group_end)() });
+        let out = out?;
+        end?;
+        Ok(out)
+    }
+}
+
+/// A communicator for one GPU, destroyed on drop.
+#[derive(Debug)]
+pub(crate) struct NcclComm {
+    nccl: std::sync::Arc<Nccl>,
+    raw: Comm,
+}
+
+// SAFETY: a communicator may be used from any thread (one call at a time: callers hold `&mut`
+// through the comm context).
+unsafe impl Send for NcclComm {}
+
+impl NcclComm {
+    /// Enqueues an in-place sum of `count` values of `dtype` at device address `ptr` on `stream`.
+    ///
+    /// # Safety
+    /// `ptr` must address `count` values of `dtype` on this communicator's GPU, alive until the
+    /// stream has run the reduction; `stream` must be a live stream of that GPU.
+    pub(crate) unsafe fn all_reduce_in_place(
+        &self,
+        ptr: u64,
+        count: usize,
+        dtype: c_int,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let p = ptr as usize as *mut c_void;
+        // SAFETY: the caller's contract (see # Safety); in-place: send and receive are the same.
+        let rc =
+            unsafe { (self.nccl.fns.all_reduce)(p, p, count, dtype, NCCL_SUM, self.raw, stream) };
+        self.nccl.check("ncclAllReduce", rc)
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        // SAFETY: created by ncclCommInitAll, destroyed once.
+        unsafe { (self.nccl.fns.destroy)(self.raw) };
+    }
+}

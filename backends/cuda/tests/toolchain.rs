@@ -1,0 +1,152 @@
+//! What CI can check without a GPU: NVRTC compiles every kernel source of `kernels/cuda` to PTX
+//! and CUBIN for sm_80 and sm_90 with no error and no warning; compiled images are cached on
+//! disk; NCCL loads and reports its version.
+//!
+//! NVRTC and NCCL come from `TESSERA_NVRTC_PATH` / `TESSERA_NCCL_PATH`, the loader path or the
+//! nearest `.venv` (see `.ci/run`). When a library is missing the trials are ignored with the
+//! reason in their names, except under `CI=true` (or `TESSERA_REQUIRE=cuda`), where they fail.
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::sync::Arc;
+use tessera_cuda::compile::{cache_file_name, compile_cached};
+use tessera_cuda::nccl::Nccl;
+use tessera_cuda::nvrtc::{Nvrtc, Target};
+use tessera_kernels::cuda::{HEADERS, KERNELS, SOURCES};
+
+/// Architectures every kernel must compile for.
+const ARCHS: [u32; 2] = [80, 90];
+
+fn required() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+        || std::env::var("TESSERA_REQUIRE").is_ok_and(|v| v.split(',').any(|b| b.trim() == "cuda"))
+}
+
+/// A trial for a missing library: a failure when required, else ignored with the reason.
+fn missing(name: String, reason: &str) -> Trial {
+    if required() {
+        let reason = reason.to_string();
+        Trial::test(name, move || {
+            Err(Failed::from(format!("required in CI: {reason}")))
+        })
+    } else {
+        Trial::test(format!("[skipped: {reason}] {name}"), || Ok(())).with_ignored_flag(true)
+    }
+}
+
+fn compile_trial(
+    nvrtc: Arc<Nvrtc>,
+    file: &'static str,
+    source: &'static str,
+    target: Target,
+) -> Trial {
+    let name = format!("nvrtc/{file}/{}", target.arch_flag());
+    Trial::test(name, move || {
+        let out = nvrtc
+            .compile(file, source, HEADERS, target, &[])
+            .map_err(|e| Failed::from(e.to_string()))?;
+        if !out.log.is_empty() {
+            return Err(Failed::from(format!(
+                "compiler output (warnings count as failures):\n{}",
+                out.log
+            )));
+        }
+        if out.image.is_empty() {
+            return Err(Failed::from("empty image"));
+        }
+        match target {
+            Target::Ptx(a) => {
+                let text = String::from_utf8_lossy(&out.image);
+                if !text.contains(&format!(".target sm_{a}")) {
+                    return Err(Failed::from(format!("PTX lacks `.target sm_{a}`")));
+                }
+            }
+            Target::Cubin(_) => {
+                if !out.image.starts_with(b"\x7fELF") {
+                    return Err(Failed::from("CUBIN is not an ELF image"));
+                }
+            }
+        }
+        let image = String::from_utf8_lossy(&out.image);
+        for (_, kernel) in KERNELS.iter().filter(|(f, _)| *f == file) {
+            if !image.contains(kernel) {
+                return Err(Failed::from(format!("{kernel} missing from the image")));
+            }
+        }
+        Ok(())
+    })
+}
+
+fn cache_trial(nvrtc: Arc<Nvrtc>) -> Trial {
+    Trial::test("nvrtc/disk_cache", move || {
+        let (file, source) = SOURCES[0];
+        let target = Target::Cubin(80);
+        let name = cache_file_name(&nvrtc, file, source, target);
+        if !name.contains("sm_80") || !name.ends_with(".cubin") {
+            return Err(Failed::from(format!("unexpected cache file name {name}")));
+        }
+        let first = compile_cached(&nvrtc, file, source, target)
+            .map_err(|e| Failed::from(e.to_string()))?;
+        let second = compile_cached(&nvrtc, file, source, target)
+            .map_err(|e| Failed::from(e.to_string()))?;
+        if first != second {
+            return Err(Failed::from(
+                "the cached image differs from the compiled one",
+            ));
+        }
+        if let Some(dir) = tessera_cuda::compile::cache_dir()
+            && !dir.join(&name).exists()
+        {
+            return Err(Failed::from(format!(
+                "{} was not written",
+                dir.join(&name).display()
+            )));
+        }
+        Ok(())
+    })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut trials = Vec::new();
+    let names = || {
+        SOURCES.iter().flat_map(|(f, s)| {
+            ARCHS
+                .iter()
+                .flat_map(move |&a| [Target::Ptx(a), Target::Cubin(a)].map(|t| (*f, *s, t)))
+        })
+    };
+    match Nvrtc::load() {
+        Ok(nvrtc) => {
+            let nvrtc = Arc::new(nvrtc);
+            println!(
+                "NVRTC {}.{} from {}",
+                nvrtc.version().0,
+                nvrtc.version().1,
+                nvrtc.path().display()
+            );
+            for (f, s, t) in names() {
+                trials.push(compile_trial(nvrtc.clone(), f, s, t));
+            }
+            trials.push(cache_trial(nvrtc));
+        }
+        Err(e) => {
+            let reason = e.to_string();
+            for (f, _, t) in names() {
+                trials.push(missing(format!("nvrtc/{f}/{}", t.arch_flag()), &reason));
+            }
+            trials.push(missing("nvrtc/disk_cache".into(), &reason));
+        }
+    }
+    match Nccl::load() {
+        Ok(nccl) => trials.push(Trial::test("nccl/get_version", move || {
+            let v = nccl.version().map_err(|e| Failed::from(e.to_string()))?;
+            println!("NCCL {v} from {}", nccl.path().display());
+            if v < 21000 {
+                return Err(Failed::from(format!("NCCL {v} predates bf16 (2.10)")));
+            }
+            Ok(())
+        })),
+        Err(e) => trials.push(missing("nccl/get_version".into(), &e.to_string())),
+    }
+    libtest_mimic::run(&args, trials).exit();
+}

@@ -1,0 +1,234 @@
+// Tessera CUDA kernels: shared definitions.
+//
+// Plain CUDA C (C++ subset) compiled at run time by NVRTC. No CUDA headers are included (not even
+// cuda_fp16.h): f16/bf16 conversions are done on bits here, so a HIP build can compile the same
+// files through a small compat header that defines TESSERA_COMPAT and the few macros below.
+#pragma once
+
+#ifndef TESSERA_COMPAT
+// Warp size the kernels are written for, and a full-warp xor shuffle (width 32 on every target).
+#define TESSERA_WARP 32
+#define TSHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), 32)
+#define TSYNCWARP() __syncwarp()
+#endif
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+// Element types, as the Rust side numbers them (`KernelType`).
+#define T_F32 0
+#define T_F16 1
+#define T_BF16 2
+#define T_I32 3
+#define T_Q8_0 4
+#define T_Q4_0 5
+
+#define QK 32
+#define Q8_0_BYTES 34
+#define Q4_0_BYTES 18
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// A tensor as kernels see it: base address, ggml shape and byte strides, element type.
+// Layout mirrors the Rust `KTensor` (#[repr(C)], 80 bytes).
+struct Tensor {
+    char* data;
+    i64 ne[4];
+    i64 nb[4];
+    int type;
+    int pad;
+};
+
+// Error codes a kernel may raise in the stream's status word (see `k_*` users).
+#define ERR_INDEX 1
+
+__device__ __forceinline__ void raise_error(int* status, int code, int value) {
+    if (atomicCAS(status, 0, code) == 0) {
+        status[1] = value;
+    }
+}
+
+// ----- f16 / bf16 on bits (round to nearest even, as the `half` crate) -----
+
+__device__ __forceinline__ float h2f(u16 h) {
+    u32 sign = ((u32)(h & 0x8000u)) << 16;
+    u32 ex = (h >> 10) & 0x1fu;
+    u32 mant = h & 0x3ffu;
+    if (ex == 0) {
+        float v = (float)mant * 5.9604644775390625e-8f; // mant * 2^-24
+        return sign ? -v : v;
+    }
+    if (ex == 31) {
+        return __uint_as_float(sign | 0x7f800000u | (mant << 13));
+    }
+    return __uint_as_float(sign | ((ex + 112u) << 23) | (mant << 13));
+}
+
+__device__ __forceinline__ u16 f2h(float x) {
+    u32 f = __float_as_uint(x);
+    u32 sign = (f >> 16) & 0x8000u;
+    u32 ax = f & 0x7fffffffu;
+    if (ax >= 0x7f800000u) {
+        return (u16)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+    }
+    if (ax >= 0x477ff000u) {
+        return (u16)(sign | 0x7c00u); // >= 65520 rounds to infinity
+    }
+    if (ax < 0x38800000u) {
+        // Subnormal (or zero): the mantissa is |x| / 2^-24, rounded to nearest even.
+        u32 m = (u32)rintf(__uint_as_float(ax) * 16777216.0f);
+        return (u16)(sign | m);
+    }
+    u32 h = (((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13);
+    u32 rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) {
+        h += 1u;
+    }
+    return (u16)(sign | h);
+}
+
+__device__ __forceinline__ float bf2f(u16 b) {
+    return __uint_as_float(((u32)b) << 16);
+}
+
+__device__ __forceinline__ u16 f2bf(float x) {
+    u32 f = __float_as_uint(x);
+    if ((f & 0x7fffffffu) > 0x7f800000u) {
+        return (u16)((f >> 16) | 0x40u); // quiet NaN
+    }
+    f += 0x7fffu + ((f >> 16) & 1u);
+    return (u16)(f >> 16);
+}
+
+// ----- element access -----
+
+__device__ __forceinline__ float ld_scalar(const char* p, int type) {
+    switch (type) {
+    case T_F32: return *(const float*)p;
+    case T_F16: return h2f(*(const u16*)p);
+    case T_BF16: return bf2f(*(const u16*)p);
+    case T_I32: return (float)*(const int*)p;
+    default: return 0.0f;
+    }
+}
+
+__device__ __forceinline__ void st_scalar(char* p, int type, float v) {
+    switch (type) {
+    case T_F32: *(float*)p = v; break;
+    case T_F16: *(u16*)p = f2h(v); break;
+    case T_BF16: *(u16*)p = f2bf(v); break;
+    case T_I32: *(int*)p = (int)v; break;
+    default: break;
+    }
+}
+
+__device__ __forceinline__ float block_scale(const char* blk) {
+    const u8* b = (const u8*)blk;
+    return h2f((u16)(b[0] | (b[1] << 8)));
+}
+
+// Element i0 of a quantized row.
+__device__ __forceinline__ float ld_quant(const char* row, int type, i64 i0) {
+    i64 blk = i0 / QK;
+    int j = (int)(i0 % QK);
+    if (type == T_Q8_0) {
+        const char* b = row + blk * Q8_0_BYTES;
+        return (float)((signed char)b[2 + j]) * block_scale(b);
+    }
+    const char* b = row + blk * Q4_0_BYTES;
+    u8 q = (u8)b[2 + (j & 15)];
+    int nib = j < 16 ? (q & 15) : (q >> 4);
+    return (float)(nib - 8) * block_scale(b);
+}
+
+__device__ __forceinline__ const char* row_ptr(const Tensor& t, i64 i1, i64 i2, i64 i3) {
+    return t.data + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+}
+
+__device__ __forceinline__ float ld(const Tensor& t, i64 i0, i64 i1, i64 i2, i64 i3) {
+    const char* row = row_ptr(t, i1, i2, i3);
+    if (t.type == T_Q8_0 || t.type == T_Q4_0) {
+        return ld_quant(row, t.type, i0);
+    }
+    return ld_scalar(row + i0 * t.nb[0], t.type);
+}
+
+__device__ __forceinline__ void st(const Tensor& t, i64 i0, i64 i1, i64 i2, i64 i3, float v) {
+    st_scalar((char*)row_ptr(t, i1, i2, i3) + i0 * t.nb[0], t.type, v);
+}
+
+__device__ __forceinline__ int ld_i32(const Tensor& t, i64 i0, i64 i1, i64 i2, i64 i3) {
+    return *(const int*)(row_ptr(t, i1, i2, i3) + i0 * t.nb[0]);
+}
+
+__device__ __forceinline__ void st_i32(const Tensor& t, i64 i0, i64 i1, i64 i2, i64 i3, int v) {
+    *(int*)((char*)row_ptr(t, i1, i2, i3) + i0 * t.nb[0]) = v;
+}
+
+// Coordinates of flat element e (natural order) of shape ne.
+__device__ __forceinline__ void unravel(i64 e, const i64* ne, i64* i) {
+    i[0] = e % ne[0];
+    e /= ne[0];
+    i[1] = e % ne[1];
+    e /= ne[1];
+    i[2] = e % ne[2];
+    i[3] = e / ne[2];
+}
+
+// Row r (flat over axes 1..3) of shape ne as (i1, i2, i3).
+__device__ __forceinline__ void unravel_row(i64 r, const i64* ne, i64* i) {
+    i[1] = r % ne[1];
+    r /= ne[1];
+    i[2] = r % ne[2];
+    i[3] = r / ne[2];
+}
+
+#define GRID_STRIDE(e, n) \
+    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < (n); e += (i64)gridDim.x * blockDim.x)
+
+// ----- reductions (blockDim.x a multiple of 32, at most 1024) -----
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int m = 16; m > 0; m >>= 1) {
+        v += TSHFL_XOR(v, m);
+    }
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int m = 16; m > 0; m >>= 1) {
+        v = fmaxf(v, TSHFL_XOR(v, m));
+    }
+    return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x % 32;
+    int warp = threadIdx.x / 32;
+    int nwarps = (blockDim.x + 31) / 32;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) {
+        scratch[warp] = v;
+    }
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    int lane = threadIdx.x % 32;
+    int warp = threadIdx.x / 32;
+    int nwarps = (blockDim.x + 31) / 32;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) {
+        scratch[warp] = v;
+    }
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : NEG_INF;
+    return warp_max(v);
+}

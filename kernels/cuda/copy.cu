@@ -1,0 +1,176 @@
+// Data movement: CONT/CPY (dtype conversion, quantization), GET_ROWS, SET_ROWS, CONCAT.
+#include "common.cuh"
+
+// Element-wise copy of src into dst (equal element counts). Same shapes map coordinates
+// directly; different shapes map element by element in flat order. i32 never passes through f32.
+// Quantized sources are dequantized here; quantized destinations use k_quantize.
+extern "C" __global__ void k_cpy(Tensor dst, Tensor src, int same_shape, i64 n) {
+    GRID_STRIDE(e, n) {
+        i64 d[4];
+        unravel(e, dst.ne, d);
+        i64 s[4] = {d[0], d[1], d[2], d[3]};
+        if (!same_shape) {
+            unravel(e, src.ne, s);
+        }
+        if (dst.type == T_I32) {
+            st_i32(dst, d[0], d[1], d[2], d[3], ld_i32(src, s[0], s[1], s[2], s[3]));
+        } else {
+            st(dst, d[0], d[1], d[2], d[3], ld(src, s[0], s[1], s[2], s[3]));
+        }
+    }
+}
+
+// Raw copy of `row_bytes` bytes for each row of dst from the same row of src (same dtype, same
+// shape, rows contiguous): quantized blocks are copied unchanged.
+extern "C" __global__ void k_copy_rows(Tensor dst, Tensor src, i64 row_bytes, i64 n) {
+    GRID_STRIDE(e, n) {
+        i64 r = e / row_bytes;
+        i64 o = e % row_bytes;
+        i64 i[4];
+        unravel_row(r, dst.ne, i);
+        ((char*)row_ptr(dst, i[1], i[2], i[3]))[o] = row_ptr(src, i[1], i[2], i[3])[o];
+    }
+}
+
+// Quantizes the 32 values read by `get` into one block at `out`, bit-exactly as ggml's
+// quantize_row_q8_0_ref / quantize_row_q4_0_ref.
+__device__ __forceinline__ void quantize_block(const float* x, char* out, int type) {
+    u8* y = (u8*)out;
+    if (type == T_Q8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) {
+            float a = fabsf(x[j]);
+            amax = amax > a ? amax : a;
+        }
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        u16 dh = f2h(d);
+        y[0] = (u8)(dh & 0xff);
+        y[1] = (u8)(dh >> 8);
+        for (int j = 0; j < QK; j++) {
+            float q = roundf(x[j] * id);
+            q = fminf(fmaxf(q, -128.0f), 127.0f);
+            y[2 + j] = (u8)(signed char)(int)q;
+        }
+    } else {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK; j++) {
+            if (amax < fabsf(x[j])) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        float d = max / -8.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        u16 dh = f2h(d);
+        y[0] = (u8)(dh & 0xff);
+        y[1] = (u8)(dh >> 8);
+        for (int j = 0; j < QK / 2; j++) {
+            float v0 = fminf(fmaxf(x[j] * id + 8.5f, -128.0f), 127.0f);
+            float v1 = fminf(fmaxf(x[j + QK / 2] * id + 8.5f, -128.0f), 127.0f);
+            int q0 = min((int)v0, 15);
+            int q1 = min((int)v1, 15);
+            y[2 + j] = (u8)((q0 & 15) | ((q1 & 15) << 4));
+        }
+    }
+}
+
+__device__ __forceinline__ int block_bytes(int type) {
+    return type == T_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
+}
+
+// One thread per block of a quantized dst (same shape as src, rows contiguous).
+extern "C" __global__ void k_quantize(Tensor dst, Tensor src, i64 n_blocks) {
+    i64 per_row = dst.ne[0] / QK;
+    GRID_STRIDE(e, n_blocks) {
+        i64 r = e / per_row;
+        i64 blk = e % per_row;
+        i64 i[4];
+        unravel_row(r, dst.ne, i);
+        float x[QK];
+        for (int j = 0; j < QK; j++) {
+            x[j] = ld(src, blk * QK + j, i[1], i[2], i[3]);
+        }
+        quantize_block(x, (char*)row_ptr(dst, i[1], i[2], i[3]) + blk * block_bytes(dst.type), dst.type);
+    }
+}
+
+// dst[i0, i1, i2, i3] = table[i0, ids[i1, i2, i3], i2, i3]; indices out of range raise ERR_INDEX.
+extern "C" __global__ void k_get_rows(Tensor dst, Tensor table, Tensor ids, int* status, i64 n) {
+    GRID_STRIDE(e, n) {
+        i64 i[4];
+        unravel(e, dst.ne, i);
+        int idx = ld_i32(ids, i[1], i[2], i[3], 0);
+        if (idx < 0 || (i64)idx >= table.ne[1]) {
+            raise_error(status, ERR_INDEX, idx);
+            continue;
+        }
+        if (dst.type == T_I32) {
+            st_i32(dst, i[0], i[1], i[2], i[3], ld_i32(table, i[0], idx, i[2], i[3]));
+        } else {
+            st(dst, i[0], i[1], i[2], i[3], ld(table, i[0], idx, i[2], i[3]));
+        }
+    }
+}
+
+// src's rows written into dst at row ids[i1, i2 % ids.ne1, i3 % ids.ne2]. One thread per
+// (element of a row, plane) walks the rows in order, so duplicate indices end with the last row
+// (as on the CPU) without races.
+extern "C" __global__ void k_set_rows(Tensor dst, Tensor src, Tensor ids, int* status, i64 n) {
+    GRID_STRIDE(e, n) {
+        i64 i0 = e % src.ne[0];
+        i64 plane = e / src.ne[0];
+        i64 i2 = plane % src.ne[2];
+        i64 i3 = plane / src.ne[2];
+        for (i64 i1 = 0; i1 < src.ne[1]; i1++) {
+            int idx = ld_i32(ids, i1, i2 % ids.ne[1], i3 % ids.ne[2], 0);
+            if (idx < 0 || (i64)idx >= dst.ne[1]) {
+                raise_error(status, ERR_INDEX, idx);
+                continue;
+            }
+            st(dst, i0, idx, i2, i3, ld(src, i0, i1, i2, i3));
+        }
+    }
+}
+
+// SET_ROWS into a quantized dst: one thread per (block of a row, plane), rows in order.
+extern "C" __global__ void k_set_rows_q(Tensor dst, Tensor src, Tensor ids, int* status, i64 n) {
+    i64 per_row = src.ne[0] / QK;
+    GRID_STRIDE(e, n) {
+        i64 blk = e % per_row;
+        i64 plane = e / per_row;
+        i64 i2 = plane % src.ne[2];
+        i64 i3 = plane / src.ne[2];
+        for (i64 i1 = 0; i1 < src.ne[1]; i1++) {
+            int idx = ld_i32(ids, i1, i2 % ids.ne[1], i3 % ids.ne[2], 0);
+            if (idx < 0 || (i64)idx >= dst.ne[1]) {
+                raise_error(status, ERR_INDEX, idx);
+                continue;
+            }
+            float x[QK];
+            for (int j = 0; j < QK; j++) {
+                x[j] = ld(src, blk * QK + j, i1, i2, i3);
+            }
+            quantize_block(x, (char*)row_ptr(dst, idx, i2, i3) + blk * block_bytes(dst.type), dst.type);
+        }
+    }
+}
+
+// dst = a and b joined along `dim`.
+extern "C" __global__ void k_concat(Tensor dst, Tensor a, Tensor b, int dim, i64 n) {
+    GRID_STRIDE(e, n) {
+        i64 i[4];
+        unravel(e, dst.ne, i);
+        i64 j[4] = {i[0], i[1], i[2], i[3]};
+        const Tensor* s = &a;
+        if (i[dim] >= a.ne[dim]) {
+            j[dim] -= a.ne[dim];
+            s = &b;
+        }
+        if (dst.type == T_I32) {
+            st_i32(dst, i[0], i[1], i[2], i[3], ld_i32(*s, j[0], j[1], j[2], j[3]));
+        } else {
+            st(dst, i[0], i[1], i[2], i[3], ld(*s, j[0], j[1], j[2], j[3]));
+        }
+    }
+}
