@@ -31,6 +31,9 @@ pub use tessera_core::*;
 pub use tessera_cpu as cpu;
 
 pub mod model;
+mod plugins;
+
+pub use plugins::{load_all, load_backend};
 
 use std::sync::Once;
 
@@ -42,13 +45,15 @@ pub const BACKENDS: [(&str, bool); 4] = [
     ("sycl", false),
 ];
 
-/// The process-wide registry with every compiled-in backend registered.
+/// The process-wide registry with every compiled-in backend registered, plus the plugins in
+/// `TESSERA_BACKEND_PATH` (see [`load_all`] for the executable's directory too).
 pub fn registry() -> &'static DeviceRegistry {
     static INIT: Once = Once::new();
     let reg = DeviceRegistry::global();
     INIT.call_once(|| {
         #[cfg(feature = "cpu")]
         reg.register(tessera_cpu::registry());
+        plugins::load_env_path(reg);
     });
     reg
 }
