@@ -37,6 +37,11 @@ fn sink() -> Option<Sink> {
     SINK.read().ok().and_then(|s| *s)
 }
 
+/// Plugin side: whether the host takes error-level events.
+pub(crate) fn host_listens() -> bool {
+    sink().is_some_and(|s| s.max >= log_level::ERROR)
+}
+
 /// Plugin side: remembers the host's log callback and makes [`HostLog`] the global subscriber
 /// of this copy of `tracing` (once; later inits only update the callback).
 ///

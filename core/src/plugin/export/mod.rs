@@ -77,6 +77,7 @@ where
     static TABLE: OnceLock<usize> = OnceLock::new();
     let made = catch_unwind(AssertUnwindSafe(|| {
         *TABLE.get_or_init(|| {
+            route_panics_to_host_log();
             let registry = make();
             let ctx = Box::into_raw(Box::new(registry)) as *mut c_void;
             // The table lives as long as the library: hosts never unload plugins.
@@ -95,6 +96,20 @@ where
             std::ptr::null()
         }
     }
+}
+
+/// Panic messages of this copy of std go to the host's log when it listens (the boundary turns
+/// the panic into an error anyway; printing it to stderr as well would only be noise), else to
+/// std's default hook.
+fn route_panics_to_host_log() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if super::log::host_listens() {
+            tracing::error!("{info}");
+        } else {
+            default(info);
+        }
+    }));
 }
 
 fn registry_table(ctx: *mut c_void) -> RawRegistry {
