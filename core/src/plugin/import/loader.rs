@@ -407,3 +407,63 @@ pub fn find_plugins(dirs: &[PathBuf]) -> Vec<PathBuf> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_file_names() {
+        let so = |s: &str| {
+            format!(
+                "{}{s}{}",
+                std::env::consts::DLL_PREFIX,
+                std::env::consts::DLL_SUFFIX
+            )
+        };
+        assert!(is_plugin_file_name(&so("tessera_cpu")));
+        assert!(is_plugin_file_name(&so("tessera-cuda")));
+        assert!(!is_plugin_file_name(&so("tessera_")));
+        assert!(!is_plugin_file_name(&so("tesseract")));
+        assert!(!is_plugin_file_name("libtessera_cpu.rlib"));
+    }
+
+    #[test]
+    fn earlier_directories_hide_later_files_of_the_same_name() {
+        let root = std::env::temp_dir().join(format!("tessera-find-{}", std::process::id()));
+        let (a, b) = (root.join("a"), root.join("b"));
+        for d in [&a, &b] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let name = |s: &str| {
+            format!(
+                "{}{s}{}",
+                std::env::consts::DLL_PREFIX,
+                std::env::consts::DLL_SUFFIX
+            )
+        };
+        for (dir, f) in [
+            (&a, "tessera_x"),
+            (&b, "tessera_x"),
+            (&b, "tessera_y"),
+            (&b, "other"),
+        ] {
+            std::fs::write(dir.join(name(f)), b"").unwrap();
+        }
+        let found = find_plugins(&[a.clone(), b.clone(), a.clone(), root.join("missing")]);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(
+            found,
+            vec![a.join(name("tessera_x")), b.join(name("tessera_y"))]
+        );
+    }
+
+    #[test]
+    fn a_missing_file_is_a_typed_error_naming_it() {
+        let e = open(Path::new("/nonexistent/libtessera_none.so")).unwrap_err();
+        assert!(matches!(e, LoadError::Open { .. }));
+        assert_eq!(e.file(), "/nonexistent/libtessera_none.so");
+        let as_error: Error = e.into();
+        assert!(as_error.to_string().contains("libtessera_none.so"));
+    }
+}
