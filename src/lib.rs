@@ -33,6 +33,9 @@ pub use tessera_cpu as cpu;
 pub use tessera_cuda as cuda;
 
 pub mod model;
+mod plugins;
+
+pub use plugins::{load_all, load_backend};
 
 use std::sync::Once;
 
@@ -44,7 +47,8 @@ pub const BACKENDS: [(&str, bool); 4] = [
     ("sycl", false),
 ];
 
-/// The process-wide registry with every compiled-in backend registered.
+/// The process-wide registry with every compiled-in backend registered, plus the plugins in
+/// `TESSERA_BACKEND_PATH` (see [`load_all`] for the executable's directory too).
 pub fn registry() -> &'static DeviceRegistry {
     static INIT: Once = Once::new();
     let reg = DeviceRegistry::global();
@@ -53,6 +57,7 @@ pub fn registry() -> &'static DeviceRegistry {
         reg.register(tessera_cpu::registry());
         #[cfg(feature = "cuda")]
         reg.register(tessera_cuda::registry());
+        plugins::load_env_path(reg);
     });
     reg
 }

@@ -19,8 +19,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List backends, devices, memory and capabilities.
-    Devices,
+    /// List backends, devices, memory and capabilities (plugins included: TESSERA_BACKEND_PATH
+    /// and the executable's directory are scanned for libtessera_*.so).
+    Devices {
+        /// Also load this backend plugin (repeatable).
+        #[arg(long, value_name = "PATH")]
+        load: Vec<std::path::PathBuf>,
+    },
     /// Check every op against a scalar reference on each device; exits non-zero on any failure.
     TestOps {
         /// Only this op (e.g. MUL_MAT, SILU, ROPE).
@@ -123,7 +128,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Devices => cli::devices::run().map(|_| ExitCode::SUCCESS),
+        Command::Devices { load } => cli::devices::run(&load).map(|_| ExitCode::SUCCESS),
         Command::Bench(args) => cli::bench::run(&args).map(|_| ExitCode::SUCCESS),
         Command::TestOps {
             op,

@@ -33,6 +33,16 @@ pub enum Error {
         /// Vendor status code.
         code: i64,
     },
+    /// A backend plugin broke its contract or panicked; the library file is named.
+    #[error("plugin {file}: {call}: {reason}")]
+    Plugin {
+        /// The shared library.
+        file: String,
+        /// The ABI entry that failed.
+        call: String,
+        /// What happened (a panic's message, a contract breach).
+        reason: String,
+    },
 
     // === Planning: raised before anything is enqueued ===
     /// An op was built with operands it cannot take (shapes, dtypes, parameters).

@@ -1,13 +1,34 @@
-//! The C boundary of Tessera: functions found by name through [`crate::Registry::proc_address`],
-//! and (with the plugin issue) whole backends loaded from shared libraries.
+//! The C boundary of Tessera: functions found by name through [`crate::Registry::proc_address`]
+//! (the comm trio), and whole backends loaded from shared libraries at run time.
+//!
+//! - [`abi`]: the `#[repr(C)]` tables (registry, device, buffer type, buffer, backend, event),
+//!   each with magic, ABI version and size, and the flat graph form.
+//! - The export adapter: [`export_backend!`](crate::export_backend) turns a Rust [`crate::Registry`]
+//!   into those tables in a `cdylib`, catching panics and forwarding `tracing` logs to the host.
+//! - The import adapter: [`load_backend`] opens a library and wraps its tables back into the
+//!   core traits ([`PluginRegistry`]); [`search_dirs`] and [`find_plugins`] implement the
+//!   `TESSERA_BACKEND_PATH` scan.
 //!
 //! This is one of the two places in core allowed to use `unsafe`: turning an address back into a
 //! function is only sound for the exact signature its name documents, so callers go through the
 //! typed wrappers here and never transmute themselves.
 
+pub mod abi;
+mod codec;
 mod comm;
+mod export;
+mod import;
+mod log;
 
+pub use codec::FlatGraph;
 pub use comm::{
     COMM_ALLREDUCE, COMM_FREE, COMM_INIT, CommAllReduceFn, CommApi, CommFreeFn, CommInitFn,
     CommOutcome, RawCommSlice, VendorComm,
 };
+#[doc(hidden)]
+pub use export::export_entry;
+pub use import::{
+    BACKEND_PATH_ENV, LoadError, LoadReport, PluginRegistry, backend_handle, buffer_handle,
+    env_dirs, find_plugins, is_plugin_file_name, load_backend, load_dirs, search_dirs,
+};
+pub use log::HostLog;
