@@ -27,12 +27,14 @@ mod session;
 mod tests;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_tp;
+pub mod tokenizer;
 mod tp;
 mod weights;
 
 pub use config::LlamaConfig;
 pub use llama::{LayerTensors, LlamaModel, Placement, Step};
 pub use session::LlamaSession;
+pub use tokenizer::{Token, Tokenizer, TokenizerError};
 pub use tp::TpSession;
 
 /// Normalised mean squared error `Σ(a−b)² / Σb²` of `a` against the reference `b` (∞ if the
