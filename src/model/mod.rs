@@ -20,6 +20,7 @@
 //! ```
 
 mod config;
+mod gguf_io;
 mod graph;
 mod llama;
 mod session;
@@ -32,6 +33,7 @@ mod tp;
 mod weights;
 
 pub use config::LlamaConfig;
+pub use gguf_io::{ARCHITECTURE, llama_keys, synthetic_vocab};
 pub use llama::{LayerTensors, LlamaModel, Placement, Step};
 pub use session::LlamaSession;
 pub use tokenizer::{Token, Tokenizer, TokenizerError};

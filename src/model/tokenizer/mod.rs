@@ -611,16 +611,13 @@ impl Tokenizer {
         Ok(())
     }
 
-    /// The token a byte falls back to: `<0xXX>`, else the byte's own one-char token (ASCII),
-    /// else the unknown token.
+    /// The token a byte falls back to: `<0xXX>`, else the byte's own one-char token (ASCII).
     fn byte_fallback(&self, b: u8) -> Option<Token> {
-        self.byte_tokens[b as usize]
-            .or_else(|| {
-                b.is_ascii()
-                    .then(|| self.vocab.id(char::from(b).encode_utf8(&mut [0; 4])))
-                    .flatten()
-            })
-            .or(self.vocab.unk)
+        self.byte_tokens[b as usize].or_else(|| {
+            b.is_ascii()
+                .then(|| self.vocab.id(char::from(b).encode_utf8(&mut [0; 4])))
+                .flatten()
+        })
     }
 
     /// Splits `text` at special tokens, longest first.

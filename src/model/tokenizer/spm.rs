@@ -61,8 +61,9 @@ pub(super) fn escape(text: &str, prefix_space: bool) -> String {
     s
 }
 
-/// Appends the tokens of the escaped fragment `text` to `out`; `byte_token` maps a byte to its
-/// fallback token (or `None` to drop it).
+/// Appends the tokens of the escaped fragment `text` to `out`. A symbol that is not a token
+/// becomes the `byte_token` of each of its bytes, or one unknown token when some byte has none
+/// (or nothing, without an unknown token).
 pub(super) fn tokenize(
     vocab: &Vocab,
     text: &str,
@@ -120,7 +121,10 @@ pub(super) fn tokenize(
         let s = &text[syms[i].start..syms[i].start + syms[i].len];
         match vocab.id(s) {
             Some(id) => out.push(id),
-            None => out.extend(s.bytes().filter_map(&byte_token)),
+            None => match s.bytes().map(&byte_token).collect::<Option<Vec<_>>>() {
+                Some(bytes) => out.extend(bytes),
+                None => out.extend(vocab.unk),
+            },
         }
         i = syms[i].next;
     }
