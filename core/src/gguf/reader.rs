@@ -224,7 +224,7 @@ impl GgufFile {
         let mut tensors = Vec::new();
         let mut by_name = HashMap::new();
         for i in 0..n_tensors {
-            let t = cur.tensor_info(i, alignment, opts)?;
+            let t = cur.tensor_info(i, alignment, opts, &source)?;
             if by_name.insert(t.name.clone(), tensors.len()).is_some() {
                 return Err(cur.err(GgufErrorKind::DuplicateTensor { tensor: t.name }));
             }
@@ -524,6 +524,7 @@ impl<'a> Cursor<'a> {
         i: usize,
         alignment: usize,
         opts: &ReadOptions,
+        source: &Arc<str>,
     ) -> Result<TensorInfo, GgufError> {
         let name = self.string(&format!("name of tensor info {i}"))?;
         let what = format!("tensor info of {name}");
@@ -599,7 +600,7 @@ impl<'a> Cursor<'a> {
             })
         })?;
         Ok(TensorInfo {
-            source: Arc::from(self.source),
+            source: Arc::clone(source),
             name,
             ggml_type,
             n_dims: n_dims as usize,

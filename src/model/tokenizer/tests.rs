@@ -83,6 +83,8 @@ fn spm_merges_by_score_not_left_to_right() {
     assert_eq!(t.encode("hello world", false, false), [271, 272, 277]);
     // Two spaces: `▁w` (-5) beats `▁▁` (-9) and leaves a lone `▁`.
     assert_eq!(t.encode("hello  world", false, false), [271, 272, 259, 277]);
+    // Equal scores: the leftmost pair merges first.
+    assert_eq!(t.encode("lll", false, false), [259, 269, 262]);
     assert_eq!(t.encode("", true, false), [1]);
     assert_eq!(t.encode("", false, false), Vec::<Token>::new());
 }
@@ -240,6 +242,72 @@ fn bpe_round_trips_and_specials() {
         let plain = t.encode("hi<|endoftext|>", false, false);
         assert!(!plain.contains(&263));
         assert_eq!(t.decode(&plain, false).unwrap(), "hi<|endoftext|>");
+    }
+}
+
+/// Deterministic pseudo-random texts from a pool of awkward pieces.
+fn random_texts() -> Vec<String> {
+    let pool = [
+        "a",
+        "Z",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\r\n",
+        "hello",
+        "'s",
+        "'LL",
+        "中",
+        "文字",
+        "🦀",
+        "👍🏽",
+        "é",
+        "0",
+        "123456",
+        ".",
+        "...",
+        "<s>",
+        "<|endoftext|>",
+        "\u{0}",
+        "\u{7f}",
+        "ß",
+        "Ⅻ",
+        "\u{301}",
+    ];
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    (0..300)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let n = (state % 12) as usize;
+            (0..n)
+                .map(|k| pool[((state >> (5 * k)) % pool.len() as u64) as usize])
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn random_texts_round_trip() {
+    let spm = spm();
+    let bpes = ["gpt2", "llama3", "qwen2"].map(bpe);
+    for text in random_texts() {
+        let ids = spm.encode(&text, true, false);
+        assert_eq!(spm.decode(&ids, false).unwrap(), text, "spm {ids:?}");
+        for t in &bpes {
+            let ids = t.encode(&text, true, false);
+            assert_eq!(
+                t.decode(&ids, false).unwrap(),
+                text,
+                "{:?} {ids:?}",
+                t.pre_tokenizer()
+            );
+            // Parsing specials changes the ids, not the text (when rendered).
+            let ids = t.encode(&text, false, true);
+            assert_eq!(t.decode(&ids, true).unwrap(), text);
+        }
     }
 }
 
