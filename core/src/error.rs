@@ -128,6 +128,11 @@ pub enum Error {
     #[error("buffer {0} is read-only")]
     ReadOnly(String),
 
+    // === Model files ===
+    /// A GGUF file could not be read or written, or lacks what was asked of it.
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
+
     // === Execution ===
     /// A graph failed while running on a device; later calls on that stream report it once.
     #[error("compute failed on {device}: {reason}")]

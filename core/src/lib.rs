@@ -2,6 +2,7 @@
 //! every vendor crate implements, and the process-wide registry.
 //!
 //! Layers, lowest first: [`dtype`], [`tensor`], [`ops`] and [`graph`], [`backend`], [`registry`].
+//! [`gguf`] (model files) sits beside them, using only [`dtype`] and [`backend`]'s `HostMemory`.
 //! Lower layers never import higher ones.
 //!
 //! ```
@@ -21,6 +22,7 @@ pub mod backend;
 pub mod comm;
 pub mod dtype;
 pub mod error;
+pub mod gguf;
 pub mod graph;
 pub mod meta;
 pub mod ops;

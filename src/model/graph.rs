@@ -55,8 +55,12 @@ impl LlamaModel {
         let tokens = input(ctx, "inp_tokens", DType::I32, [t, 1])?;
         let positions = input(ctx, "inp_pos", DType::I32, [t, 1])?;
         let kv_rows = input(ctx, "inp_kv_rows", DType::I32, [t, 1])?;
-        let mask = input(ctx, "kq_mask", DType::F16, [n_kv, t])?;
-        let mask_swa = if (0..c.n_layer).any(|il| c.is_swa(il)) {
+        // Only masks some layer reads are inputs; with every layer local, `mask` is windowed.
+        let any_swa = (0..c.n_layer).any(|il| c.is_swa(il));
+        let all_swa = (0..c.n_layer).all(|il| c.is_swa(il));
+        let mask_name = if all_swa { "kq_mask_swa" } else { "kq_mask" };
+        let mask = input(ctx, mask_name, DType::F16, [n_kv, t])?;
+        let mask_swa = if any_swa && !all_swa {
             Some(input(ctx, "kq_mask_swa", DType::F16, [n_kv, t])?)
         } else {
             None
@@ -185,7 +189,9 @@ impl LlamaModel {
                 step.n_past
             )));
         }
-        let n_vocab = self.config().n_vocab;
+        let c = self.config();
+        let n_vocab = c.n_vocab;
+        let all_swa = (0..c.n_layer).all(|il| c.is_swa(il));
         if let Some(bad) = tokens
             .iter()
             .find(|&&tok| usize::try_from(tok).map_or(true, |u| u >= n_vocab))
@@ -221,10 +227,13 @@ impl LlamaModel {
             (step.tokens, i32_bytes(&mut tokens.iter().copied())),
             (step.positions, i32_bytes(&mut rows())),
             (step.kv_rows, i32_bytes(&mut rows())),
-            (step.mask, mask_bytes(usize::MAX)),
+            (
+                step.mask,
+                mask_bytes(if all_swa { c.n_swa } else { usize::MAX }),
+            ),
         ];
         if let Some(m) = step.mask_swa {
-            out.push((m, mask_bytes(self.config().n_swa)));
+            out.push((m, mask_bytes(c.n_swa)));
         }
         Ok(out)
     }

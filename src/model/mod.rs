@@ -20,6 +20,7 @@
 //! ```
 
 mod config;
+mod gguf_io;
 mod graph;
 mod llama;
 mod session;
@@ -29,12 +30,15 @@ mod tests;
 mod tests_arch;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_tp;
+pub mod tokenizer;
 mod tp;
 mod weights;
 
 pub use config::{Arch, LlamaConfig};
+pub use gguf_io::{ARCHITECTURE, llama_keys, synthetic_vocab};
 pub use llama::{LayerTensors, LlamaModel, Placement, Step, WeightSource};
 pub use session::LlamaSession;
+pub use tokenizer::{Token, Tokenizer, TokenizerError};
 pub use tp::TpSession;
 
 /// Normalised mean squared error `Σ(a−b)² / Σb²` of `a` against the reference `b` (∞ if the

@@ -192,3 +192,30 @@ fn models_load_from_a_weight_source_with_mixed_dtypes() {
     let e = LlamaModel::from_source(config, Arc::new(src)).unwrap_err();
     assert!(e.to_string().contains("output_norm.weight"), "{e}");
 }
+
+#[test]
+fn every_arch_round_trips_through_a_gguf_file() {
+    let dir = std::env::temp_dir().join(format!("tessera-arch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for arch in ARCHS {
+        let mut config = LlamaConfig {
+            weight_dtype: DType::Q8_0,
+            ..LlamaConfig::tiny_arch(arch)
+        };
+        if arch == Arch::Gemma3 {
+            // What a Gemma 3 file implies: every 6th layer global, local RoPE base 10000.
+            config.swa_period = 6;
+            config.rope_base_swa = 10000.0;
+        }
+        let synth = LlamaModel::new(config.clone(), SEED).unwrap();
+        let path = dir.join(format!("{}.gguf", arch.name()));
+        synth.write_gguf(&path).unwrap();
+        let file = Arc::new(crate::gguf::GgufFile::open(&path).unwrap());
+        let loaded = LlamaModel::from_gguf(file, None).unwrap();
+        assert_eq!(loaded.config(), &config, "{arch:?}");
+        let want = session(&synth, "cpu:1").eval(&PROMPT).unwrap();
+        let got = session(&loaded, "cpu:1").eval(&PROMPT).unwrap();
+        assert_eq!(got, want, "{arch:?}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

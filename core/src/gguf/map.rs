@@ -1,0 +1,62 @@
+//! [`GgufBytes`]: the bytes of a GGUF file, memory-mapped or owned. The one place in `gguf` with
+//! `unsafe` (creating the map; see the module doc of [`crate::gguf`] for the contract).
+
+use std::fs::File;
+use std::io;
+
+/// The bytes of a GGUF file: a read-only memory map of the file, or an owned buffer (files read
+/// from memory, and empty files, which cannot be mapped).
+///
+/// Shared as `Arc<GgufBytes>`; it implements `AsRef<[u8]>`, so an `Arc` of it is a
+/// [`crate::backend::HostMemory`] that devices can wrap without copying.
+#[derive(Debug)]
+pub struct GgufBytes(Storage);
+
+#[derive(Debug)]
+enum Storage {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl GgufBytes {
+    /// Maps `file` read-only.
+    ///
+    /// # Errors
+    /// The operating system refuses the map.
+    #[allow(unsafe_code)] // The only unsafe of `gguf`: see the module doc of `crate::gguf`.
+    pub(crate) fn map(file: &File) -> io::Result<GgufBytes> {
+        if file.metadata()?.len() == 0 {
+            return Ok(GgufBytes(Storage::Owned(Vec::new())));
+        }
+        // SAFETY: the map is read-only and private to this value, and is only exposed as `&[u8]`
+        // borrowed from it. `Mmap::map` is unsafe because another process may truncate or rewrite
+        // the file while it is mapped; the module doc of `crate::gguf` makes "do not modify a GGUF
+        // file while it is open" the caller's contract, as every mmap-based model loader does.
+        let map = unsafe { memmap2::Mmap::map(file)? };
+        Ok(GgufBytes(Storage::Mapped(map)))
+    }
+
+    /// Owned bytes.
+    pub fn from_vec(bytes: Vec<u8>) -> GgufBytes {
+        GgufBytes(Storage::Owned(bytes))
+    }
+
+    /// Whether the bytes are a memory map (rather than an owned buffer).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.0, Storage::Mapped(_))
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match &self.0 {
+            Storage::Mapped(m) => m,
+            Storage::Owned(v) => v,
+        }
+    }
+}
+
+impl AsRef<[u8]> for GgufBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
