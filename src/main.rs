@@ -41,6 +41,22 @@ enum Command {
         #[arg(short, long)]
         quiet: bool,
     },
+    /// Generate text with a GGUF model (llama, qwen2, qwen3, gemma3): streams the output and
+    /// prints prompt and generation tokens per second.
+    Run(cli::run::RunArgs),
+    /// Write the synthetic model (deterministic weights, a small SentencePiece vocabulary) as a
+    /// GGUF file, for `run` and for tests without a download.
+    WriteSynthetic {
+        /// Output path.
+        #[arg(short = 'o', long)]
+        out: std::path::PathBuf,
+        /// Architecture: llama, qwen2, qwen3 or gemma3.
+        #[arg(long, default_value = "llama")]
+        arch: String,
+        /// Size preset.
+        #[arg(long, value_enum, default_value = "tiny")]
+        model: cli::bench::ModelPreset,
+    },
     /// Tensor-parallel equivalence: a small llama model on one CPU device vs split over
     /// --devices (the meta device); prints NMSE per output, exits non-zero on a failure.
     TestTp {
@@ -130,6 +146,33 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Devices { load } => cli::devices::run(&load).map(|_| ExitCode::SUCCESS),
         Command::Bench(args) => cli::bench::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::Run(args) => cli::run::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::WriteSynthetic { out, arch, model } => {
+            let arch = tessera::model::Arch::from_name(&arch).ok_or_else(|| {
+                anyhow::anyhow!("unknown architecture '{arch}' (llama, qwen2, qwen3, gemma3)")
+            })?;
+            let base = match model {
+                cli::bench::ModelPreset::Synthetic100m => {
+                    tessera::model::LlamaConfig::synthetic_100m()
+                }
+                cli::bench::ModelPreset::Tiny => tessera::model::LlamaConfig::tiny(),
+            };
+            let mut config = tessera::model::LlamaConfig { arch, ..base };
+            if arch == tessera::model::Arch::Gemma3 {
+                let g = tessera::model::LlamaConfig::tiny_arch(arch);
+                config.n_swa = g.n_swa;
+                config.swa_period = 6;
+                config.tied_output = true;
+            }
+            let m = tessera::model::LlamaModel::new(config, 0x5eed)?;
+            m.write_gguf(&out)?;
+            eprintln!(
+                "wrote {} ({} parameters)",
+                out.display(),
+                m.config().param_count()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::TestOps {
             op,
             backend,

@@ -30,7 +30,7 @@ pub enum SplitMode {
 impl SplitMode {
     const ACCEPTED: &str = "none, layer, tensor";
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             SplitMode::None => "none",
             SplitMode::Layer => "layer",
@@ -40,19 +40,19 @@ impl SplitMode {
 }
 
 /// A loaded model in one split mode.
-enum Session<'m> {
+pub(crate) enum Session<'m> {
     Sched(LlamaSession<'m>),
     Tp(TpSession<'m>),
 }
 
 impl Session<'_> {
-    fn eval(&mut self, tokens: &[i32]) -> tessera::Result<Vec<f32>> {
+    pub(crate) fn eval(&mut self, tokens: &[i32]) -> tessera::Result<Vec<f32>> {
         match self {
             Session::Sched(s) => s.eval(tokens),
             Session::Tp(s) => s.eval(tokens),
         }
     }
-    fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         match self {
             Session::Sched(s) => s.reset(),
             Session::Tp(s) => s.reset(),
@@ -112,9 +112,17 @@ pub struct BenchArgs {
     /// Threads per device stream (default: the device's cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
-    /// Model to run.
-    #[arg(long, value_enum, default_value = "synthetic-100m")]
+    /// Synthetic model to run when no file is given.
+    #[arg(
+        long = "preset",
+        alias = "model",
+        value_enum,
+        default_value = "synthetic-100m"
+    )]
     pub model: ModelPreset,
+    /// A GGUF model file (llama, qwen2, qwen3, gemma3) instead of the synthetic model.
+    #[arg(short = 'm', long = "model-file")]
+    pub model_file: Option<std::path::PathBuf>,
 }
 
 /// What one split mode measured, and the logits kept to compare modes.
@@ -128,7 +136,10 @@ struct ModeResult {
     tg_tokens: Vec<i32>,
 }
 
-fn devices_for(mode: SplitMode, list: Option<&str>) -> anyhow::Result<Vec<Arc<dyn Device>>> {
+pub(crate) fn devices_for(
+    mode: SplitMode,
+    list: Option<&str>,
+) -> anyhow::Result<Vec<Arc<dyn Device>>> {
     let reg = registry();
     let devs = match (list, mode) {
         (Some(l), _) => reg.select(l)?,
@@ -184,21 +195,26 @@ fn run_tg(s: &mut Session<'_>, n: usize) -> anyhow::Result<(f64, Vec<Vec<f32>>, 
     Ok((n as f64 / t0.elapsed().as_secs_f64(), steps, fed))
 }
 
-fn run_mode(
-    model: &LlamaModel,
+/// Loads `model` on `devices` in split `mode` with a progress line on a terminal, and reports
+/// the load on stderr.
+///
+/// # Errors
+/// Split, allocation and upload errors, naming the devices.
+pub(crate) fn open_session<'m>(
+    model: &'m LlamaModel,
     mode: SplitMode,
-    args: &BenchArgs,
-    prompt: &[i32],
-) -> anyhow::Result<ModeResult> {
-    let devices = devices_for(mode, args.devices.as_deref())?;
+    devices: &[Arc<dyn Device>],
+    ratios: &[f32],
+    threads: Option<usize>,
+) -> anyhow::Result<Session<'m>> {
     let n_layer = model.config().n_layer;
     let layer_device = match mode {
         SplitMode::Layer => layer_devices(n_layer, &[], devices.len())?,
         SplitMode::None | SplitMode::Tensor => vec![0; n_layer],
     };
-    let names = device_names(&devices);
+    let names = device_names(devices);
     let opts = SchedOptions {
-        n_threads: args.threads,
+        n_threads: threads,
         ..SchedOptions::default()
     };
     let t0 = Instant::now();
@@ -214,10 +230,10 @@ fn run_mode(
             ));
         }
     };
-    let mut session = match mode {
+    let session = match mode {
         SplitMode::Tensor => {
-            let meta = model.meta_device(&devices, &args.ratios)?;
-            let opts = match args.threads {
+            let meta = model.meta_device(devices, ratios)?;
+            let opts = match threads {
                 Some(t) => BackendOptions::with_threads(t),
                 None => BackendOptions::default(),
             };
@@ -227,7 +243,7 @@ fn run_mode(
             )
         }
         _ => Session::Sched(
-            LlamaSession::with_progress(model, &devices, &layer_device, opts, progress)
+            LlamaSession::with_progress(model, devices, &layer_device, opts, progress)
                 .with_context(|| format!("loading the model on {names}"))?,
         ),
     };
@@ -238,6 +254,19 @@ fn run_mode(
         (model.weight_bytes_total() + model.cache_bytes_total()) as f64 / MIB,
         t0.elapsed().as_secs_f64()
     );
+    Ok(session)
+}
+
+fn run_mode(
+    model: &LlamaModel,
+    mode: SplitMode,
+    args: &BenchArgs,
+    prompt: &[i32],
+) -> anyhow::Result<ModeResult> {
+    let devices = devices_for(mode, args.devices.as_deref())?;
+    let names = device_names(&devices);
+    let tty = std::io::stderr().is_terminal();
+    let mut session = open_session(model, mode, &devices, &args.ratios, args.threads)?;
 
     // Warm-up (not timed): plans and allocates compute memory for both graph shapes.
     if !prompt.is_empty() {
@@ -312,12 +341,12 @@ fn run_mode(
 }
 
 /// Rewrites the current terminal line of stderr.
-fn status(msg: std::fmt::Arguments<'_>) {
+pub(crate) fn status(msg: std::fmt::Arguments<'_>) {
     eprint!("\r{msg}");
     let _ = std::io::stderr().flush();
 }
 
-fn device_names(devices: &[Arc<dyn Device>]) -> String {
+pub(crate) fn device_names(devices: &[Arc<dyn Device>]) -> String {
     devices
         .iter()
         .map(|d| d.name())
@@ -350,16 +379,29 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.threads == Some(0) {
         anyhow::bail!("-t must be at least 1");
     }
-    let config = match args.model {
-        ModelPreset::Synthetic100m => LlamaConfig::synthetic_100m(),
-        ModelPreset::Tiny => LlamaConfig::tiny(),
-    };
-    for (flag, n) in [("-p", args.n_prompt), ("-n", args.n_gen)] {
-        if n > config.n_ctx {
-            anyhow::bail!("{flag} {n} exceeds the model's context of {}", config.n_ctx);
+    let model = match &args.model_file {
+        Some(path) => {
+            let file = Arc::new(
+                tessera::gguf::GgufFile::open(path)
+                    .with_context(|| format!("opening {}", path.display()))?,
+            );
+            // The caches only need the longest test.
+            let n_ctx = args.n_prompt.max(args.n_gen).max(1);
+            LlamaModel::from_gguf(file, Some(n_ctx))?
         }
-    }
-    let model = LlamaModel::new(config, SEED)?;
+        None => {
+            let config = match args.model {
+                ModelPreset::Synthetic100m => LlamaConfig::synthetic_100m(),
+                ModelPreset::Tiny => LlamaConfig::tiny(),
+            };
+            for (flag, n) in [("-p", args.n_prompt), ("-n", args.n_gen)] {
+                if n > config.n_ctx {
+                    anyhow::bail!("{flag} {n} exceeds the model's context of {}", config.n_ctx);
+                }
+            }
+            LlamaModel::new(config, SEED)?
+        }
+    };
     let c = model.config();
     let mut rng = Rng::new(SEED);
     let prompt: Vec<i32> = (0..args.n_prompt)
@@ -379,14 +421,22 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
 
     let params = c.param_count() as f64;
-    let label = format!(
-        "synthetic-llama {} {:?}",
-        match args.model {
-            ModelPreset::Synthetic100m => "100M",
-            ModelPreset::Tiny => "tiny",
-        },
-        c.weight_dtype
-    );
+    let label = match &args.model_file {
+        Some(p) => format!(
+            "{} {}",
+            c.arch.name(),
+            p.file_stem()
+                .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
+        ),
+        None => format!(
+            "synthetic-llama {} {:?}",
+            match args.model {
+                ModelPreset::Synthetic100m => "100M",
+                ModelPreset::Tiny => "tiny",
+            },
+            c.weight_dtype
+        ),
+    };
     let size = format!("{:.2} MiB", model.weight_bytes_total() as f64 / MIB);
     let params = format!("{:.2} M", params / 1e6);
     println!(

@@ -5,6 +5,7 @@ pub mod bench_allreduce;
 pub mod bench_ops;
 pub mod devices;
 pub mod inputs;
+pub mod run;
 pub mod test_ops;
 pub mod test_tp;
 

@@ -1,0 +1,246 @@
+//! `tessera run`: load a GGUF model, tokenize a prompt, evaluate it and stream generated text,
+//! then print prompt and generation speed.
+
+use super::bench::{SplitMode, devices_for, open_session, parse_split_mode};
+use anyhow::Context as _;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+use tessera::gguf::GgufFile;
+use tessera::model::{LlamaModel, Tokenizer, argmax};
+
+/// Arguments of `tessera run`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunArgs {
+    /// GGUF model file (llama, qwen2, qwen3 or gemma3).
+    #[arg(short = 'm', long)]
+    pub model: PathBuf,
+    /// Prompt text.
+    #[arg(short = 'p', long)]
+    pub prompt: String,
+    /// Tokens to generate (stops early at end-of-sequence).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
+    pub n_predict: usize,
+    /// none, layer or tensor.
+    #[arg(long, value_parser = parse_split_mode, default_value = "none")]
+    pub split_mode: SplitMode,
+    /// Devices: comma-separated names, or KIND:N (default: CPU for none, cpu:2 otherwise).
+    #[arg(long)]
+    pub devices: Option<String>,
+    /// Split ratios of the tensor mode, one per device.
+    #[arg(long, value_delimiter = ',')]
+    pub ratios: Vec<f32>,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temp: f32,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Context (KV cache rows); default: prompt + generated tokens, within the model's context.
+    #[arg(short = 'c', long)]
+    pub ctx_size: Option<usize>,
+    /// Threads per device stream.
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Writes the logits of every evaluated position (f32 little-endian, row-major
+    /// [n_tokens × n_vocab]) to this file.
+    #[arg(long)]
+    pub logits_out: Option<PathBuf>,
+    /// Parse special-token text (e.g. `<start_of_turn>`) in the prompt.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub parse_special: bool,
+}
+
+/// A small seeded generator for sampling (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The next token: the argmax at temperature 0, else a draw from softmax(logits / temp).
+fn sample(logits: &[f32], temp: f32, rng: &mut Rng) -> usize {
+    if temp <= 0.0 {
+        return argmax(logits);
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&l| f64::from((l - max) / temp).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut r = rng.uniform() * total;
+    for (i, w) in weights.iter().enumerate() {
+        r -= w;
+        if r <= 0.0 {
+            return i;
+        }
+    }
+    argmax(logits)
+}
+
+/// Writes the complete UTF-8 characters of `pending` to stdout and keeps an incomplete tail
+/// (a character split over byte tokens) for the next piece.
+fn flush_utf8(pending: &mut Vec<u8>, out: &mut impl Write) -> std::io::Result<()> {
+    let valid = match std::str::from_utf8(pending) {
+        Ok(s) => s.len(),
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        // Invalid bytes: print them replaced rather than stall.
+        Err(_) => pending.len(),
+    };
+    out.write_all(String::from_utf8_lossy(&pending[..valid]).as_bytes())?;
+    out.flush()?;
+    pending.drain(..valid);
+    Ok(())
+}
+
+/// Runs `tessera run`.
+///
+/// # Errors
+/// File, tokenizer, model, device and compute errors.
+pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let t_load = Instant::now();
+    let file = Arc::new(
+        GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
+    );
+    let tok = Tokenizer::from_gguf(&file).context("reading the tokenizer")?;
+    let prompt = tok.encode(&args.prompt, tok.adds_bos(), args.parse_special);
+    if prompt.is_empty() {
+        anyhow::bail!("the prompt encodes to no tokens");
+    }
+    let wanted = prompt.len() + args.n_predict.max(1);
+    let config = tessera::model::LlamaConfig::from_gguf(&file)?;
+    let n_ctx = args.ctx_size.unwrap_or(wanted.min(config.n_ctx));
+    if wanted > n_ctx {
+        anyhow::bail!(
+            "{} prompt tokens + {} to generate exceed the context of {n_ctx} (raise -c)",
+            prompt.len(),
+            args.n_predict
+        );
+    }
+    let model = LlamaModel::from_gguf(file.clone(), Some(n_ctx))?;
+    let c = model.config();
+    eprintln!(
+        "model: {} ({}), {} layers, n_embd {}, {} heads ({} KV), vocab {}, {:.1} MiB of weights; \
+         prompt {} tokens",
+        args.model.display(),
+        c.arch.name(),
+        c.n_layer,
+        c.n_embd,
+        c.n_head,
+        c.n_head_kv,
+        c.n_vocab,
+        model.weight_bytes_total() as f64 / (1u64 << 20) as f64,
+        prompt.len()
+    );
+    let devices = devices_for(args.split_mode, args.devices.as_deref())?;
+    let mut session = open_session(
+        &model,
+        args.split_mode,
+        &devices,
+        &args.ratios,
+        args.threads,
+    )?;
+    eprintln!("loaded in {:.2} s", t_load.elapsed().as_secs_f64());
+
+    let n_vocab = c.n_vocab;
+    let mut logits_out = match &args.logits_out {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let mut write_logits = |l: &[f32]| -> anyhow::Result<()> {
+        if let Some(w) = logits_out.as_mut() {
+            for v in l {
+                w.write_all(&v.to_le_bytes())?;
+            }
+        }
+        Ok(())
+    };
+
+    let mut stdout = std::io::stdout();
+    let mut pending = tok.decode(&prompt, false)?.into_bytes();
+    flush_utf8(&mut pending, &mut stdout)?;
+    let mut rng = Rng(args.seed | 1);
+    let t_pp = Instant::now();
+    let logits = session.eval(&prompt)?;
+    let pp_s = t_pp.elapsed().as_secs_f64();
+    write_logits(&logits)?;
+    let mut last = logits[logits.len() - n_vocab..].to_vec();
+    let t_tg = Instant::now();
+    let mut generated = 0usize;
+    for i in 0..args.n_predict {
+        let next = sample(&last, args.temp, &mut rng) as i32;
+        if Some(next) == tok.eos() {
+            break;
+        }
+        pending.extend(tok.token_to_piece(next, false)?);
+        flush_utf8(&mut pending, &mut stdout)?;
+        generated += 1;
+        if i + 1 == args.n_predict {
+            break;
+        }
+        last = session.eval(&[next])?;
+        write_logits(&last)?;
+    }
+    let tg_s = t_tg.elapsed().as_secs_f64();
+    pending.push(b'\n');
+    flush_utf8(&mut pending, &mut stdout)?;
+    if let Some(mut w) = logits_out {
+        w.flush()?;
+    }
+    eprintln!(
+        "prompt: {} tokens in {:.3} s ({:.2} t/s); generation: {generated} tokens in {:.3} s \
+         ({:.2} t/s); split mode {}",
+        prompt.len(),
+        pp_s,
+        prompt.len() as f64 / pp_s,
+        tg_s,
+        if tg_s > 0.0 {
+            generated as f64 / tg_s
+        } else {
+            0.0
+        },
+        args.split_mode.name()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_and_tempered_sampling() {
+        let logits = [0.1, 2.0, -1.0, 1.9];
+        let mut rng = Rng(7);
+        assert_eq!(sample(&logits, 0.0, &mut rng), 1);
+        // A very low temperature is greedy in practice; a high one reaches every token.
+        assert_eq!(sample(&logits, 1e-3, &mut rng), 1);
+        let mut seen = [false; 4];
+        for _ in 0..2000 {
+            seen[sample(&logits, 100.0, &mut rng)] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+    }
+
+    #[test]
+    fn utf8_split_over_pieces_is_held_back() {
+        let mut out = Vec::new();
+        let mut pending = "é".as_bytes()[..1].to_vec();
+        flush_utf8(&mut pending, &mut out).unwrap();
+        assert!(out.is_empty() && pending.len() == 1);
+        pending.push("é".as_bytes()[1]);
+        flush_utf8(&mut pending, &mut out).unwrap();
+        assert_eq!(out, "é".as_bytes());
+        assert!(pending.is_empty());
+    }
+}
