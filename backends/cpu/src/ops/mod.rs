@@ -214,6 +214,13 @@ pub(crate) fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
         OpKind::FlashAttnExt if !matches!(src_dtype(1), Some(DType::F16 | DType::F32)) => {
             Support::No("FLASH_ATTN_EXT needs f16 or f32 K/V".into())
         }
+        // Q8_K is an activation format (as in ggml): no weight kernel takes it.
+        OpKind::MulMat if src_dtype(0).is_some_and(|d| matmul::weight_type(d).is_none()) => {
+            Support::No(format!(
+                "MUL_MAT has no CPU kernel for {} weights",
+                src_dtype(0).map_or("unknown".into(), |d| d.to_string())
+            ))
+        }
         OpKind::None
         | OpKind::View
         | OpKind::Reshape
