@@ -687,3 +687,200 @@ pub fn dequantize_row_q8_k(src: &[u8], dst: &mut [f32]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn scale_min_packing() {
+        // Distinct 6-bit scales and mins, packed as ggml's quantizers pack them, read back.
+        let (sc, mn) = (
+            [1u8, 17, 33, 63, 5, 40, 62, 16],
+            [0u8, 9, 63, 31, 48, 2, 33, 60],
+        );
+        let mut q = [0u8; 12];
+        for j in 0..8 {
+            let (ls, lm) = (sc[j], mn[j]);
+            if j < 4 {
+                q[j] = ls;
+                q[j + 4] = lm;
+            } else {
+                q[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
+                q[j - 4] |= (ls >> 4) << 6;
+                q[j] |= (lm >> 4) << 6;
+            }
+        }
+        for j in 0..8 {
+            assert_eq!(scale_min_k4(j, &q), (sc[j], mn[j]), "sub-block {j}");
+        }
+    }
+
+    #[test]
+    fn hand_built_blocks_dequantize_exactly() {
+        // Q5_0: d = 0.5, element j = (j mod 32) − 16 through nibble + fifth bit.
+        let mut b = [0u8; 22];
+        b[..2].copy_from_slice(&f16::from_f32(0.5).to_bits().to_le_bytes());
+        let mut qh = 0u32;
+        for j in 0..16 {
+            let (q0, q1) = (j as u8, (j + 16) as u8);
+            b[6 + j] = (q0 & 0xF) | ((q1 & 0xF) << 4);
+            qh |= u32::from(q0 >> 4) << j | u32::from(q1 >> 4) << (j + 16);
+        }
+        b[2..6].copy_from_slice(&qh.to_le_bytes());
+        let mut y = [0.0f32; 32];
+        dequantize_row_q5_0(&b, &mut y);
+        for (j, v) in y.iter().enumerate() {
+            assert_eq!(*v, (j as f32 - 16.0) * 0.5);
+        }
+
+        // Q4_K: d = 0.25, dmin = 0.5, sub-block s has scale s + 1 and min s; level = l mod 16.
+        let mut b = [0u8; 144];
+        b[..2].copy_from_slice(&f16::from_f32(0.25).to_bits().to_le_bytes());
+        b[2..4].copy_from_slice(&f16::from_f32(0.5).to_bits().to_le_bytes());
+        for s in 0..4 {
+            b[4 + s] = s as u8 + 1;
+            b[8 + s] = s as u8;
+        }
+        for s in 4..8 {
+            b[8 + s] = (s as u8 + 1) | ((s as u8) << 4);
+        }
+        for c in 0..4 {
+            for l in 0..32 {
+                b[16 + 32 * c + l] = (l as u8 % 16) | ((15 - l as u8 % 16) << 4);
+            }
+        }
+        let mut y = [0.0f32; 256];
+        dequantize_row_q4_k(&b, &mut y);
+        for (e, v) in y.iter().enumerate() {
+            let (s, l) = (e / 32, e % 32);
+            let q = if s % 2 == 0 { l % 16 } else { 15 - l % 16 };
+            let want = 0.25 * (s + 1) as f32 * q as f32 - 0.5 * s as f32;
+            assert_eq!(*v, want, "q4_K element {e}");
+        }
+        // The same block as Q5_K with every fifth bit of sub-block 3 set.
+        let mut b5 = [0u8; 176];
+        b5[..16].copy_from_slice(&b[..16]);
+        b5[16..48].fill(1 << 3);
+        b5[48..].copy_from_slice(&b[16..]);
+        dequantize_row_q5_k(&b5, &mut y);
+        for (e, v) in y.iter().enumerate() {
+            let (s, l) = (e / 32, e % 32);
+            let q = if s % 2 == 0 { l % 16 } else { 15 - l % 16 } + if s == 3 { 16 } else { 0 };
+            let want = 0.25 * (s + 1) as f32 * q as f32 - 0.5 * s as f32;
+            assert_eq!(*v, want, "q5_K element {e}");
+        }
+
+        // Q6_K: d = 2, scale of group g = g − 8, level of element e = e mod 64.
+        let mut b = [0u8; 210];
+        let lv = |e: usize| (e % 64) as u8;
+        for h in 0..2 {
+            for l in 0..32 {
+                let e = |t: usize| 128 * h + 32 * t + l;
+                b[64 * h + l] = (lv(e(0)) & 0xF) | ((lv(e(2)) & 0xF) << 4);
+                b[64 * h + 32 + l] = (lv(e(1)) & 0xF) | ((lv(e(3)) & 0xF) << 4);
+                b[128 + 32 * h + l] = (lv(e(0)) >> 4)
+                    | ((lv(e(1)) >> 4) << 2)
+                    | ((lv(e(2)) >> 4) << 4)
+                    | ((lv(e(3)) >> 4) << 6);
+            }
+        }
+        for g in 0..16 {
+            b[192 + g] = (g as i8 - 8) as u8;
+        }
+        b[208..].copy_from_slice(&f16::from_f32(2.0).to_bits().to_le_bytes());
+        dequantize_row_q6_k(&b, &mut y);
+        for (e, v) in y.iter().enumerate() {
+            let want = 2.0 * ((e / 16) as f32 - 8.0) * (lv(e) as f32 - 32.0);
+            assert_eq!(*v, want, "q6_K element {e}");
+        }
+    }
+
+    #[test]
+    fn round_trip_errors_are_typical() {
+        let x = rand_vec(256 * 16, 11);
+        // RMS error relative to the RMS of x (uniform in [-1, 1): 1/√3): about a third of a
+        // quantization step (range / levels / √12), with headroom.
+        type Codec = (
+            fn(&[f32], &mut [u8]),
+            fn(&[u8], &mut [f32]),
+            usize,
+            usize,
+            f64,
+        );
+        let codecs: [(&str, Codec); 5] = [
+            (
+                "q5_0",
+                (quantize_row_q5_0, dequantize_row_q5_0, 22, 32, 0.04),
+            ),
+            (
+                "q4_K",
+                (quantize_row_q4_k, dequantize_row_q4_k, 144, 256, 0.07),
+            ),
+            (
+                "q5_K",
+                (quantize_row_q5_k, dequantize_row_q5_k, 176, 256, 0.035),
+            ),
+            (
+                "q6_K",
+                (quantize_row_q6_k, dequantize_row_q6_k, 210, 256, 0.02),
+            ),
+            (
+                "q8_K",
+                (quantize_row_q8_k, dequantize_row_q8_k, 292, 256, 0.006),
+            ),
+        ];
+        let rms_x = (x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len() as f64).sqrt();
+        for (name, (q, dq, bs, qk, bound)) in codecs {
+            let mut b = vec![0u8; x.len() / qk * bs];
+            q(&x, &mut b);
+            let mut y = vec![0.0f32; x.len()];
+            dq(&b, &mut y);
+            let rms = (x
+                .iter()
+                .zip(&y)
+                .map(|(a, c)| ((a - c) as f64).powi(2))
+                .sum::<f64>()
+                / x.len() as f64)
+                .sqrt();
+            assert!(
+                rms / rms_x <= bound,
+                "{name}: relative RMS error {}",
+                rms / rms_x
+            );
+            // Zeros stay zeros.
+            let z = vec![0.0f32; qk];
+            let mut bz = vec![0xAAu8; bs];
+            q(&z, &mut bz);
+            let mut yz = vec![1.0f32; qk];
+            dq(&bz, &mut yz);
+            assert!(yz.iter().all(|v| *v == 0.0), "{name}: zeros");
+        }
+    }
+
+    #[test]
+    fn nearest_int_rounds_half_to_even() {
+        for (v, want) in [
+            (0.5f32, 0),
+            (1.5, 2),
+            (2.5, 2),
+            (-0.5, 0),
+            (-1.5, -2),
+            (3.49, 3),
+        ] {
+            assert_eq!(nearest_int(v), want, "{v}");
+        }
+    }
+}

@@ -269,3 +269,27 @@ pub(crate) fn shared_scratch_bytes(graph: &Graph) -> usize {
         .max()
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_core::Context;
+
+    #[test]
+    fn mul_mat_weights_need_a_kernel() {
+        for (dtype, ok) in [
+            (DType::Q4_K, true),
+            (DType::Q5_0, true),
+            (DType::Q6_K, true),
+            (DType::Q8_K, false),
+        ] {
+            let mut ctx = Context::new();
+            let w = ctx.new_tensor(dtype, [256, 4]).unwrap();
+            let x = ctx.new_tensor(DType::F32, [256, 2]).unwrap();
+            let y = ctx.mul_mat(w, x).unwrap();
+            let g = ctx.build_forward(y).unwrap();
+            let s = supports(g.tensors(), y);
+            assert_eq!(matches!(s, Support::Yes), ok, "{dtype}: {s:?}");
+        }
+    }
+}
