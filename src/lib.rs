@@ -62,7 +62,8 @@ pub fn registry() -> &'static DeviceRegistry {
     reg
 }
 
-/// Encodes f32 values as `dtype` bytes (quantizing for Q8_0/Q4_0, rounding to nearest for
+/// Encodes f32 values as `dtype` bytes (quantizing with ggml's reference quantizers for the
+/// quantized types, rounding to nearest for
 /// F16/BF16, truncating toward zero for I32).
 ///
 /// # Errors
@@ -96,6 +97,11 @@ pub fn encode_f32(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
             .for_each(|(o, v)| o.copy_from_slice(&(*v as i32).to_le_bytes())),
         DType::Q8_0 => k::quantize_row_q8_0(values, &mut out),
         DType::Q4_0 => k::quantize_row_q4_0(values, &mut out),
+        DType::Q5_0 => k::quantize_row_q5_0(values, &mut out),
+        DType::Q4_K => k::quantize_row_q4_k(values, &mut out),
+        DType::Q5_K => k::quantize_row_q5_k(values, &mut out),
+        DType::Q6_K => k::quantize_row_q6_k(values, &mut out),
+        DType::Q8_K => k::quantize_row_q8_k(values, &mut out),
         other => return Err(Error::InvalidArgument(format!("cannot encode {other}"))),
     }
     Ok(out)
@@ -134,6 +140,11 @@ pub fn decode_to_f32(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
             .for_each(|(o, c)| *o = i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32),
         DType::Q8_0 => k::dequantize_row_q8_0(bytes, &mut out),
         DType::Q4_0 => k::dequantize_row_q4_0(bytes, &mut out),
+        DType::Q5_0 => k::dequantize_row_q5_0(bytes, &mut out),
+        DType::Q4_K => k::dequantize_row_q4_k(bytes, &mut out),
+        DType::Q5_K => k::dequantize_row_q5_k(bytes, &mut out),
+        DType::Q6_K => k::dequantize_row_q6_k(bytes, &mut out),
+        DType::Q8_K => k::dequantize_row_q8_k(bytes, &mut out),
         other => return Err(Error::InvalidArgument(format!("cannot decode {other}"))),
     }
     Ok(out)
@@ -145,13 +156,18 @@ mod tests {
 
     #[test]
     fn encode_decode_round_trip() {
-        let v: Vec<f32> = (0..64).map(|i| i as f32 / 8.0 - 4.0).collect();
+        let v: Vec<f32> = (0..256).map(|i| (i % 64) as f32 / 8.0 - 4.0).collect();
         for d in [
             DType::F32,
             DType::F16,
             DType::BF16,
             DType::Q8_0,
             DType::Q4_0,
+            DType::Q5_0,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+            DType::Q8_K,
         ] {
             let back = decode_to_f32(d, &encode_f32(d, &v).unwrap()).unwrap();
             let err = v
@@ -159,10 +175,17 @@ mod tests {
                 .zip(&back)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
-            let tol = if d == DType::Q4_0 { 0.3 } else { 0.02 };
+            let tol = match d {
+                DType::Q4_0 | DType::Q4_K => 0.3,
+                DType::Q5_0 | DType::Q5_K => 0.15,
+                DType::Q6_K | DType::Q8_K => 0.05,
+                _ => 0.02,
+            };
             assert!(err <= tol, "{d}: max error {err}");
         }
         assert!(encode_f32(DType::Q8_0, &[1.0; 31]).is_err());
+        assert!(encode_f32(DType::Q4_K, &[1.0; 128]).is_err());
+        assert!(decode_to_f32(DType::Q6_K, &[0; 209]).is_err());
     }
 
     #[test]

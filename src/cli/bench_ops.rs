@@ -26,9 +26,17 @@ fn cases(k: usize) -> Vec<BenchCase> {
         DType::BF16,
         DType::Q8_0,
         DType::Q4_0,
+        DType::Q5_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
     ] {
+        // K-quants need k in whole super-blocks of 256.
+        let Some(row) = dtype.row_size(k) else {
+            continue;
+        };
         for n in [1usize, 512] {
-            let wbytes = (dtype.row_size(k).unwrap_or(0) * m) as f64;
+            let wbytes = (row * m) as f64;
             v.push(BenchCase {
                 op: "MUL_MAT",
                 label: format!("MUL_MAT(type_a={dtype},type_b=f32,m={m},n={n},k={k})"),

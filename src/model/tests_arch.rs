@@ -219,3 +219,33 @@ fn every_arch_round_trips_through_a_gguf_file() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn k_quant_weights_split_by_whole_super_blocks() {
+    for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q5_0] {
+        let config = LlamaConfig {
+            n_embd: 256,
+            head_dim: 64,
+            n_ff: 512,
+            weight_dtype: dtype,
+            ..LlamaConfig::tiny_arch(Arch::Qwen3)
+        };
+        let m = LlamaModel::new(config, SEED).unwrap();
+        let mut single = session(&m, "cpu:1");
+        let devs = registry().select("cpu:2").unwrap();
+        let meta = m.meta_device(&devs, &[]).unwrap();
+        // ffn_down is split on its reduction axis: every piece is whole blocks of the dtype.
+        let down = &m.context().tensors()[m.layers()[0].ffn_down.index()];
+        let st = meta.split_state(down).unwrap();
+        assert_eq!(st.split_axis(), Some(0), "{dtype}");
+        assert!(
+            st.local_lens().iter().all(|l| l % dtype.block_size() == 0),
+            "{dtype}: {st}"
+        );
+        let mut tp = TpSession::new(&m, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap();
+        for chunk in [&PROMPT[..], &[7]] {
+            let e = nmse(&tp.eval(chunk).unwrap(), &single.eval(chunk).unwrap());
+            assert!(e <= 1e-4, "{dtype}: nmse {e:e}");
+        }
+    }
+}

@@ -11,8 +11,9 @@
 //!   softmax-like ops (f32 `exp`/`tanh`/`rsqrt` approximations, f32 accumulation).
 //! - [`NMSE_F16`] 5e-4: F16 (or BF16) outputs or inputs: half precision is ~1e-3 relative, so
 //!   rounding alone gives an NMSE of ~1e-6..1e-4 after a few rounded intermediates.
-//! - [`NMSE_MUL_MAT_QUANT`] 5e-4: MUL_MAT with Q8_0/Q4_0 weights, where the backend quantizes
-//!   the activations to Q8_0 while the reference uses the f32 activations.
+//! - [`NMSE_MUL_MAT_QUANT`] 5e-4: MUL_MAT with quantized weights, where the backend quantizes
+//!   the activations (to Q8_0, or Q8_K for the K-quants, as ggml) while the reference uses the
+//!   f32 activations.
 //! - [`NMSE_MUL_MAT_F16`] 1e-5 and [`NMSE_MUL_MAT_BF16`] 5e-4: half-precision weights, with
 //!   activations possibly converted to the weight type by the backend.
 //! - [`NMSE_QUANTIZE`] 5e-4: copies into quantized tensors (the backend's quantizer may break
@@ -29,7 +30,7 @@ pub const NMSE_F32: f64 = 1e-7;
 pub const NMSE_F32_MATH: f64 = 1e-6;
 /// Anything with F16 or BF16 inputs or outputs.
 pub const NMSE_F16: f64 = 5e-4;
-/// MUL_MAT with Q8_0 / Q4_0 weights (activations quantized to Q8_0 by the backend).
+/// MUL_MAT with quantized weights (activations quantized to Q8_0 / Q8_K by the backend).
 pub const NMSE_MUL_MAT_QUANT: f64 = 5e-4;
 /// MUL_MAT with F16 weights.
 pub const NMSE_MUL_MAT_F16: f64 = 1e-5;
@@ -874,6 +875,10 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
         DType::BF16,
         DType::Q8_0,
         DType::Q4_0,
+        DType::Q5_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
     ];
     // (m, n, k, a batch [a2, a3], repeats [b2/a2, b3/a3], layout of b)
     let mut shapes: Vec<MulMatShape> = [1, 2, 7, 33]
@@ -883,8 +888,23 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
     shapes.push((16, 3, 64, [2, 1], [2, 2], Layout::Contiguous));
     shapes.push((16, 5, 64, [2, 1], [1, 1], Layout::Permuted));
     shapes.push((24, 4, 96, [1, 1], [3, 1], Layout::Permuted));
+    // K-quants need k in whole super-blocks of 256: GEMV and GEMM at several k, a batch with
+    // broadcast, and a permuted activation.
+    let mut k_shapes: Vec<MulMatShape> = Vec::new();
+    for k in [256, 768] {
+        for n in [1, 7, 33] {
+            k_shapes.push((32, n, k, [1, 1], [1, 1], Layout::Contiguous));
+        }
+    }
+    k_shapes.push((19, 1, 2048, [1, 1], [1, 1], Layout::Contiguous));
+    k_shapes.push((16, 3, 256, [2, 1], [2, 2], Layout::Contiguous));
+    k_shapes.push((16, 5, 512, [2, 1], [1, 1], Layout::Permuted));
     for type_a in types {
-        let mut all = shapes.clone();
+        let mut all = if type_a.block_size() == DType::QK_K {
+            k_shapes.clone()
+        } else {
+            shapes.clone()
+        };
         if !type_a.is_quantized() {
             // k not a multiple of the block size, and a single output row.
             all.push((16, 3, 67, [1, 1], [1, 1], Layout::Contiguous));
@@ -1046,8 +1066,18 @@ fn get_rows_cases(v: &mut Vec<Case>) {
     let shapes: [([usize; 4], usize); 3] =
         [([64, 10, 1, 1], 5), ([32, 8, 3, 2], 4), ([256, 7, 1, 1], 1)];
     let mut all: Vec<(DType, [usize; 4], usize)> = Vec::new();
-    for t in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0] {
+    for t in [
+        DType::F32,
+        DType::F16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q5_0,
+    ] {
         all.extend(shapes.iter().map(|&(ne, n)| (t, ne, n)));
+    }
+    for t in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        all.push((t, [256, 10, 1, 1], 5));
+        all.push((t, [512, 4, 3, 2], 4));
     }
     all.push((DType::BF16, [64, 10, 1, 1], 5));
     all.push((DType::F32, [1, 10, 1, 1], 4));
@@ -1107,6 +1137,9 @@ fn set_rows_cases(v: &mut Vec<Case>) {
     }
     all.push((DType::F32, DType::BF16, [64, 10, 1, 1], 4, 1, 1));
     all.push((DType::F32, DType::Q4_0, [64, 10, 1, 1], 4, 1, 1));
+    all.push((DType::F32, DType::Q5_0, [64, 10, 1, 1], 4, 1, 1));
+    all.push((DType::F32, DType::Q4_K, [256, 6, 1, 1], 3, 1, 1));
+    all.push((DType::F32, DType::Q6_K, [256, 8, 3, 2], 3, 3, 2));
     all.push((DType::F16, DType::F32, [64, 10, 1, 1], 4, 1, 1));
     for (src_t, dst_t, ne, n, i1, i2) in all {
         let params = format!(
@@ -1115,7 +1148,7 @@ fn set_rows_cases(v: &mut Vec<Case>) {
         );
         let tol = match dst_t {
             DType::F32 if src_t == DType::F32 => Tolerance::Nmse(NMSE_F32),
-            DType::Q8_0 | DType::Q4_0 => Tolerance::Nmse(NMSE_QUANTIZE),
+            d if d.is_quantized() => Tolerance::Nmse(NMSE_QUANTIZE),
             _ => Tolerance::Nmse(NMSE_F16),
         };
         v.push(Case::new("SET_ROWS", params, tol, move |ctx| {
@@ -1143,6 +1176,36 @@ fn cpy_cases(v: &mut Vec<Case>) {
             pairs.push((src, dst, [64, 6, 1, 1], [96, 4, 1, 1], Layout::Contiguous));
         }
     }
+    // Q5_0 and the K-quants both ways (the K-quants need rows of whole 256-element super-blocks).
+    for q in [
+        DType::Q5_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_K,
+    ] {
+        pairs.push((
+            DType::F32,
+            q,
+            [256, 3, 2, 1],
+            [256, 3, 2, 1],
+            Layout::Contiguous,
+        ));
+        pairs.push((
+            DType::F32,
+            q,
+            [512, 2, 3, 1],
+            [512, 2, 3, 1],
+            Layout::Permuted,
+        ));
+        pairs.push((
+            q,
+            DType::F32,
+            [256, 3, 2, 1],
+            [256, 3, 2, 1],
+            Layout::Contiguous,
+        ));
+    }
     for dst in [DType::Q8_0, DType::Q4_0] {
         pairs.push((
             DType::F32,
@@ -1168,6 +1231,9 @@ fn cpy_cases(v: &mut Vec<Case>) {
         let params = format!("type_src={src_t},type_dst={dst_t},{shape}{}", layout.tag());
         let tol = if dst_t.is_quantized() {
             Tolerance::Nmse(NMSE_QUANTIZE)
+        } else if src_t.is_quantized() {
+            // Dequantization: f32 arithmetic against the reference's f64.
+            Tolerance::Nmse(NMSE_F32)
         } else if src_t == dst_t {
             Tolerance::Exact
         } else {

@@ -7,7 +7,12 @@
 //! with ggml's reference quantizers. Nodes are evaluated in [`Graph::nodes`] order, so CPY and
 //! SET_ROWS (views of their destination) write into the destination's storage as on a device.
 //!
-//! The quantizers here are independent of the kernels under test on purpose.
+//! The Q8_0 / Q4_0 quantizers and every dequantizer here are independent of the kernels under
+//! test on purpose. Q5_0 and the K-quants encode through `tessera-kernels`' quantizers instead:
+//! those are checked bit for bit against ggml's own output (the golden test in
+//! `kernels/src/cpu/kquant_golden.rs`), and a second copy of ggml's iterative scale search here
+//! would test nothing more; decoding, which is what MUL_MAT / GET_ROWS results depend on, stays
+//! independent.
 
 // The reference is index arithmetic on purpose: explicit loops mirror the formulas they check.
 #![allow(clippy::needless_range_loop)]
@@ -136,6 +141,22 @@ pub fn encode_into(dtype: DType, vals: &[f64], out: &mut Vec<u8>) -> RefResult<(
                 out.extend_from_slice(&block);
             }
         }
+        DType::Q5_0 | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
+            use tessera_kernels::cpu as k;
+            let row = dtype
+                .row_size(vals.len())
+                .ok_or_else(|| format!("{} values do not fill whole {dtype} blocks", vals.len()))?;
+            let x: Vec<f32> = vals.iter().map(|&v| v as f32).collect();
+            let mut bytes = vec![0u8; row];
+            match dtype {
+                DType::Q5_0 => k::quantize_row_q5_0(&x, &mut bytes),
+                DType::Q4_K => k::quantize_row_q4_k(&x, &mut bytes),
+                DType::Q5_K => k::quantize_row_q5_k(&x, &mut bytes),
+                DType::Q6_K => k::quantize_row_q6_k(&x, &mut bytes),
+                _ => k::quantize_row_q8_k(&x, &mut bytes),
+            }
+            out.extend_from_slice(&bytes);
+        }
         other => return Err(format!("the reference cannot encode {other}")),
     }
     Ok(())
@@ -195,9 +216,101 @@ pub fn decode(dtype: DType, bytes: &[u8], n: usize) -> RefResult<Vec<f64>> {
             }
             out
         }
+        DType::Q5_0 => bytes
+            .chunks_exact(22)
+            .flat_map(dequantize_q5_0_block)
+            .collect(),
+        DType::Q4_K | DType::Q5_K => bytes
+            .chunks_exact(dtype.type_size())
+            .flat_map(|b| dequantize_qk_affine_block(b, dtype == DType::Q5_K))
+            .collect(),
+        DType::Q6_K => bytes
+            .chunks_exact(210)
+            .flat_map(dequantize_q6_k_block)
+            .collect(),
+        DType::Q8_K => bytes
+            .chunks_exact(292)
+            .flat_map(|b| {
+                let d = f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                b[4..260].iter().map(move |&q| d * f64::from(q as i8))
+            })
+            .collect(),
         other => return Err(format!("the reference cannot decode {other}")),
     };
     Ok(out)
+}
+
+/// Decodes one Q5_0 block (22 bytes: f16 `d`, u32 fifth bits, 16 bytes of nibbles; element `j`
+/// is the low nibble of byte `j` or, for `j >= 16`, the high nibble of byte `j − 16`, plus 16 ×
+/// bit `j`, minus 16, times `d`).
+fn dequantize_q5_0_block(b: &[u8]) -> Vec<f64> {
+    let d = f16::from_le_bytes([b[0], b[1]]).to_f64();
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    (0..32)
+        .map(|j| {
+            let nib = if j < 16 {
+                b[6 + j] & 0xF
+            } else {
+                b[6 + j - 16] >> 4
+            };
+            let q = i32::from(nib) + 16 * ((qh >> j) & 1) as i32 - 16;
+            f64::from(q) * d
+        })
+        .collect()
+}
+
+/// Decodes one Q4_K (144 bytes) or, with `q5`, Q5_K (176 bytes) super-block: sub-block `s` of 32
+/// has 6-bit scale and min (bytes 4..16: for `s < 4` the low 6 bits of bytes `s` and `s + 4`; for
+/// `s >= 4` a nibble of byte `s + 4` plus the top 2 bits of bytes `s − 4` and `s`), element `l`
+/// its nibble in byte `32·(s / 2) + l` of the quants (low for even `s`), plus 16 × bit `s` of
+/// `qh[l]` for Q5_K; value `d·sc·q − dmin·m`.
+fn dequantize_qk_affine_block(b: &[u8], q5: bool) -> Vec<f64> {
+    let d = f16::from_le_bytes([b[0], b[1]]).to_f64();
+    let dmin = f16::from_le_bytes([b[2], b[3]]).to_f64();
+    let sc = &b[4..16];
+    let (qh, qs) = if q5 {
+        (&b[16..48], &b[48..176])
+    } else {
+        (&b[..0], &b[16..144])
+    };
+    let mut out = Vec::with_capacity(256);
+    for s in 0..8 {
+        let (scale, min) = if s < 4 {
+            (sc[s] & 63, sc[s + 4] & 63)
+        } else {
+            (
+                (sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4),
+                (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4),
+            )
+        };
+        for l in 0..32 {
+            let byte = qs[32 * (s / 2) + l];
+            let mut q = if s % 2 == 0 { byte & 0xF } else { byte >> 4 };
+            if q5 && (qh[l] >> s) & 1 == 1 {
+                q += 16;
+            }
+            out.push(d * f64::from(scale) * f64::from(q) - dmin * f64::from(min));
+        }
+    }
+    out
+}
+
+/// Decodes one Q6_K super-block (210 bytes: `ql` 128, `qh` 64, 16 i8 scales, f16 `d`). Element
+/// `e = 128h + 32t + l` takes its low nibble from `ql[64h + 32(t % 2) + l]` (low half for `t <
+/// 2`), bits 4–5 from `qh[32h + l] >> 2t`, and scale `e / 16`; value `d·sc·(q − 32)`.
+fn dequantize_q6_k_block(b: &[u8]) -> Vec<f64> {
+    let d = f16::from_le_bytes([b[208], b[209]]).to_f64();
+    (0..256)
+        .map(|e| {
+            let (h, t, l) = (e / 128, (e % 128) / 32, e % 32);
+            let byte = b[64 * h + 32 * (t % 2) + l];
+            let low = if t < 2 { byte & 0xF } else { byte >> 4 };
+            let high = (b[128 + 32 * h + l] >> (2 * t)) & 3;
+            let q = i32::from(low | (high << 4)) - 32;
+            let scale = b[192 + e / 16] as i8;
+            d * f64::from(scale) * f64::from(q)
+        })
+        .collect()
 }
 
 // ===== Strided tensor access =====

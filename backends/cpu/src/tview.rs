@@ -123,6 +123,11 @@ impl TView {
                 }
                 DType::Q8_0 => k::dequantize_row_q8_0(raw, out),
                 DType::Q4_0 => k::dequantize_row_q4_0(raw, out),
+                DType::Q5_0 => k::dequantize_row_q5_0(raw, out),
+                DType::Q4_K => k::dequantize_row_q4_k(raw, out),
+                DType::Q5_K => k::dequantize_row_q5_k(raw, out),
+                DType::Q6_K => k::dequantize_row_q6_k(raw, out),
+                DType::Q8_K => k::dequantize_row_q8_k(raw, out),
                 _ => out.fill(f32::NAN),
             }
             return;
@@ -179,6 +184,11 @@ impl TView {
                 }
                 DType::Q8_0 => k::quantize_row_q8_0(src, raw),
                 DType::Q4_0 => k::quantize_row_q4_0(src, raw),
+                DType::Q5_0 => k::quantize_row_q5_0(src, raw),
+                DType::Q4_K => k::quantize_row_q4_k(src, raw),
+                DType::Q5_K => k::quantize_row_q5_k(src, raw),
+                DType::Q6_K => k::quantize_row_q6_k(src, raw),
+                DType::Q8_K => k::quantize_row_q8_k(src, raw),
                 _ => {}
             }
             return;

@@ -8,6 +8,8 @@ use std::fmt;
 /// Element type of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
+// ggml's spelling (`Q4_K`), so names match GGUF and test-backend-ops.
+#[allow(non_camel_case_types)]
 pub enum DType {
     /// 32-bit float.
     F32,
@@ -21,24 +23,46 @@ pub enum DType {
     Q8_0,
     /// Blocks of 32: f16 scale + 16 bytes of 4-bit values offset by 8.
     Q4_0,
+    /// Blocks of 32: f16 scale + 4 bytes of fifth bits + 16 bytes of nibbles, values offset by 16.
+    Q5_0,
+    /// Super-blocks of 256: f16 `d`, f16 `dmin`, 12 bytes of 6-bit scales and mins for eight
+    /// sub-blocks of 32, 128 bytes of 4-bit values; `x = d·sc·q − dmin·m`.
+    Q4_K,
+    /// Super-blocks of 256: as [`DType::Q4_K`] plus 32 bytes of fifth bits (5-bit values).
+    Q5_K,
+    /// Super-blocks of 256: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 i8 scales
+    /// (one per 16 values), f16 `d`; `x = d·sc·(q − 32)`.
+    Q6_K,
+    /// Super-blocks of 256: f32 `d`, 256 × i8, 16 × i16 sums of each 16 quants. The activation
+    /// form of the K-quant dot products (as in ggml), not a storage type for weights.
+    Q8_K,
 }
 
 impl DType {
     /// Every dtype, in ggml id order.
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 11] = [
         DType::F32,
         DType::F16,
         DType::Q4_0,
+        DType::Q5_0,
         DType::Q8_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_K,
         DType::I32,
         DType::BF16,
     ];
+
+    /// Elements per K-quant super-block (ggml's `QK_K`).
+    pub const QK_K: usize = 256;
 
     /// Elements per block.
     pub const fn block_size(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 | DType::I32 => 1,
-            DType::Q8_0 | DType::Q4_0 => 32,
+            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => 32,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => DType::QK_K,
         }
     }
 
@@ -49,12 +73,26 @@ impl DType {
             DType::F16 | DType::BF16 => 2,
             DType::Q8_0 => 34,
             DType::Q4_0 => 18,
+            DType::Q5_0 => 22,
+            DType::Q4_K => 144,
+            DType::Q5_K => 176,
+            DType::Q6_K => 210,
+            DType::Q8_K => 292,
         }
     }
 
     /// Whether the type is block-quantized.
     pub const fn is_quantized(self) -> bool {
-        matches!(self, DType::Q8_0 | DType::Q4_0)
+        matches!(
+            self,
+            DType::Q8_0
+                | DType::Q4_0
+                | DType::Q5_0
+                | DType::Q4_K
+                | DType::Q5_K
+                | DType::Q6_K
+                | DType::Q8_K
+        )
     }
 
     /// Whether the type holds floating-point values element by element (F32, F16, BF16).
@@ -76,7 +114,12 @@ impl DType {
             DType::F32 => 0,
             DType::F16 => 1,
             DType::Q4_0 => 2,
+            DType::Q5_0 => 6,
             DType::Q8_0 => 8,
+            DType::Q4_K => 12,
+            DType::Q5_K => 13,
+            DType::Q6_K => 14,
+            DType::Q8_K => 15,
             DType::I32 => 26,
             DType::BF16 => 30,
         }
@@ -87,7 +130,17 @@ impl DType {
         DType::ALL.into_iter().find(|d| d.ggml_id() == id)
     }
 
-    /// Lower-case name as ggml prints it (`f32`, `q8_0`).
+    /// ggml / GGUF type id (the same as [`DType::ggml_id`], under ggml's own name).
+    pub const fn ggml_type_id(self) -> u32 {
+        self.ggml_id()
+    }
+
+    /// The dtype of a ggml / GGUF type id (the same as [`DType::from_ggml_id`]).
+    pub fn from_ggml_type_id(id: u32) -> Option<DType> {
+        DType::from_ggml_id(id)
+    }
+
+    /// Name as ggml prints it (`f32`, `q8_0`, `q4_K`).
     pub const fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -96,6 +149,11 @@ impl DType {
             DType::I32 => "i32",
             DType::Q8_0 => "q8_0",
             DType::Q4_0 => "q4_0",
+            DType::Q5_0 => "q5_0",
+            DType::Q4_K => "q4_K",
+            DType::Q5_K => "q5_K",
+            DType::Q6_K => "q6_K",
+            DType::Q8_K => "q8_K",
         }
     }
 
@@ -139,6 +197,30 @@ mod tests {
         assert_eq!(DType::Q4_0.row_size(4096), Some(4096 / 32 * 18));
         assert_eq!(DType::Q4_0.row_size(33), None);
         assert_eq!(DType::F16.row_size(3), Some(6));
+        // K-quants: super-blocks of 256 (ggml-common.h static_asserts).
+        assert_eq!(DType::Q5_0.row_size(64), Some(44));
+        assert_eq!(DType::Q4_K.row_size(4096), Some(16 * 144));
+        assert_eq!(DType::Q5_K.row_size(512), Some(2 * 176));
+        assert_eq!(DType::Q6_K.row_size(256), Some(210));
+        assert_eq!(DType::Q8_K.row_size(256), Some(4 + 256 + 32));
+        assert_eq!(DType::Q4_K.row_size(128), None);
+        assert!(DType::Q6_K.is_quantized() && !DType::Q6_K.is_float());
+    }
+
+    #[test]
+    fn ggml_ids_and_names() {
+        for (d, id, name) in [
+            (DType::Q5_0, 6, "q5_0"),
+            (DType::Q4_K, 12, "q4_K"),
+            (DType::Q5_K, 13, "q5_K"),
+            (DType::Q6_K, 14, "q6_K"),
+            (DType::Q8_K, 15, "q8_K"),
+        ] {
+            assert_eq!(d.ggml_type_id(), id);
+            assert_eq!(DType::from_ggml_type_id(id), Some(d));
+            assert_eq!(d.to_string(), name);
+            assert_eq!(DType::parse("Q4_k"), Some(DType::Q4_K));
+        }
     }
 
     #[test]

@@ -134,7 +134,7 @@ mod tests {
     fn every_dtype_has_matching_ggml_geometry() {
         for d in DType::ALL {
             let g = GgmlType::of(d).unwrap_or_else(|| panic!("{d} has no ggml type"));
-            assert_eq!(g.name().to_lowercase(), d.name(), "{d}");
+            assert_eq!(g.name().to_lowercase(), d.name().to_lowercase(), "{d}");
             assert_eq!(g.block_size(), d.block_size(), "{d}");
             assert_eq!(g.type_size(), d.type_size(), "{d}");
             assert_eq!(g.dtype(), Some(d));
@@ -144,7 +144,11 @@ mod tests {
     #[test]
     fn names_sizes_and_unknown_ids() {
         assert_eq!(GgmlType::from_id(12).map(GgmlType::name), Some("Q4_K"));
-        assert_eq!(GgmlType::from_id(12).and_then(GgmlType::dtype), None);
+        assert_eq!(
+            GgmlType::from_id(12).and_then(GgmlType::dtype),
+            Some(DType::Q4_K)
+        );
+        assert_eq!(GgmlType::from_id(10).and_then(GgmlType::dtype), None);
         assert_eq!(GgmlType::from_id(4), None);
         assert_eq!(GgmlType::from_id(u32::MAX), None);
         assert_eq!(ggml_type_name(99), "id 99");

@@ -5,6 +5,9 @@
 //! supports) so tests can compare every path.
 
 use super::features::{Isa, active_isa};
+use super::kquant::{
+    BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES,
+};
 use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES};
 
 /// Dot product of two f32 slices (SIMD with FMA where available).
@@ -51,7 +54,7 @@ pub fn vec_dot_q8_0_q8_0_with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
     );
     #[cfg(target_arch = "x86_64")]
     {
-        super::x86::vec_dot_q::<false>(isa, x, y)
+        super::x86::vec_dot_q::<{ super::x86::KIND_Q8_0 }>(isa, x, y)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -82,7 +85,7 @@ pub fn vec_dot_q4_0_q8_0_with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
     );
     #[cfg(target_arch = "x86_64")]
     {
-        super::x86::vec_dot_q::<true>(isa, x, y)
+        super::x86::vec_dot_q::<{ super::x86::KIND_Q4_0 }>(isa, x, y)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -90,6 +93,102 @@ pub fn vec_dot_q4_0_q8_0_with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
         super::generic::vec_dot_q4_0_q8_0(x, y)
     }
 }
+
+/// Dot product of a Q5_0 row with a Q8_0 row of the same element count.
+///
+/// # Panics
+/// If the lengths are not whole blocks of the same count
+/// (`x.len() / 22 == y.len() / 34`).
+pub fn vec_dot_q5_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    vec_dot_q5_0_q8_0_with_isa(active_isa(), x, y)
+}
+
+/// [`vec_dot_q5_0_q8_0`] with an explicit instruction set.
+///
+/// # Panics
+/// As [`vec_dot_q5_0_q8_0`].
+pub fn vec_dot_q5_0_q8_0_with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
+    assert!(
+        x.len().is_multiple_of(BLOCK_Q5_0_BYTES)
+            && y.len().is_multiple_of(BLOCK_Q8_0_BYTES)
+            && x.len() / BLOCK_Q5_0_BYTES == y.len() / BLOCK_Q8_0_BYTES,
+        "vec_dot_q5_0_q8_0: lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::x86::vec_dot_q::<{ super::x86::KIND_Q5_0 }>(isa, x, y)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        super::generic::vec_dot_q5_0_q8_0(x, y)
+    }
+}
+
+/// Checks that `x` and `y` are whole super-blocks of the same count.
+fn check_k_lengths(what: &str, x: &[u8], xblk: usize, y: &[u8]) {
+    assert!(
+        x.len().is_multiple_of(xblk)
+            && y.len().is_multiple_of(BLOCK_Q8_K_BYTES)
+            && x.len() / xblk == y.len() / BLOCK_Q8_K_BYTES,
+        "{what}: lengths"
+    );
+}
+
+/// Generates a public K-quant x Q8_K dot product and its `_with_isa` twin.
+macro_rules! k_dot {
+    ($name:ident, $with_isa:ident, $ty:literal, $blk:ident, $kind:ident, $generic:expr) => {
+        #[doc = concat!("Dot product of a ", $ty, " row with a Q8_K row of the same element count.")]
+        ///
+        /// # Panics
+        /// If the lengths are not whole super-blocks of the same count.
+        pub fn $name(x: &[u8], y: &[u8]) -> f32 {
+            $with_isa(active_isa(), x, y)
+        }
+
+        #[doc = concat!("[`", stringify!($name), "`] with an explicit instruction set.")]
+        ///
+        /// # Panics
+        #[doc = concat!("As [`", stringify!($name), "`].")]
+        pub fn $with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
+            check_k_lengths(stringify!($name), x, $blk, y);
+            #[cfg(target_arch = "x86_64")]
+            {
+                super::x86::vec_dot_k::<{ super::x86::$kind }>(isa, x, y)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = isa;
+                $generic(x, y)
+            }
+        }
+    };
+}
+
+k_dot!(
+    vec_dot_q4_k_q8_k,
+    vec_dot_q4_k_q8_k_with_isa,
+    "Q4_K",
+    BLOCK_Q4_K_BYTES,
+    KQ_Q4_K,
+    super::generic::vec_dot_qk_affine_q8_k::<false>
+);
+k_dot!(
+    vec_dot_q5_k_q8_k,
+    vec_dot_q5_k_q8_k_with_isa,
+    "Q5_K",
+    BLOCK_Q5_K_BYTES,
+    KQ_Q5_K,
+    super::generic::vec_dot_qk_affine_q8_k::<true>
+);
+k_dot!(
+    vec_dot_q6_k_q8_k,
+    vec_dot_q6_k_q8_k_with_isa,
+    "Q6_K",
+    BLOCK_Q6_K_BYTES,
+    KQ_Q6_K,
+    super::generic::vec_dot_q6_k_q8_k
+);
 
 #[cfg(test)]
 mod tests {

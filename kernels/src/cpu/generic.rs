@@ -1,7 +1,11 @@
 //! Portable scalar implementations (the reference the SIMD paths are tested
 //! against, and the fallback on CPUs without AVX2).
 
-use super::matmul::WeightType;
+use super::kquant::{
+    BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES, QK_K,
+    scale_min_k4,
+};
+use super::matmul::{WeightType, act_row_bytes, act_type};
 use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK8_0, block_scale};
 
 /// Returns a 64-byte aligned `f32` region of `n` elements inside `scratch`,
@@ -69,6 +73,109 @@ pub(crate) fn vec_dot_q4_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
     sum
 }
 
+/// Q5_0 x Q8_0 dot product over whole blocks.
+pub(crate) fn vec_dot_q5_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x
+        .chunks_exact(BLOCK_Q5_0_BYTES)
+        .zip(y.chunks_exact(BLOCK_Q8_0_BYTES))
+    {
+        let qh = u32::from_le_bytes([bx[2], bx[3], bx[4], bx[5]]);
+        let mut isum = 0i32;
+        for j in 0..16 {
+            let q = bx[6 + j];
+            let lo = ((q & 0x0F) as i32 | (((qh >> j) & 1) << 4) as i32) - 16;
+            let hi = ((q >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32) - 16;
+            isum += lo * (by[2 + j] as i8 as i32) + hi * (by[2 + j + 16] as i8 as i32);
+        }
+        sum += isum as f32 * (block_scale(bx) * block_scale(by));
+    }
+    sum
+}
+
+/// The f32 scale of a Q8_K super-block.
+#[inline]
+pub(crate) fn q8k_scale(by: &[u8]) -> f32 {
+    f32::from_le_bytes([by[0], by[1], by[2], by[3]])
+}
+
+/// Sum `s` (of 16) of a Q8_K super-block's quants.
+#[inline]
+pub(crate) fn q8k_bsum(by: &[u8], s: usize) -> i32 {
+    i16::from_le_bytes([by[4 + QK_K + 2 * s], by[4 + QK_K + 2 * s + 1]]) as i32
+}
+
+/// Q4_K (`Q5 == false`) or Q5_K x Q8_K dot product over whole super-blocks, as ggml's generic
+/// kernel: integer sums per sub-block times the 6-bit scales, minus the mins times the
+/// activation sums, scaled per super-block.
+pub(crate) fn vec_dot_qk_affine_q8_k<const Q5: bool>(x: &[u8], y: &[u8]) -> f32 {
+    let blk = if Q5 {
+        BLOCK_Q5_K_BYTES
+    } else {
+        BLOCK_Q4_K_BYTES
+    };
+    let mut sum = 0.0f32;
+    for (bx, by) in x.chunks_exact(blk).zip(y.chunks_exact(BLOCK_Q8_K_BYTES)) {
+        let sc = &bx[4..16];
+        let (qh, qs) = if Q5 {
+            (&bx[16..48], &bx[48..])
+        } else {
+            (&bx[..0], &bx[16..])
+        };
+        let q8 = &by[4..4 + QK_K];
+        let (mut isum, mut imin) = (0i32, 0i32);
+        for j in 0..8 {
+            let (s, m) = scale_min_k4(j, sc);
+            let (c, hi) = (j / 2, j % 2 == 1);
+            let mut dot = 0i32;
+            for l in 0..32 {
+                let b = qs[32 * c + l];
+                let mut q = if hi { b >> 4 } else { b & 0xF } as i32;
+                if Q5 && (qh[l] >> j) & 1 != 0 {
+                    q += 16;
+                }
+                dot += q * (q8[32 * j + l] as i8 as i32);
+            }
+            isum += s as i32 * dot;
+            imin += m as i32 * (q8k_bsum(by, 2 * j) + q8k_bsum(by, 2 * j + 1));
+        }
+        let dy = q8k_scale(by);
+        sum += block_scale(bx) * dy * isum as f32
+            - f16_bits_to_f32(u16::from_le_bytes([bx[2], bx[3]])) * dy * imin as f32;
+    }
+    sum
+}
+
+/// Q6_K x Q8_K dot product over whole super-blocks (ggml's generic kernel).
+pub(crate) fn vec_dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x
+        .chunks_exact(BLOCK_Q6_K_BYTES)
+        .zip(y.chunks_exact(BLOCK_Q8_K_BYTES))
+    {
+        let (ql, qh, sc) = (&bx[..128], &bx[128..192], &bx[192..208]);
+        let q8 = &by[4..4 + QK_K];
+        let mut isum = 0i32;
+        for h in 0..2 {
+            for t in 0..4 {
+                let mut dots = [0i32; 2];
+                for l in 0..32 {
+                    let lb = ql[64 * h + 32 * (t & 1) + l];
+                    let low = if t < 2 { lb & 0xF } else { lb >> 4 };
+                    let q = (low | (((qh[32 * h + l] >> (2 * t)) & 3) << 4)) as i32 - 32;
+                    dots[l / 16] += q * (q8[128 * h + 32 * t + l] as i8 as i32);
+                }
+                for (g, dot) in dots.iter().enumerate() {
+                    isum += (sc[8 * h + 2 * t + g] as i8 as i32) * dot;
+                }
+            }
+        }
+        let d = f16_bits_to_f32(u16::from_le_bytes([bx[208], bx[209]]));
+        sum += d * q8k_scale(by) * isum as f32;
+    }
+    sum
+}
+
 /// Exact f16 -> f32 conversion in plain integer/float arithmetic (fast
 /// without F16C; handles subnormals, infinities and NaN).
 pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
@@ -106,7 +213,7 @@ fn decode_float_row(wt: WeightType, src: &[u8], dst: &mut [f32]) {
             }
         }
         // Not float types: callers never pass them here.
-        WeightType::Q8_0 | WeightType::Q4_0 => {}
+        _ => {}
     }
 }
 
@@ -128,12 +235,20 @@ pub(crate) fn mul_mat_tile(
 ) {
     let wrow = wt.row_bytes(k);
     match wt {
-        WeightType::Q8_0 | WeightType::Q4_0 => {
-            let xrow = k / QK8_0 * BLOCK_Q8_0_BYTES;
-            let dot = if wt == WeightType::Q8_0 {
-                vec_dot_q8_0_q8_0
-            } else {
-                vec_dot_q4_0_q8_0
+        WeightType::Q8_0
+        | WeightType::Q4_0
+        | WeightType::Q5_0
+        | WeightType::Q4_K
+        | WeightType::Q5_K
+        | WeightType::Q6_K => {
+            let xrow = act_row_bytes(act_type(wt), k);
+            let dot: fn(&[u8], &[u8]) -> f32 = match wt {
+                WeightType::Q8_0 => vec_dot_q8_0_q8_0,
+                WeightType::Q4_0 => vec_dot_q4_0_q8_0,
+                WeightType::Q5_0 => vec_dot_q5_0_q8_0,
+                WeightType::Q4_K => vec_dot_qk_affine_q8_k::<false>,
+                WeightType::Q5_K => vec_dot_qk_affine_q8_k::<true>,
+                _ => vec_dot_q6_k_q8_k,
             };
             for r in 0..rows {
                 let wr = &w[r * w_stride..r * w_stride + wrow];

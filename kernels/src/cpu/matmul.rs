@@ -6,10 +6,16 @@
 //! form [`act_type`] of the weight type asks for, with [`prepare_act`].
 
 use super::features::{Isa, active_isa};
+use super::kquant::{
+    BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES, QK_K,
+    QK5_0, quantize_row_q8_k,
+};
 use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK4_0, QK8_0, quantize_row_q8_0};
 
 /// Weight element type of a matmul.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// ggml's spelling (`Q4_K`), so names match GGUF and test-backend-ops.
+#[allow(non_camel_case_types)]
 pub enum WeightType {
     /// 32-bit float.
     F32,
@@ -21,16 +27,28 @@ pub enum WeightType {
     Q8_0,
     /// ggml Q4_0 blocks (32 elements, 18 bytes).
     Q4_0,
+    /// ggml Q5_0 blocks (32 elements, 22 bytes).
+    Q5_0,
+    /// ggml Q4_K super-blocks (256 elements, 144 bytes).
+    Q4_K,
+    /// ggml Q5_K super-blocks (256 elements, 176 bytes).
+    Q5_K,
+    /// ggml Q6_K super-blocks (256 elements, 210 bytes).
+    Q6_K,
 }
 
 impl WeightType {
     /// All weight types.
-    pub const ALL: [WeightType; 5] = [
+    pub const ALL: [WeightType; 9] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::BF16,
         WeightType::Q8_0,
         WeightType::Q4_0,
+        WeightType::Q5_0,
+        WeightType::Q4_K,
+        WeightType::Q5_K,
+        WeightType::Q6_K,
     ];
 
     /// Elements per block (1 for the float types).
@@ -39,6 +57,8 @@ impl WeightType {
             WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
             WeightType::Q8_0 => QK8_0,
             WeightType::Q4_0 => QK4_0,
+            WeightType::Q5_0 => QK5_0,
+            WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => QK_K,
         }
     }
 
@@ -47,7 +67,7 @@ impl WeightType {
         match self {
             WeightType::F32 => 4,
             WeightType::F16 | WeightType::BF16 => 2,
-            WeightType::Q8_0 | WeightType::Q4_0 => 0,
+            _ => 0,
         }
     }
 
@@ -59,50 +79,61 @@ impl WeightType {
             WeightType::F16 | WeightType::BF16 => k * 2,
             WeightType::Q8_0 => k / QK8_0 * BLOCK_Q8_0_BYTES,
             WeightType::Q4_0 => k / QK4_0 * BLOCK_Q4_0_BYTES,
+            WeightType::Q5_0 => k / QK5_0 * BLOCK_Q5_0_BYTES,
+            WeightType::Q4_K => k / QK_K * BLOCK_Q4_K_BYTES,
+            WeightType::Q5_K => k / QK_K * BLOCK_Q5_K_BYTES,
+            WeightType::Q6_K => k / QK_K * BLOCK_Q6_K_BYTES,
         }
     }
 
     /// Whether this is a block-quantized type.
     pub fn is_quantized(self) -> bool {
-        matches!(self, WeightType::Q8_0 | WeightType::Q4_0)
+        !matches!(self, WeightType::F32 | WeightType::F16 | WeightType::BF16)
     }
 }
 
 /// The form the activations must be in for a weight type: F32 for
-/// F32/F16/BF16 weights, Q8_0 for Q8_0/Q4_0.
+/// F32/F16/BF16 weights, Q8_0 for Q8_0/Q4_0/Q5_0, Q8_K for the K-quants (as
+/// ggml's `vec_dot_type`).
+// ggml's spelling (`Q8_K`), so names match GGUF and test-backend-ops.
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ActType {
     /// f32, little-endian.
     F32,
     /// Q8_0 blocks.
     Q8_0,
+    /// Q8_K super-blocks.
+    Q8_K,
 }
 
 /// The activation form the kernels for weight type `w` expect.
 pub fn act_type(w: WeightType) -> ActType {
-    if w.is_quantized() {
-        ActType::Q8_0
-    } else {
-        ActType::F32
+    match w {
+        WeightType::F32 | WeightType::F16 | WeightType::BF16 => ActType::F32,
+        WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q5_0 => ActType::Q8_0,
+        WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => ActType::Q8_K,
     }
 }
 
 /// Bytes of one activation column of `k` elements in form `a`
-/// (`k * 4`, or `k / 32 * 34`).
+/// (`k * 4`, `k / 32 * 34`, or `k / 256 * 292`).
 pub fn act_row_bytes(a: ActType, k: usize) -> usize {
     match a {
         ActType::F32 => k * 4,
         ActType::Q8_0 => k / QK8_0 * BLOCK_Q8_0_BYTES,
+        ActType::Q8_K => k / QK_K * BLOCK_Q8_K_BYTES,
     }
 }
 
 /// Converts one activation column (`src`, f32, `k` elements) into form `a`
-/// in `dst` (length [`act_row_bytes`]). Q8_0 uses the reference
-/// quantization (bit-exact with ggml's `quantize_row_q8_0_ref`).
+/// in `dst` (length [`act_row_bytes`]). Q8_0 and Q8_K use the reference
+/// quantizers (bit-exact with ggml's `quantize_row_q8_0_ref` /
+/// `quantize_row_q8_K_ref`).
 ///
 /// # Panics
-/// If `dst.len() != act_row_bytes(a, src.len())`, or for Q8_0 if
-/// `src.len()` is not a multiple of 32.
+/// If `dst.len() != act_row_bytes(a, src.len())`, or for Q8_0 / Q8_K if
+/// `src.len()` is not a multiple of 32 / 256.
 pub fn prepare_act(a: ActType, src: &[f32], dst: &mut [u8]) {
     match a {
         ActType::F32 => {
@@ -112,6 +143,7 @@ pub fn prepare_act(a: ActType, src: &[f32], dst: &mut [u8]) {
             }
         }
         ActType::Q8_0 => quantize_row_q8_0(src, dst),
+        ActType::Q8_K => quantize_row_q8_k(src, dst),
     }
 }
 
@@ -185,7 +217,7 @@ pub(crate) fn check_tile_args(
 /// No alignment of `w` or `x` is assumed.
 ///
 /// # Panics
-/// If `k` is not a multiple of 32 for a quantized `wt`, if a stride is
+/// If `k` is not a multiple of the block size of `wt`, if a stride is
 /// smaller than a row/column (when there is more than one), if `ldo < rows`
 /// (when `cols > 1`), or if `w`, `x` or `out` is too short for the shape.
 #[allow(clippy::too_many_arguments)]
@@ -266,6 +298,7 @@ pub fn mul_mat_tile_with_isa(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::kquant::*;
     use crate::cpu::quant::{dequantize_row_q4_0, dequantize_row_q8_0, quantize_row_q4_0};
 
     fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -315,6 +348,22 @@ mod tests {
                 quantize_row_q4_0(vals, &mut bytes);
                 dequantize_row_q4_0(&bytes, &mut dec);
             }
+            WeightType::Q5_0 => {
+                quantize_row_q5_0(vals, &mut bytes);
+                dequantize_row_q5_0(&bytes, &mut dec);
+            }
+            WeightType::Q4_K => {
+                quantize_row_q4_k(vals, &mut bytes);
+                dequantize_row_q4_k(&bytes, &mut dec);
+            }
+            WeightType::Q5_K => {
+                quantize_row_q5_k(vals, &mut bytes);
+                dequantize_row_q5_k(&bytes, &mut dec);
+            }
+            WeightType::Q6_K => {
+                quantize_row_q6_k(vals, &mut bytes);
+                dequantize_row_q6_k(&bytes, &mut dec);
+            }
         }
         (bytes, dec)
     }
@@ -360,6 +409,7 @@ mod tests {
             match at {
                 ActType::F32 => xdec[c * k..(c + 1) * k].copy_from_slice(&vals),
                 ActType::Q8_0 => dequantize_row_q8_0(dst, &mut xdec[c * k..(c + 1) * k]),
+                ActType::Q8_K => dequantize_row_q8_k(dst, &mut xdec[c * k..(c + 1) * k]),
             }
         }
         let mut out = vec![f32::NAN; cols * ldo];
@@ -409,7 +459,12 @@ mod tests {
                 // the quantized types compute exact integer block sums, scaled
                 // and accumulated in f32 (<= 1e-8).
                 let tol = if wt.is_quantized() { 1e-8 } else { 1e-10 };
-                for &k in &[32usize, 64, 288] {
+                let ks: &[usize] = if wt.block_elems() == QK_K {
+                    &[256, 512, 768]
+                } else {
+                    &[32, 64, 288]
+                };
+                for &k in ks {
                     for &rows in &[1usize, 5, 37] {
                         for &cols in &[1usize, 3, 17, 33] {
                             for (w_off, x_off, pad) in [(0, 0, 0), (1, 3, 6)] {

@@ -2,6 +2,8 @@
 //!
 //! * [`quant`]: Q8_0 / Q4_0 block formats with reference (ggml bit-exact)
 //!   quantization and dequantization;
+//! * [`kquant`]: Q5_0 and the K-quants (Q4_K, Q5_K, Q6_K, and Q8_K for
+//!   activations), likewise bit-exact with ggml's reference quantizers;
 //! * [`convert`]: f16 / bf16 <-> f32 row conversions;
 //! * [`features`]: runtime instruction-set detection (`TESSERA_CPU_ISA`
 //!   override);
@@ -13,19 +15,30 @@
 pub mod convert;
 pub mod dot;
 pub mod features;
+pub mod kquant;
 pub mod matmul;
 pub mod quant;
 
 mod generic;
+#[cfg(test)]
+mod kquant_golden;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use convert::{bf16_to_f32_row, f16_to_f32_row, f32_to_bf16_row, f32_to_f16_row};
 pub use dot::{
-    dot_f32, dot_f32_with_isa, vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_with_isa, vec_dot_q8_0_q8_0,
+    dot_f32, dot_f32_with_isa, vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_with_isa, vec_dot_q4_k_q8_k,
+    vec_dot_q4_k_q8_k_with_isa, vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_with_isa, vec_dot_q5_k_q8_k,
+    vec_dot_q5_k_q8_k_with_isa, vec_dot_q6_k_q8_k, vec_dot_q6_k_q8_k_with_isa, vec_dot_q8_0_q8_0,
     vec_dot_q8_0_q8_0_with_isa,
 };
 pub use features::{Isa, active_isa, detected_isa};
+pub use kquant::{
+    BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES, QK_K,
+    QK5_0, dequantize_row_q4_k, dequantize_row_q5_0, dequantize_row_q5_k, dequantize_row_q6_k,
+    dequantize_row_q8_k, quantize_row_q4_k, quantize_row_q5_0, quantize_row_q5_k,
+    quantize_row_q6_k, quantize_row_q8_k,
+};
 pub use matmul::{
     ActType, WeightType, act_row_bytes, act_type, mul_mat_tile, mul_mat_tile_with_isa, prepare_act,
 };

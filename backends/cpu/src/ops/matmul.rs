@@ -1,5 +1,5 @@
-//! MUL_MAT: activations are converted once per node into the form the weight type wants (f32 or
-//! Q8_0 blocks) in shared scratch; then threads take (plane × row-block × column-block) chunks
+//! MUL_MAT: activations are converted once per node into the form the weight type wants (f32,
+//! Q8_0 blocks, or Q8_K super-blocks for the K-quants) in shared scratch; then threads take (plane × row-block × column-block) chunks
 //! from a shared counter and run the kernels crate's tile function on each.
 
 use super::{Exec, ThreadScratch, row_index, split_range};
@@ -14,14 +14,21 @@ const GEMM_ROWS: usize = 64;
 /// Activation columns per chunk for GEMM.
 const GEMM_COLS: usize = 64;
 
-fn weight_type(d: DType) -> WeightType {
-    match d {
+/// The kernels' weight type for a MUL_MAT weight dtype, or `None` if there is no kernel for it
+/// (`supports` refuses those nodes).
+pub(crate) fn weight_type(d: DType) -> Option<WeightType> {
+    Some(match d {
+        DType::F32 => WeightType::F32,
         DType::F16 => WeightType::F16,
         DType::BF16 => WeightType::BF16,
         DType::Q8_0 => WeightType::Q8_0,
         DType::Q4_0 => WeightType::Q4_0,
-        _ => WeightType::F32,
-    }
+        DType::Q5_0 => WeightType::Q5_0,
+        DType::Q4_K => WeightType::Q4_K,
+        DType::Q5_K => WeightType::Q5_K,
+        DType::Q6_K => WeightType::Q6_K,
+        _ => return None,
+    })
 }
 
 /// Shared scratch bytes for the prepared activations of MUL_MAT node `t`.
@@ -30,8 +37,10 @@ pub(crate) fn act_bytes(tensors: &[TensorDesc], t: &TensorDesc) -> usize {
         return 0;
     };
     let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
-    let act = k::act_type(weight_type(a.dtype()));
-    k::act_row_bytes(act, b.ne()[0]) * b.nrows()
+    let Some(wt) = weight_type(a.dtype()) else {
+        return 0;
+    };
+    k::act_row_bytes(k::act_type(wt), b.ne()[0]) * b.nrows()
 }
 
 pub(crate) fn mul_mat(
@@ -43,7 +52,18 @@ pub(crate) fn mul_mat(
 ) {
     let (dst, w, x) = (exec.view(node), exec.src(node, 0), exec.src(node, 1));
     let kdim = w.ne[0];
-    let wt = weight_type(w.dtype);
+    let Some(wt) = weight_type(w.dtype) else {
+        // `supports` refuses such nodes before a run; report rather than compute garbage.
+        if ith == 0 {
+            exec.fail(format!(
+                "MUL_MAT {}: no kernel for {} weights",
+                exec.graph.label(node),
+                w.dtype
+            ));
+        }
+        exec.barrier.wait();
+        return;
+    };
     let act = k::act_type(wt);
     let arb = k::act_row_bytes(act, kdim);
     let ncols = x.ne[1] * x.ne[2] * x.ne[3];
@@ -62,7 +82,7 @@ pub(crate) fn mul_mat(
                     o.copy_from_slice(&v.to_le_bytes());
                 }
             }
-            ActType::Q8_0 => k::prepare_act(act, row, out),
+            ActType::Q8_0 | ActType::Q8_K => k::prepare_act(act, row, out),
         }
     }
     if ith == 0 {

@@ -214,6 +214,13 @@ pub(crate) fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
         OpKind::FlashAttnExt if !matches!(src_dtype(1), Some(DType::F16 | DType::F32)) => {
             Support::No("FLASH_ATTN_EXT needs f16 or f32 K/V".into())
         }
+        // Q8_K is an activation format (as in ggml): no weight kernel takes it.
+        OpKind::MulMat if src_dtype(0).is_some_and(|d| matmul::weight_type(d).is_none()) => {
+            Support::No(format!(
+                "MUL_MAT has no CPU kernel for {} weights",
+                src_dtype(0).map_or("unknown".into(), |d| d.to_string())
+            ))
+        }
         OpKind::None
         | OpKind::View
         | OpKind::Reshape
@@ -261,4 +268,28 @@ pub(crate) fn shared_scratch_bytes(graph: &Graph) -> usize {
         })
         .max()
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_core::Context;
+
+    #[test]
+    fn mul_mat_weights_need_a_kernel() {
+        for (dtype, ok) in [
+            (DType::Q4_K, true),
+            (DType::Q5_0, true),
+            (DType::Q6_K, true),
+            (DType::Q8_K, false),
+        ] {
+            let mut ctx = Context::new();
+            let w = ctx.new_tensor(dtype, [256, 4]).unwrap();
+            let x = ctx.new_tensor(DType::F32, [256, 2]).unwrap();
+            let y = ctx.mul_mat(w, x).unwrap();
+            let g = ctx.build_forward(y).unwrap();
+            let s = supports(g.tensors(), y);
+            assert_eq!(matches!(s, Support::Yes), ok, "{dtype}: {s:?}");
+        }
+    }
 }

@@ -6,7 +6,11 @@
 
 use std::arch::x86_64::*;
 
-use super::{WT_BF16, WT_F16, WT_F32};
+use super::{
+    KIND_Q4_0, KIND_Q5_0, KQ_Q5_K, KQ_Q6_K, WT_BF16, WT_F16, WT_F32, kind_block_bytes,
+    kq_block_bytes, kq_scales_mins,
+};
+use crate::cpu::kquant::{BLOCK_Q8_K_BYTES, QK_K};
 
 /// Horizontal sum of 8 lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -182,41 +186,73 @@ pub(crate) unsafe fn convert_half_row<const BF16: bool>(src: *const u8, dst: *mu
     }
 }
 
-/// Loads one Q8_0 (`Q4 == false`) or Q4_0 block's 32 quants as signed i8.
+/// Expands the 32 bits at `p` to 32 bytes: byte `i` is 0xFF if bit `i` is set, else 0.
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 4 readable bytes.
+    let bits = unsafe { (p as *const u32).read_unaligned() };
+    let v = _mm256_set1_epi32(bits as i32);
+    // Byte i takes byte i / 8 of the word, then every bit but bit i % 8 is forced on.
+    let v = _mm256_shuffle_epi8(
+        v,
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        ),
+    );
+    let v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+    _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1))
+}
+
+/// Loads one Q8_0, Q4_0 or Q5_0 block's 32 quants (`KIND`) as signed i8.
 ///
 /// # Safety
 /// `p` must point to a whole readable block.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn load_q<const Q4: bool>(p: *const u8) -> __m256i {
-    // SAFETY: a Q4_0 block has 16 quant bytes after the scale, Q8_0 32.
+unsafe fn load_q<const KIND: u8>(p: *const u8) -> __m256i {
+    // SAFETY: a Q4_0 block has 16 quant bytes after the scale, Q5_0 4 bit bytes and 16 quant
+    // bytes, Q8_0 32 quant bytes.
     unsafe {
-        if Q4 {
-            let q = _mm_loadu_si128(p.add(2) as *const __m128i);
-            let v = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
-            _mm256_sub_epi8(
-                _mm256_and_si256(v, _mm256_set1_epi8(0x0F)),
-                _mm256_set1_epi8(8),
-            )
-        } else {
-            _mm256_loadu_si256(p.add(2) as *const __m256i)
+        match KIND {
+            KIND_Q4_0 | KIND_Q5_0 => {
+                let off = if KIND == KIND_Q5_0 { 6 } else { 2 };
+                let q = _mm_loadu_si128(p.add(off) as *const __m128i);
+                let v = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
+                let v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+                if KIND == KIND_Q5_0 {
+                    // q − 16 = nibble when the fifth bit is set, nibble − 16 (= nibble | 0xF0
+                    // as i8) when it is clear.
+                    let hb = bytes_from_bits_32(p.add(2));
+                    _mm256_or_si256(v, _mm256_andnot_si256(hb, _mm256_set1_epi8(-16)))
+                } else {
+                    _mm256_sub_epi8(v, _mm256_set1_epi8(8))
+                }
+            }
+            _ => _mm256_loadu_si256(p.add(2) as *const __m256i),
         }
     }
 }
 
-/// `R` quantized weight rows (Q4_0 if `Q4`, else Q8_0) times `C` Q8_0
+/// `R` quantized weight rows (Q8_0, Q4_0 or Q5_0 by `KIND`) times `C` Q8_0
 /// columns of `nb` blocks: `res[r][c] = dot(w[r], x[c])`.
 ///
 /// # Safety
 /// AVX2/FMA/F16C must be available; every `wp[r]` must be valid for reading
 /// `nb` weight blocks and every `xp[c]` for reading `nb` Q8_0 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q_tile<const Q4: bool, const R: usize, const C: usize>(
+pub(crate) unsafe fn q_tile<const KIND: u8, const R: usize, const C: usize>(
     wp: &[*const u8; R],
     xp: &[*const u8; C],
     nb: usize,
 ) -> [[f32; C]; R] {
-    let blk = if Q4 { 18 } else { 34 };
+    let blk = kind_block_bytes(KIND);
     // SAFETY: every block read is below `nb` blocks of its row/column.
     unsafe {
         let ones = _mm256_set1_epi16(1);
@@ -228,7 +264,7 @@ pub(crate) unsafe fn q_tile<const Q4: bool, const R: usize, const C: usize>(
             for r in 0..R {
                 let p = wp[r].add(b * blk);
                 dw[r] = scale_at(p);
-                wv[r] = load_q::<Q4>(p);
+                wv[r] = load_q::<KIND>(p);
                 ax[r] = _mm256_abs_epi8(wv[r]);
             }
             for c in 0..C {
@@ -253,5 +289,110 @@ pub(crate) unsafe fn q_tile<const Q4: bool, const R: usize, const C: usize>(
             }
         }
         res
+    }
+}
+
+/// One K-quant row (by `KIND`) times `C` Q8_K columns of `nb` super-blocks:
+/// `res[c] = dot(w, x[c])`. Each super-block is unpacked once into eight vectors of 32 unsigned
+/// levels plus per-lane i16 scales; `maddubs` / `madd` give the scaled integer sum, and the
+/// activation sums (`bsums`) times the mins (Q4_K / Q5_K) or `32·scale` (Q6_K's offset) give the
+/// correction.
+///
+/// # Safety
+/// AVX2/FMA/F16C must be available; `w` must be valid for reading `nb` super-blocks of the kind
+/// and every `xp[c]` for reading `nb` Q8_K super-blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn kq_tile<const KIND: u8, const C: usize>(
+    w: *const u8,
+    xp: &[*const u8; C],
+    nb: usize,
+) -> [f32; C] {
+    let blk = kq_block_bytes(KIND);
+    // SAFETY: every read is inside super-block `b < nb` of the row or of a column (Q6_K: ql at
+    // 0..128, qh 128..192, scales 192..208, d 208; Q4_K / Q5_K: d, dmin 0..4, scales 4..16, Q5_K
+    // qh 16..48, qs up to the block end; Q8_K: d 0..4, qs 4..260, bsums 260..292).
+    unsafe {
+        let low4 = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); C];
+        let mut accm = [_mm256_setzero_ps(); C];
+        for b in 0..nb {
+            let p = w.add(b * blk);
+            let mut wv = [_mm256_setzero_si256(); 8];
+            let mut sv = [_mm256_setzero_si256(); 8];
+            let (corr, d, dm);
+            if KIND == KQ_Q6_K {
+                d = scale_at(p.add(208));
+                dm = d;
+                let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
+                corr = _mm256_slli_epi16::<5>(sc16);
+                let three = _mm256_set1_epi8(3);
+                for h in 0..2 {
+                    let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+                    let l0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
+                    let l1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
+                    let hb = |v: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(v, three));
+                    wv[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, low4), hb(qh));
+                    wv[4 * h + 1] =
+                        _mm256_or_si256(_mm256_and_si256(l1, low4), hb(_mm256_srli_epi16::<2>(qh)));
+                    wv[4 * h + 2] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l0), low4),
+                        hb(_mm256_srli_epi16::<4>(qh)),
+                    );
+                    wv[4 * h + 3] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l1), low4),
+                        hb(_mm256_srli_epi16::<6>(qh)),
+                    );
+                }
+                let sc = p.add(192) as *const i8;
+                for (t, s) in sv.iter_mut().enumerate() {
+                    *s = _mm256_set_m128i(
+                        _mm_set1_epi16(i16::from(*sc.add(2 * t + 1))),
+                        _mm_set1_epi16(i16::from(*sc.add(2 * t))),
+                    );
+                }
+            } else {
+                d = scale_at(p);
+                dm = scale_at(p.add(2));
+                let (sc8, m8) = kq_scales_mins((p.add(4) as *const [u8; 12]).read_unaligned());
+                let mins = _mm_cvtsi64_si128(m8 as i64);
+                corr = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));
+                let qs = p.add(if KIND == KQ_Q5_K { 48 } else { 16 });
+                for c in 0..4 {
+                    let q = _mm256_loadu_si256(qs.add(32 * c) as *const __m256i);
+                    wv[2 * c] = _mm256_and_si256(q, low4);
+                    wv[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low4);
+                }
+                if KIND == KQ_Q5_K {
+                    let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+                    let sixteen = _mm256_set1_epi8(16);
+                    for (t, v) in wv.iter_mut().enumerate() {
+                        let bit = _mm256_set1_epi8((1u8 << t) as i8);
+                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                        *v = _mm256_or_si256(*v, _mm256_and_si256(set, sixteen));
+                    }
+                }
+                for (t, s) in sv.iter_mut().enumerate() {
+                    *s = _mm256_set1_epi16(((sc8 >> (8 * t)) & 0xFF) as i16);
+                }
+            }
+            for c in 0..C {
+                let y = xp[c].add(b * BLOCK_Q8_K_BYTES);
+                let dy = (y as *const f32).read_unaligned();
+                let mut isum = _mm256_setzero_si256();
+                for t in 0..8 {
+                    let yv = _mm256_loadu_si256(y.add(4 + 32 * t) as *const __m256i);
+                    let p16 = _mm256_maddubs_epi16(wv[t], yv);
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, sv[t]));
+                }
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dy), acc[c]);
+                let bs = _mm256_loadu_si256(y.add(4 + QK_K) as *const __m256i);
+                accm[c] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, corr)),
+                    _mm256_set1_ps(dm * dy),
+                    accm[c],
+                );
+            }
+        }
+        std::array::from_fn(|c| hsum(acc[c]) - hsum(accm[c]))
     }
 }

@@ -6,13 +6,18 @@
 //! assumed anywhere.
 //!
 //! The quantized kernels use `vpdpbusd` (u8 x i8 -> i32). Weights are turned
-//! into unsigned bytes (Q8_0: `q + 128`; Q4_0: the raw nibble, i.e. `q + 8`)
+//! into unsigned bytes (Q8_0: `q + 128`; Q4_0: the raw nibble, i.e. `q + 8`; Q5_0: nibble
+//! plus fifth bit, `q + 16`)
 //! and the activations stay signed; the offset is removed with a per-block
 //! compensation `off * sum(y)` computed from the activations.
 
 use std::arch::x86_64::*;
 
-use super::{WT_F16, WT_F32};
+use super::{
+    KIND_Q4_0, KIND_Q5_0, KQ_Q5_K, KQ_Q6_K, WT_F16, WT_F32, kind_block_bytes, kind_offset,
+    kq_block_bytes, kq_scales_mins,
+};
+use crate::cpu::kquant::{BLOCK_Q8_K_BYTES, QK_K};
 
 /// Loads 16 weights of type `WT` starting at element `i` as f32.
 ///
@@ -181,28 +186,51 @@ unsafe fn load_scales_4(p: &[*const u8; 4], off: usize) -> __m512 {
 
 /// Loads one block (at `p[i] + off`) from each of four rows as unsigned
 /// bytes: returns (elements 0..16, elements 16..32), 128-bit lane `i` from
-/// row `i`. Q8_0: `q + 128`; Q4_0: the nibble (`q + 8`).
+/// row `i`. Q8_0: `q + 128`; Q4_0: the nibble (`q + 8`); Q5_0: nibble and
+/// fifth bit (`q + 16`).
 ///
 /// # Safety
 /// Each `p[i] + off` must point to a whole readable block.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn load_wq_4<const Q4: bool>(p: &[*const u8; 4], off: usize) -> (__m512i, __m512i) {
-    // SAFETY: Q4_0 blocks have 16 quant bytes after the scale, Q8_0 blocks 32.
+unsafe fn load_wq_4<const KIND: u8>(p: &[*const u8; 4], off: usize) -> (__m512i, __m512i) {
+    // SAFETY: Q4_0 blocks have 16 quant bytes after the scale, Q5_0 blocks 4 bit bytes and 16
+    // quant bytes, Q8_0 blocks 32 quant bytes.
     unsafe {
-        if Q4 {
-            let z = load_4x128(p, off + 2);
-            let m = _mm512_set1_epi8(0x0F);
-            (
-                _mm512_and_si512(z, m),
-                _mm512_and_si512(_mm512_srli_epi16::<4>(z), m),
-            )
-        } else {
-            let s = _mm512_set1_epi8(-128);
-            (
-                _mm512_xor_si512(load_4x128(p, off + 2), s),
-                _mm512_xor_si512(load_4x128(p, off + 18), s),
-            )
+        match KIND {
+            KIND_Q4_0 | KIND_Q5_0 => {
+                let qoff = if KIND == KIND_Q5_0 { 6 } else { 2 };
+                let z = load_4x128(p, off + qoff);
+                let m = _mm512_set1_epi8(0x0F);
+                let (lo, hi) = (
+                    _mm512_and_si512(z, m),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(z), m),
+                );
+                if KIND == KIND_Q5_0 {
+                    // Fifth bits: bit j of row i's qh is element j; its 16-bit halves become the
+                    // byte masks of 128-bit lane i.
+                    let (mut klo, mut khi) = (0u64, 0u64);
+                    for (i, pi) in p.iter().enumerate() {
+                        let qh = u64::from((pi.add(off + 2) as *const u32).read_unaligned());
+                        klo |= (qh & 0xFFFF) << (16 * i);
+                        khi |= (qh >> 16) << (16 * i);
+                    }
+                    let sixteen = _mm512_set1_epi8(16);
+                    (
+                        _mm512_mask_add_epi8(lo, klo, lo, sixteen),
+                        _mm512_mask_add_epi8(hi, khi, hi, sixteen),
+                    )
+                } else {
+                    (lo, hi)
+                }
+            }
+            _ => {
+                let s = _mm512_set1_epi8(-128);
+                (
+                    _mm512_xor_si512(load_4x128(p, off + 2), s),
+                    _mm512_xor_si512(load_4x128(p, off + 18), s),
+                )
+            }
         }
     }
 }
@@ -221,7 +249,7 @@ fn lane_sums(v: __m512) -> [f32; 4] {
     out
 }
 
-/// `4 * S` quantized weight rows (Q4_0 if `Q4`, else Q8_0) times `C` Q8_0
+/// `4 * S` quantized weight rows (Q8_0, Q4_0 or Q5_0 by `KIND`) times `C` Q8_0
 /// columns of `nb` blocks: `res[s][c][i] = dot(w[s][i], x[c])`.
 ///
 /// `comp[c]` points to `4 * nb` i32 (per block, the negated offset
@@ -233,14 +261,14 @@ fn lane_sums(v: __m512) -> [f32; 4] {
 /// `nb` weight blocks, every `xp[c]` for reading `nb` Q8_0 blocks, every
 /// `comp[c]` for reading `4 * nb` i32 and every `dy[c]` for `nb` f32.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn q_tile<const Q4: bool, const S: usize, const C: usize>(
+pub(crate) unsafe fn q_tile<const KIND: u8, const S: usize, const C: usize>(
     wp: &[[*const u8; 4]; S],
     xp: &[*const u8; C],
     comp: &[*const i32; C],
     dy: &[*const f32; C],
     nb: usize,
 ) -> [[[f32; 4]; C]; S] {
-    let blk = if Q4 { 18 } else { 34 };
+    let blk = kind_block_bytes(KIND);
     // SAFETY: every read is within the first `nb` blocks of its row/column
     // and the first `nb` entries of its table.
     unsafe {
@@ -250,7 +278,7 @@ pub(crate) unsafe fn q_tile<const Q4: bool, const S: usize, const C: usize>(
             let mut whi = [_mm512_setzero_si512(); S];
             let mut dw = [_mm512_setzero_ps(); S];
             for s in 0..S {
-                (wlo[s], whi[s]) = load_wq_4::<Q4>(&wp[s], b * blk);
+                (wlo[s], whi[s]) = load_wq_4::<KIND>(&wp[s], b * blk);
                 dw[s] = load_scales_4(&wp[s], b * blk);
             }
             for c in 0..C {
@@ -278,7 +306,7 @@ pub(crate) unsafe fn q_tile<const Q4: bool, const S: usize, const C: usize>(
     }
 }
 
-/// Dot product of one quantized row (Q4_0 if `Q4`, else Q8_0) with one
+/// Dot product of one quantized row (Q8_0, Q4_0 or Q5_0 by `KIND`) with one
 /// Q8_0 row, `nb` blocks each. Four consecutive blocks are processed per
 /// step, one per 128-bit lane.
 ///
@@ -286,13 +314,13 @@ pub(crate) unsafe fn q_tile<const Q4: bool, const S: usize, const C: usize>(
 /// AVX-512 must be available; `x` must be valid for reading `nb` weight
 /// blocks and `y` for reading `nb` Q8_0 blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn vec_dot_q<const Q4: bool>(x: *const u8, y: *const u8, nb: usize) -> f32 {
-    let blk = if Q4 { 18 } else { 34 };
+pub(crate) unsafe fn vec_dot_q<const KIND: u8>(x: *const u8, y: *const u8, nb: usize) -> f32 {
+    let blk = kind_block_bytes(KIND);
     // SAFETY: lanes past the end re-read the last valid block group's first
     // block (their contribution is masked to zero); all reads are within `nb`
     // blocks.
     unsafe {
-        let off = _mm512_set1_epi8(if Q4 { 8 } else { -128 });
+        let off = _mm512_set1_epi8(kind_offset(KIND) as i8);
         let mut acc = _mm512_setzero_ps();
         let mut b = 0;
         while b < nb {
@@ -305,7 +333,7 @@ pub(crate) unsafe fn vec_dot_q<const Q4: bool>(x: *const u8, y: *const u8, nb: u
             ];
             let xp = blocks.map(|i| x.add(i * blk));
             let yp = blocks.map(|i| y.add(i * 34));
-            let (wlo, whi) = load_wq_4::<Q4>(&xp, 0);
+            let (wlo, whi) = load_wq_4::<KIND>(&xp, 0);
             let ylo = load_4x128(&yp, 2);
             let yhi = load_4x128(&yp, 18);
             let zero = _mm512_setzero_si512();
@@ -521,5 +549,185 @@ pub(crate) unsafe fn panel_kernel<const C: usize>(
                 _mm512_mask_storeu_ps(op[c].wrapping_add(16 * s), m[s], acc[s][c]);
             }
         }
+    }
+}
+
+/// `vpermw` index tables spreading per-group i16 scales over the 32 i16 lanes of the `maddubs`
+/// result of 64-element chunk `u`: Q4_K / Q5_K lane `l` takes sub-block `2u + l / 16`, Q6_K lane
+/// `l` takes group `4u + l / 8`.
+const fn scale_idx(q6: bool) -> [[i16; 32]; 4] {
+    let mut t = [[0i16; 32]; 4];
+    let mut u = 0;
+    while u < 4 {
+        let mut l = 0;
+        while l < 32 {
+            t[u][l] = if q6 { 4 * u + l / 8 } else { 2 * u + l / 16 } as i16;
+            l += 1;
+        }
+        u += 1;
+    }
+    t
+}
+static SCALE_IDX_K4: [[i16; 32]; 4] = scale_idx(false);
+static SCALE_IDX_K6: [[i16; 32]; 4] = scale_idx(true);
+
+/// One K-quant super-block unpacked for the AVX-512 dot: 4 × 64 unsigned levels in element
+/// order, the matching per-lane i16 scales, the i16 factors of the 16 activation sums, and the
+/// f32 factors of the scaled sum (`d`) and of the correction (`dm`).
+struct KqBlock {
+    w: [__m512i; 4],
+    s: [__m512i; 4],
+    corr: __m256i,
+    d: f32,
+    dm: f32,
+}
+
+/// Unpacks the super-block at `p` (see [`KqBlock`]).
+///
+/// # Safety
+/// `p` must be valid for reading one super-block of the kind.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn kq_unpack<const KIND: u8>(p: *const u8) -> KqBlock {
+    // SAFETY: all reads are inside the super-block (see `avx2::kq_tile` for the offsets).
+    unsafe {
+        let low4 = _mm512_set1_epi8(0x0F);
+        if KIND == KQ_Q6_K {
+            let d = f16_at(p.add(208));
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
+            let scz = _mm512_castsi256_si512(sc16);
+            // Bits 4–5 of the levels: lower 256 bits from qh bits 0–1 (then 4–5), upper from
+            // bits 2–3 (then 6–7).
+            let cnt_lo = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
+            let cnt_hi = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
+            let m30 = _mm512_set1_epi8(0x30);
+            let mut w = [_mm512_setzero_si512(); 4];
+            for h in 0..2 {
+                let l = _mm512_loadu_si512(p.add(64 * h) as *const _);
+                let qh =
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(128 + 32 * h) as *const _));
+                let hb_lo = _mm512_and_si512(_mm512_sllv_epi16(qh, cnt_lo), m30);
+                let hb_hi = _mm512_and_si512(_mm512_srlv_epi16(qh, cnt_hi), m30);
+                w[2 * h] = _mm512_or_si512(_mm512_and_si512(l, low4), hb_lo);
+                w[2 * h + 1] =
+                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(l), low4), hb_hi);
+            }
+            let s = std::array::from_fn(|u| {
+                _mm512_permutexvar_epi16(
+                    _mm512_loadu_si512(SCALE_IDX_K6[u].as_ptr() as *const _),
+                    scz,
+                )
+            });
+            KqBlock {
+                w,
+                s,
+                corr: _mm256_slli_epi16::<5>(sc16),
+                d,
+                dm: d,
+            }
+        } else {
+            let (d, dmin) = (f16_at(p), f16_at(p.add(2)));
+            let (sc8, m8) = kq_scales_mins((p.add(4) as *const [u8; 12]).read_unaligned());
+            let scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8 as i64)));
+            let mins = _mm_cvtsi64_si128(m8 as i64);
+            let qs = p.add(if KIND == KQ_Q5_K { 48 } else { 16 });
+            let a = _mm512_loadu_si512(qs as *const _);
+            let b = _mm512_loadu_si512(qs.add(64) as *const _);
+            let (alo, ahi) = (
+                _mm512_and_si512(a, low4),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(a), low4),
+            );
+            let (blo, bhi) = (
+                _mm512_and_si512(b, low4),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(b), low4),
+            );
+            // Chunk c of 64 elements is (low nibbles, high nibbles) of bytes 32c..32c + 32.
+            let mut w = [
+                _mm512_shuffle_i64x2::<0x44>(alo, ahi),
+                _mm512_shuffle_i64x2::<0xEE>(alo, ahi),
+                _mm512_shuffle_i64x2::<0x44>(blo, bhi),
+                _mm512_shuffle_i64x2::<0xEE>(blo, bhi),
+            ];
+            if KIND == KQ_Q5_K {
+                // Sub-block s takes bit s of qh[l]: lower half of chunk u tests bit 2u of qh,
+                // upper half bit 2u of qh >> 1.
+                let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+                let qh2 =
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qh), _mm256_srli_epi16::<1>(qh));
+                let sixteen = _mm512_set1_epi8(16);
+                for (u, wu) in w.iter_mut().enumerate() {
+                    let k = _mm512_test_epi8_mask(qh2, _mm512_set1_epi8(1 << (2 * u)));
+                    *wu = _mm512_mask_add_epi8(*wu, k, *wu, sixteen);
+                }
+            }
+            let s = std::array::from_fn(|u| {
+                _mm512_permutexvar_epi16(
+                    _mm512_loadu_si512(SCALE_IDX_K4[u].as_ptr() as *const _),
+                    scz,
+                )
+            });
+            KqBlock {
+                w,
+                s,
+                corr: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins)),
+                d,
+                dm: dmin,
+            }
+        }
+    }
+}
+
+/// Horizontal sum of 8 f32 lanes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// One K-quant row (by `KIND`) times `C` Q8_K columns of `nb` super-blocks:
+/// `res[c] = dot(w, x[c])`. Each super-block is unpacked once ([`kq_unpack`]) for all columns;
+/// per column, `maddubs` (u8 levels × i8 activations) and `vpdpwssd` (× i16 scales) accumulate
+/// the scaled integer sum, and the activation sums times the mins (or Q6_K's `32·scale` offset)
+/// give the correction.
+///
+/// # Safety
+/// AVX-512 must be available; `w` must be valid for reading `nb` super-blocks of the kind and
+/// every `xp[c]` for reading `nb` Q8_K super-blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn kq_tile<const KIND: u8, const C: usize>(
+    w: *const u8,
+    xp: &[*const u8; C],
+    nb: usize,
+) -> [f32; C] {
+    let blk = kq_block_bytes(KIND);
+    // SAFETY: every read is inside super-block `b < nb` of the row or of a column (Q8_K: d at
+    // 0..4, quants 4..260, sums 260..292).
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); C];
+        let mut accm = [_mm256_setzero_ps(); C];
+        for b in 0..nb {
+            let u = kq_unpack::<KIND>(w.add(b * blk));
+            for c in 0..C {
+                let y = xp[c].add(b * BLOCK_Q8_K_BYTES);
+                let dy = (y as *const f32).read_unaligned();
+                let mut isum = _mm512_setzero_si512();
+                for t in 0..4 {
+                    let yv = _mm512_loadu_si512(y.add(4 + 64 * t) as *const _);
+                    isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(u.w[t], yv), u.s[t]);
+                }
+                acc[c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(u.d * dy), acc[c]);
+                let bs = _mm256_loadu_si256(y.add(4 + QK_K) as *const __m256i);
+                accm[c] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, u.corr)),
+                    _mm256_set1_ps(u.dm * dy),
+                    accm[c],
+                );
+            }
+        }
+        std::array::from_fn(|c| _mm512_reduce_add_ps(acc[c]) - hsum256(accm[c]))
     }
 }

@@ -11,8 +11,11 @@ pub(crate) mod avx512;
 
 use super::features::Isa;
 use super::generic::{self, scratch_f32};
+use super::kquant::{
+    BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES, QK_K,
+};
 use super::matmul::{WeightType, check_tile_args};
-use super::quant::{BLOCK_Q8_0_BYTES, QK8_0, block_scale};
+use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK8_0, block_scale};
 
 /// Weight type code of the float kernels: f32.
 pub(crate) const WT_F32: u8 = 0;
@@ -20,6 +23,31 @@ pub(crate) const WT_F32: u8 = 0;
 pub(crate) const WT_F16: u8 = 1;
 /// Weight type code of the float kernels: bf16.
 pub(crate) const WT_BF16: u8 = 2;
+
+/// Block kind of the 32-element kernels: Q8_0 weights.
+pub(crate) const KIND_Q8_0: u8 = 0;
+/// Block kind of the 32-element kernels: Q4_0 weights.
+pub(crate) const KIND_Q4_0: u8 = 1;
+/// Block kind of the 32-element kernels: Q5_0 weights.
+pub(crate) const KIND_Q5_0: u8 = 2;
+
+/// Bytes per weight block of a 32-element kind.
+pub(crate) const fn kind_block_bytes(kind: u8) -> usize {
+    match kind {
+        KIND_Q4_0 => BLOCK_Q4_0_BYTES,
+        KIND_Q5_0 => BLOCK_Q5_0_BYTES,
+        _ => BLOCK_Q8_0_BYTES,
+    }
+}
+
+/// The offset that turns a kind's signed quants into the unsigned bytes `vpdpbusd` takes.
+pub(crate) const fn kind_offset(kind: u8) -> i32 {
+    match kind {
+        KIND_Q4_0 => 8,
+        KIND_Q5_0 => 16,
+        _ => 128,
+    }
+}
 
 /// From this many columns on, AVX2 float tiles go through `gemm`.
 pub(crate) const GEMM_MIN_COLS: usize = 8;
@@ -40,27 +68,25 @@ pub(crate) fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
-/// Dot product of a Q8_0 (`Q4 == false`) or Q4_0 row with a Q8_0 row, over
+/// Dot product of a Q8_0, Q4_0 or Q5_0 row (by `KIND`) with a Q8_0 row, over
 /// the whole blocks both hold.
-pub(crate) fn vec_dot_q<const Q4: bool>(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
-    let blk = if Q4 { 18 } else { 34 };
+pub(crate) fn vec_dot_q<const KIND: u8>(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
+    let blk = kind_block_bytes(KIND);
     let nb = (x.len() / blk).min(y.len() / BLOCK_Q8_0_BYTES);
     match isa.clamp_to_supported() {
         Isa::Avx512 => {
             // SAFETY: AVX-512 is supported; `x` and `y` hold `nb` blocks each.
-            unsafe { avx512::vec_dot_q::<Q4>(x.as_ptr(), y.as_ptr(), nb) }
+            unsafe { avx512::vec_dot_q::<KIND>(x.as_ptr(), y.as_ptr(), nb) }
         }
         Isa::Avx2 => {
             // SAFETY: AVX2 is supported; `x` and `y` hold `nb` blocks each.
-            unsafe { avx2::q_tile::<Q4, 1, 1>(&[x.as_ptr()], &[y.as_ptr()], nb)[0][0] }
+            unsafe { avx2::q_tile::<KIND, 1, 1>(&[x.as_ptr()], &[y.as_ptr()], nb)[0][0] }
         }
-        Isa::Scalar => {
-            if Q4 {
-                generic::vec_dot_q4_0_q8_0(x, y)
-            } else {
-                generic::vec_dot_q8_0_q8_0(x, y)
-            }
-        }
+        Isa::Scalar => match KIND {
+            KIND_Q4_0 => generic::vec_dot_q4_0_q8_0(x, y),
+            KIND_Q5_0 => generic::vec_dot_q5_0_q8_0(x, y),
+            _ => generic::vec_dot_q8_0_q8_0(x, y),
+        },
     }
 }
 
@@ -176,12 +202,24 @@ pub(crate) fn mul_mat_tile(
         WeightType::BF16 => {
             float_small::<WT_BF16>(isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo)
         }
-        WeightType::Q8_0 => quant_tile::<false>(
+        WeightType::Q8_0 => quant_tile::<KIND_Q8_0>(
             isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
         ),
-        WeightType::Q4_0 => quant_tile::<true>(
+        WeightType::Q4_0 => quant_tile::<KIND_Q4_0>(
             isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
         ),
+        WeightType::Q5_0 => quant_tile::<KIND_Q5_0>(
+            isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
+        ),
+        WeightType::Q4_K => {
+            kquant_tile::<KQ_Q4_K>(isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo)
+        }
+        WeightType::Q5_K => {
+            kquant_tile::<KQ_Q5_K>(isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo)
+        }
+        WeightType::Q6_K => {
+            kquant_tile::<KQ_Q6_K>(isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo)
+        }
     }
 }
 
@@ -277,10 +315,10 @@ fn act_tables<'a>(
     (cbuf, dbuf)
 }
 
-/// Quantized weights (Q4_0 if `Q4`, else Q8_0) times Q8_0 activations.
+/// Quantized weights (Q8_0, Q4_0 or Q5_0 by `KIND`) times Q8_0 activations.
 /// Arguments were checked by `check_tile_args`; `isa` is a supported SIMD level.
 #[allow(clippy::too_many_arguments)]
-fn quant_tile<const Q4: bool>(
+fn quant_tile<const KIND: u8>(
     isa: Isa,
     w: &[u8],
     w_stride: usize,
@@ -294,7 +332,7 @@ fn quant_tile<const Q4: bool>(
     scratch: &mut Vec<u8>,
 ) {
     let nb = k / QK8_0;
-    if isa == Isa::Avx512 && !Q4 && cols == 1 {
+    if isa == Isa::Avx512 && KIND == KIND_Q8_0 && cols == 1 {
         // GEMV: stream each row with the shuffle-free kernel.
         let yp = x.as_ptr();
         for r0 in (0..rows).step_by(8) {
@@ -306,7 +344,7 @@ fn quant_tile<const Q4: bool>(
             store(out, ldo, rows, r0, 0, &t);
         }
     } else if isa == Isa::Avx512 {
-        let (comp, dy) = act_tables(if Q4 { 8 } else { 128 }, x, x_stride, cols, nb, scratch);
+        let (comp, dy) = act_tables(kind_offset(KIND), x, x_stride, cols, nb, scratch);
         for r0 in (0..rows).step_by(8) {
             let wp = [
                 row_ptrs::<4>(w, w_stride, rows, r0),
@@ -320,7 +358,7 @@ fn quant_tile<const Q4: bool>(
                     // SAFETY: AVX-512 is supported; rows hold `nb` weight blocks and
                     // columns `nb` Q8_0 blocks (check_tile_args); the tables hold
                     // `4 * nb` and `nb` entries per column.
-                    let res = unsafe { avx512::q_tile::<Q4, 2, C>(&wp, &xp, &cp, &dp, nb) };
+                    let res = unsafe { avx512::q_tile::<KIND, 2, C>(&wp, &xp, &cp, &dp, nb) };
                     for (s, rs) in res.iter().enumerate() {
                         let t: [[f32; C]; 4] = std::array::from_fn(|i| std::array::from_fn(|j| rs[j][i]));
                         store(out, ldo, rows, r0 + 4 * s, c0, &t);
@@ -334,7 +372,7 @@ fn quant_tile<const Q4: bool>(
             let wp = row_ptrs::<4>(w, w_stride, rows, r0);
             // SAFETY: AVX2 is supported; rows hold `nb` weight blocks and the
             // column `nb` Q8_0 blocks (check_tile_args).
-            let res = unsafe { avx2::q_tile::<Q4, 4, 1>(&wp, &xp, nb) };
+            let res = unsafe { avx2::q_tile::<KIND, 4, 1>(&wp, &xp, nb) };
             store(out, ldo, rows, r0, 0, &res);
         }
     } else {
@@ -344,12 +382,12 @@ fn quant_tile<const Q4: bool>(
                 if c0 + 1 < cols {
                     let xp = col_ptrs::<2>(x, x_stride, c0);
                     // SAFETY: as above, two rows by two columns.
-                    let res = unsafe { avx2::q_tile::<Q4, 2, 2>(&wp, &xp, nb) };
+                    let res = unsafe { avx2::q_tile::<KIND, 2, 2>(&wp, &xp, nb) };
                     store(out, ldo, rows, r0, c0, &res);
                 } else {
                     let xp = col_ptrs::<1>(x, x_stride, c0);
                     // SAFETY: as above, two rows by one column.
-                    let res = unsafe { avx2::q_tile::<Q4, 2, 1>(&wp, &xp, nb) };
+                    let res = unsafe { avx2::q_tile::<KIND, 2, 1>(&wp, &xp, nb) };
                     store(out, ldo, rows, r0, c0, &res);
                 }
             }
@@ -593,4 +631,116 @@ fn gemm_f32(
             gemm::Parallelism::None,
         )
     }
+}
+
+/// K-quant kind of the super-block kernels: Q4_K weights.
+pub(crate) const KQ_Q4_K: u8 = 0;
+/// K-quant kind of the super-block kernels: Q5_K weights.
+pub(crate) const KQ_Q5_K: u8 = 1;
+/// K-quant kind of the super-block kernels: Q6_K weights.
+pub(crate) const KQ_Q6_K: u8 = 2;
+
+/// Bytes per super-block of a K-quant kind.
+pub(crate) const fn kq_block_bytes(kind: u8) -> usize {
+    match kind {
+        KQ_Q4_K => BLOCK_Q4_K_BYTES,
+        KQ_Q5_K => BLOCK_Q5_K_BYTES,
+        _ => BLOCK_Q6_K_BYTES,
+    }
+}
+
+/// Dot product of a K-quant row (by `KIND`) with a Q8_K row, over the whole super-blocks both
+/// hold.
+pub(crate) fn vec_dot_k<const KIND: u8>(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
+    let nb = (x.len() / kq_block_bytes(KIND)).min(y.len() / BLOCK_Q8_K_BYTES);
+    let (x, y) = (&x[..nb * kq_block_bytes(KIND)], &y[..nb * BLOCK_Q8_K_BYTES]);
+    match isa.clamp_to_supported() {
+        Isa::Avx512 => {
+            // SAFETY: AVX-512 is supported; `x` and `y` hold `nb` super-blocks each.
+            unsafe { avx512::kq_tile::<KIND, 1>(x.as_ptr(), &[y.as_ptr()], nb)[0] }
+        }
+        Isa::Avx2 => {
+            // SAFETY: AVX2 is supported; `x` and `y` hold `nb` super-blocks each.
+            unsafe { avx2::kq_tile::<KIND, 1>(x.as_ptr(), &[y.as_ptr()], nb)[0] }
+        }
+        Isa::Scalar => match KIND {
+            KQ_Q4_K => generic::vec_dot_qk_affine_q8_k::<false>(x, y),
+            KQ_Q5_K => generic::vec_dot_qk_affine_q8_k::<true>(x, y),
+            _ => generic::vec_dot_q6_k_q8_k(x, y),
+        },
+    }
+}
+
+/// K-quant weights (by `KIND`) times Q8_K activations: each row against up to 8 (AVX-512) or 2
+/// (AVX2) columns at a time, so a super-block's unpacked weights serve several columns.
+/// Arguments were checked by `check_tile_args`; `isa` is a supported SIMD level.
+#[allow(clippy::too_many_arguments)]
+fn kquant_tile<const KIND: u8>(
+    isa: Isa,
+    w: &[u8],
+    w_stride: usize,
+    rows: usize,
+    x: &[u8],
+    x_stride: usize,
+    cols: usize,
+    k: usize,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    let nb = k / QK_K;
+    for r in 0..rows {
+        let wp = w[r * w_stride..].as_ptr();
+        let mut c0 = 0;
+        while c0 < cols {
+            let rem = cols - c0;
+            macro_rules! run {
+                ($c:literal, $arch:ident) => {{
+                    let xp = col_ptrs::<$c>(x, x_stride, c0);
+                    // SAFETY: the ISA is supported (clamped by the caller); row `r` holds `nb`
+                    // super-blocks and every column `nb` Q8_K super-blocks (check_tile_args).
+                    let res = unsafe { $arch::kq_tile::<KIND, $c>(wp, &xp, nb) };
+                    for (j, v) in res.iter().enumerate() {
+                        out[(c0 + j) * ldo + r] = *v;
+                    }
+                    c0 += $c;
+                }};
+            }
+            if isa == Isa::Avx512 {
+                if rem >= 8 {
+                    run!(8, avx512)
+                } else if rem >= 4 {
+                    run!(4, avx512)
+                } else if rem >= 2 {
+                    run!(2, avx512)
+                } else {
+                    run!(1, avx512)
+                }
+            } else if rem >= 2 {
+                run!(2, avx2)
+            } else {
+                run!(1, avx2)
+            }
+        }
+    }
+}
+
+/// The eight 6-bit scales and eight 6-bit mins of a Q4_K / Q5_K super-block (its 12 packed
+/// bytes), as two little-endian byte vectors `(scales, mins)` (ggml's `utmp` unpacking, the
+/// vector form of [`crate::cpu::kquant::scale_min_k4`]).
+#[inline]
+pub(crate) fn kq_scales_mins(b: [u8; 12]) -> (u64, u64) {
+    const KM1: u32 = 0x3f3f_3f3f;
+    const KM2: u32 = 0x0f0f_0f0f;
+    const KM3: u32 = 0x0303_0303;
+    let u0 = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let u1 = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    let u2 = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    let s_lo = u0 & KM1;
+    let s_hi = (u2 & KM2) | (((u0 >> 6) & KM3) << 4);
+    let m_lo = u1 & KM1;
+    let m_hi = ((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4);
+    (
+        u64::from(s_lo) | (u64::from(s_hi) << 32),
+        u64::from(m_lo) | (u64::from(m_hi) << 32),
+    )
 }
