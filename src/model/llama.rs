@@ -20,6 +20,8 @@ enum Init {
     Norm,
     /// All zero: KV caches.
     Zero,
+    /// The same values as another parameter (an untied copy of a tied output).
+    Same(TensorId),
 }
 
 /// Which part of the network a parameter tensor belongs to; decides its device.
@@ -333,6 +335,35 @@ impl LlamaModel {
         &self.layers
     }
 
+    /// This model with a tied output given its own `output.weight` (a copy of the token
+    /// embedding; the same model otherwise). Tensor parallelism splits that copy over the
+    /// vocabulary while the embedding stays whole for GET_ROWS, so no device computes all the
+    /// logits.
+    ///
+    /// # Errors
+    /// Context errors (none for a valid model).
+    pub fn untie_output(&self) -> Result<LlamaModel> {
+        if self.output != self.tok_embd {
+            return Ok(self.clone());
+        }
+        let mut m = self.clone();
+        let emb = m.ctx.tensor(m.tok_embd)?.clone();
+        let id = m
+            .ctx
+            .new_named("output.weight", emb.dtype(), [emb.ne()[0], emb.ne()[1]])?;
+        m.ctx.set_flags(
+            id,
+            TensorFlags {
+                param: true,
+                ..TensorFlags::default()
+            },
+        )?;
+        m.params
+            .push((id, Init::Same(m.tok_embd), Placement::Output));
+        m.output = id;
+        Ok(m)
+    }
+
     /// `output_norm.weight` and `output.weight` (the token embedding when the output is tied).
     pub fn output_tensors(&self) -> (TensorId, TensorId) {
         (self.output_norm, self.output)
@@ -389,6 +420,9 @@ impl LlamaModel {
     /// [`Error::InvalidArgument`] if `id` is not a parameter of this model; the source's errors.
     pub fn weight_bytes(&self, id: TensorId) -> Result<Vec<u8>> {
         let (t, init, _) = self.param_entry(id)?;
+        if let Init::Same(of) = init {
+            return self.weight_bytes(of);
+        }
         if let (Some(src), false) = (&self.source, init == Init::Zero) {
             let bytes = src.read(t.name())?;
             if bytes.len() != t.nbytes() {
@@ -401,7 +435,7 @@ impl LlamaModel {
             return Ok(bytes);
         }
         let (center, half) = match init {
-            Init::Zero => return Ok(vec![0u8; t.nbytes()]),
+            Init::Zero | Init::Same(_) => return Ok(vec![0u8; t.nbytes()]),
             Init::Norm => (1.0, 0.1),
             Init::Uniform(a) => (0.0, a),
         };

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 /// A model's weights split over the devices of a meta device, and its stream.
 pub struct TpSession<'m> {
-    model: &'m LlamaModel,
+    /// The model as split: a tied output gets its own split copy ([`LlamaModel::untie_output`]).
+    model: LlamaModel,
+    _borrow: std::marker::PhantomData<&'m LlamaModel>,
     meta: MetaDevice,
     backend: MetaBackend,
     weights: TensorBuffer,
@@ -67,6 +69,7 @@ impl<'m> TpSession<'m> {
         opts: &BackendOptions,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<TpSession<'m>> {
+        let model = model.untie_output()?;
         let ids: Vec<_> = model.params().map(|(id, _)| id).collect();
         let weights = meta
             .buffer_type()
@@ -89,6 +92,7 @@ impl<'m> TpSession<'m> {
         let backend = meta.init_meta_backend(opts)?;
         Ok(TpSession {
             model,
+            _borrow: std::marker::PhantomData,
             meta,
             backend,
             weights,
