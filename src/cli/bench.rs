@@ -42,7 +42,7 @@ impl SplitMode {
 /// A loaded model in one split mode.
 pub(crate) enum Session<'m> {
     Sched(LlamaSession<'m>),
-    Tp(TpSession<'m>),
+    Tp(Box<TpSession<'m>>),
 }
 
 impl Session<'_> {
@@ -237,10 +237,10 @@ pub(crate) fn open_session<'m>(
                 Some(t) => BackendOptions::with_threads(t),
                 None => BackendOptions::default(),
             };
-            Session::Tp(
+            Session::Tp(Box::new(
                 TpSession::new(model, meta, &opts, progress)
                     .with_context(|| format!("splitting the model over {names}"))?,
-            )
+            ))
         }
         _ => Session::Sched(
             LlamaSession::with_progress(model, devices, &layer_device, opts, progress)
