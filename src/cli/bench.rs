@@ -41,7 +41,7 @@ impl SplitMode {
 
 /// A loaded model in one split mode.
 pub(crate) enum Session<'m> {
-    Sched(LlamaSession<'m>),
+    Sched(Box<LlamaSession<'m>>),
     Tp(Box<TpSession<'m>>),
 }
 
@@ -242,10 +242,10 @@ pub(crate) fn open_session<'m>(
                     .with_context(|| format!("splitting the model over {names}"))?,
             ))
         }
-        _ => Session::Sched(
+        _ => Session::Sched(Box::new(
             LlamaSession::with_progress(model, devices, &layer_device, opts, progress)
                 .with_context(|| format!("loading the model on {names}"))?,
-        ),
+        )),
     };
     eprintln!(
         "{}loading {} on {names}: {:.1} MiB of weights and KV caches in {:.2} s",
