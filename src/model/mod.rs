@@ -29,6 +29,8 @@ mod tests;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_arch;
 #[cfg(all(test, feature = "cpu"))]
+mod tests_real;
+#[cfg(all(test, feature = "cpu"))]
 mod tests_tp;
 pub mod tokenizer;
 mod tp;
