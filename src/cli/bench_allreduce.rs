@@ -49,28 +49,53 @@ pub fn parse_range(s: &str) -> anyhow::Result<(usize, usize)> {
     Ok((a, b))
 }
 
-/// Bytes per second of copying a 16 MiB buffer on one thread (the bandwidth baseline).
-fn memcpy_bandwidth() -> f64 {
-    let src = vec![1u8; 16 << 20];
-    let mut dst = vec![0u8; 16 << 20];
-    dst.copy_from_slice(&src);
-    let (mut runs, t0) = (0u32, Instant::now());
-    while runs < 10 || t0.elapsed() < Duration::from_millis(300) {
-        dst.copy_from_slice(std::hint::black_box(&src));
-        runs += 1;
+/// Rounds per size: the all-reduce and the memcpy baseline alternate, and the median round of each
+/// is reported, so a burst of load from elsewhere hits both or is voted out.
+const ROUNDS: usize = 3;
+
+/// One-thread memcpy of `bytes` (the bandwidth baseline), with reusable buffers.
+struct Memcpy {
+    src: Vec<u8>,
+    dst: Vec<u8>,
+}
+
+impl Memcpy {
+    fn new(bytes: usize) -> Memcpy {
+        let mut m = Memcpy {
+            src: vec![1u8; bytes],
+            dst: vec![0u8; bytes],
+        };
+        m.dst.copy_from_slice(&m.src); // fault the pages in
+        m
     }
-    std::hint::black_box(&dst);
-    (16u64 << 20) as f64 * runs as f64 / t0.elapsed().as_secs_f64()
+
+    /// Seconds per copy, over at least `min_time` and 10 copies.
+    fn time(&mut self, min_time: Duration) -> f64 {
+        let (mut runs, t0) = (0u32, Instant::now());
+        while runs < 10 || (t0.elapsed() < min_time && runs < 1_000_000) {
+            self.dst.copy_from_slice(std::hint::black_box(&self.src));
+            runs += 1;
+        }
+        std::hint::black_box(&self.dst);
+        t0.elapsed().as_secs_f64() / runs as f64
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Runs the benchmark over `devices` and prints a table.
 pub fn run(devices: &[Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
     let n = devices.len();
-    let copy_bw = memcpy_bandwidth();
+    let baseline = 16usize << 20;
+    let mut copy = Memcpy::new(baseline);
+    let copy_secs = median((0..ROUNDS).map(|_| copy.time(opts.min_time / 3)).collect());
+    drop(copy);
     println!(
-        "memcpy 16 MiB, 1 thread: {:.2} GB/s copied ({:.2} GB/s read+write)",
-        copy_bw / 1e9,
-        2.0 * copy_bw / 1e9
+        "memcpy baseline: {:.2} GB/s (16 MiB copied by 1 thread; median of {ROUNDS} rounds)",
+        baseline as f64 / copy_secs / 1e9
     );
     println!(
         "all-reduce over {n} device(s) [{}], wire {:?}, algorithm {:?}",
@@ -83,12 +108,22 @@ pub fn run(devices: &[Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
         opts.algorithm
     );
     println!(
-        "| {:>10} | {:>10} | {:>10} | {:>9} | {:>9} | {:<26} |",
-        "size (B)", "count", "time (us)", "algbw GB/s", "busbw GB/s", "path"
+        "busbw = algbw·2(n−1)/n; memcpy = the same size copied by 1 thread, timed in alternation with the all-reduce"
     );
     println!(
-        "|{:-<12}|{:-<12}|{:-<12}|{:-<11}|{:-<11}|{:-<28}|",
-        "", "", "", "", "", ""
+        "| {:>10} | {:>10} | {:>10} | {:>10} | {:>10} | {:>11} | {:>9} | {:<16} |",
+        "size (B)",
+        "count",
+        "time (us)",
+        "algbw GB/s",
+        "busbw GB/s",
+        "memcpy GB/s",
+        "% memcpy",
+        "path"
+    );
+    println!(
+        "|{:-<12}|{:-<12}|{:-<12}|{:-<12}|{:-<12}|{:-<13}|{:-<11}|{:-<18}|",
+        "", "", "", "", "", "", "", ""
     );
     let bopts = opts
         .threads
@@ -155,12 +190,20 @@ pub fn run(devices: &[Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
                 Ok(path)
             };
         let path = batch(&mut streams, 2)?;
-        let (mut runs, t0) = (0u32, Instant::now());
-        while runs < 20 || (t0.elapsed() < opts.min_time && runs < 1_000_000) {
-            batch(&mut streams, 10)?;
-            runs += 10;
+        let mut copy = Memcpy::new(size);
+        let (mut reduce_secs, mut copy_secs) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            let (mut runs, t0) = (0u32, Instant::now());
+            let min_time = opts.min_time / ROUNDS as u32;
+            while runs < 20 || (t0.elapsed() < min_time && runs < 1_000_000) {
+                batch(&mut streams, 10)?;
+                runs += 10;
+            }
+            reduce_secs.push(t0.elapsed().as_secs_f64() / runs as f64);
+            copy_secs.push(copy.time(min_time / 2));
         }
-        let secs = t0.elapsed().as_secs_f64() / runs as f64;
+        let secs = median(reduce_secs);
+        let copy_bw = size as f64 / median(copy_secs);
         let algbw = size as f64 / secs;
         let busbw = if n > 1 {
             algbw * 2.0 * (n - 1) as f64 / n as f64
@@ -168,17 +211,19 @@ pub fn run(devices: &[Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
             0.0
         };
         println!(
-            "| {:>10} | {:>10} | {:>10.1} | {:>10.2} | {:>10.2} | {:<26} |",
+            "| {:>10} | {:>10} | {:>10.1} | {:>10.2} | {:>10.2} | {:>11.2} | {:>8.0}% | {:<16} |",
             size,
             len,
             secs * 1e6,
             algbw / 1e9,
             busbw / 1e9,
+            copy_bw / 1e9,
+            100.0 * busbw / copy_bw,
             path
         );
         size = size.saturating_mul(4);
     }
-    if matches!(opts.algorithm, Algorithm::Auto { .. }) {
+    if matches!(opts.algorithm, Algorithm::Auto { .. }) && vendor.is_none() {
         println!(
             "auto uses the ring from {} KiB per peer device ({} KiB with {n} devices)",
             DEFAULT_RING_THRESHOLD >> 10,

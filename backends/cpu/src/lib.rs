@@ -7,6 +7,10 @@
 //! selector (or [`split_devices`]) makes N on demand. N may exceed the core count: idle workers
 //! park, so the machine stays correct, only slower.
 //!
+//! The registry exports the comm trio: an all-reduce between CPU devices over shared memory, run
+//! by the devices' own streams (one-shot for small slices, fused reduce-scatter + all-gather for
+//! large ones; see `comm/mod.rs`).
+//!
 //! ```
 //! use tessera_core::{BackendOptions, Context, DType, Device};
 //! let dev = tessera_cpu::CpuDevice::new("CPU", vec![]);
@@ -33,6 +37,7 @@ mod sys;
 mod tview;
 
 pub use buffer::{CPU_ALIGNMENT, CpuBuffer, CpuBufferType};
+pub use comm::STREAM_FROM_ENV;
 pub use device::CpuDevice;
 pub use stream::CpuBackend;
 

@@ -120,6 +120,7 @@ impl CpuBackend {
     pub(crate) fn handle(&self) -> Option<StreamHandle> {
         Some(StreamHandle {
             device: self.device.clone(),
+            n_threads: self.n_threads,
             tx: self.tx.clone()?,
             status: self.status.clone(),
         })
@@ -225,6 +226,7 @@ fn enqueue_on(device: &str, tx: &mpsc::Sender<Job>, status: &Status, job: Job) -
 #[derive(Clone)]
 pub(crate) struct StreamHandle {
     device: String,
+    n_threads: usize,
     tx: mpsc::Sender<Job>,
     status: Arc<Status>,
 }
@@ -233,11 +235,40 @@ impl StreamHandle {
     pub(crate) fn enqueue(&self, job: Job) -> Result<()> {
         enqueue_on(&self.device, &self.tx, &self.status, job)
     }
+
+    /// Threads of the stream's pool (the stream thread included).
+    pub(crate) fn n_threads(&self) -> usize {
+        self.n_threads
+    }
+}
+
+/// How long an idle stream polls its queue before sleeping on it.
+const IDLE_POLL: std::time::Duration = std::time::Duration::from_micros(20);
+
+/// The next job, or `None` once every sender is gone.
+///
+/// Work often comes back to back (a host queueing a graph, an all-reduce, the next graph), and
+/// a stream asleep on its queue costs the sender a wake-up system call and itself a reschedule,
+/// several microseconds on a virtual machine: more than a small all-reduce. So an empty queue
+/// is polled for [`IDLE_POLL`] first, yielding between polls so that a thread sharing this core
+/// (often the host thread that is about to queue the work) runs meanwhile.
+fn next_job(rx: &mpsc::Receiver<Job>) -> Option<Job> {
+    let start = std::time::Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(job) => return Some(job),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) if start.elapsed() < IDLE_POLL => {
+                std::thread::yield_now()
+            }
+            Err(mpsc::TryRecvError::Empty) => return rx.recv().ok(),
+        }
+    }
 }
 
 fn stream_loop(device: &str, pool: Pool, rx: mpsc::Receiver<Job>, status: Arc<Status>) {
     let mut scratch = SharedScratch::default();
-    while let Ok(job) = rx.recv() {
+    while let Some(job) = next_job(&rx) {
         if matches!(job, Job::Shutdown) {
             break;
         }
