@@ -1,12 +1,14 @@
-//! Backends as run-time plugins. The harness first builds the CPU plugin (`libtessera_cpu.so`)
-//! and the deliberately broken test plugins with the same cargo, profile and target directory as
-//! this test, then runs, one trial each:
+//! Backends as run-time plugins. The harness first builds the CPU and CUDA plugins
+//! (`libtessera_cpu.so`, `libtessera_cuda.so`) and the deliberately broken test plugins with the
+//! same cargo, profile and target directory as this test, then runs, one trial each:
 //!
 //! - `conformance/<device>/<case>`: the whole op conformance suite on the plugin-loaded CPU
 //!   device, exactly as `conformance.rs` runs it on the compiled-in one;
 //! - `cpu-plugin/...`: names and registration, set/get, 2-D copies, typed errors across the
 //!   boundary, events in both directions, host memory, foreign buffers refused by name, the comm
 //!   trio through `proc_address` on two plugin devices, the generic all-reduce, plugin logs;
+//! - `cuda-plugin/...`: `libtessera_cuda.so` loads with or without a GPU and exports the comm
+//!   trio by name;
 //! - `broken/...`: wrong ABI version, truncated table, missing entry symbol, a constructor that
 //!   panics, calls that panic, files that are not libraries, and a directory scan that keeps
 //!   going past the bad files.
@@ -35,6 +37,7 @@ type Named = (&'static str, fn() -> TrialResult);
 /// Where the plugins are, once built.
 struct Built {
     cpu: PathBuf,
+    cuda: PathBuf,
     examples: PathBuf,
 }
 
@@ -61,7 +64,8 @@ fn build() -> Result<Built, String> {
     let out = std::process::Command::new(cargo)
         .current_dir(workspace)
         .args(["build", "--profile", profile])
-        .args(["-p", "tessera-cpu-plugin", "-p", "tessera-test-plugins"])
+        .args(["-p", "tessera-cpu-plugin", "-p", "tessera-cuda-plugin"])
+        .args(["-p", "tessera-test-plugins"])
         .args(["--lib", "--examples", "--target-dir"])
         .arg(target_dir)
         .output()
@@ -81,6 +85,7 @@ fn build() -> Result<Built, String> {
     };
     let built = Built {
         cpu: so(profile_dir, "tessera_cpu"),
+        cuda: so(profile_dir, "tessera_cuda"),
         examples: profile_dir.join("examples"),
     };
     if !built.cpu.is_file() {
@@ -123,6 +128,50 @@ fn read_f32(buf: &dyn Buffer, offset: usize, n: usize) -> Result<Vec<f32>, Faile
 
 fn err<T>(r: tessera_core::Result<T>) -> Result<T, Failed> {
     r.map_err(|e| Failed::from(e.to_string()))
+}
+
+// ===== The CUDA plugin =====
+
+/// `libtessera_cuda.so` loads on any machine: with a GPU it lists CUDA devices, without one its
+/// registry has none and says why; either way the comm trio is found by name across the ABI.
+fn cuda_plugin_loads(built: &Built) -> TrialResult {
+    let reg = load_backend(&built.cuda).map_err(|e| format!("{}: {e}", built.cuda.display()))?;
+    check(reg.name() == "cuda@libtessera_cuda.so", || {
+        format!("registry name {:?}", reg.name())
+    })?;
+    for sym in [
+        "tessera_comm_init",
+        "tessera_comm_allreduce_tensor",
+        "tessera_comm_free",
+    ] {
+        check(reg.proc_address(sym).is_some(), || {
+            format!("{sym} not found")
+        })?;
+    }
+    check(reg.proc_address("tessera_no_such_symbol").is_none(), || {
+        "an unknown name resolved".into()
+    })?;
+    match reg.probe() {
+        Ok(()) => {
+            let devs = err(reg.devices())?;
+            check(!devs.is_empty(), || "probe passed but no devices".into())?;
+            for d in &devs {
+                check(d.name().starts_with("CUDA"), || {
+                    format!("device {}", d.name())
+                })?;
+            }
+            eprintln!("cuda-plugin: {} device(s) through the plugin", devs.len());
+        }
+        Err(why) => {
+            let why = why.to_string();
+            check(!why.is_empty(), || "no reason given".into())?;
+            check(reg.devices().is_err(), || {
+                "devices() without a driver".into()
+            })?;
+            eprintln!("cuda-plugin: no devices (expected without a GPU): {why}");
+        }
+    }
+    Ok(())
 }
 
 // ===== The meta device over plugin devices =====
@@ -737,6 +786,11 @@ fn main() {
         trials.push(Trial::test(name, f));
     }
 
+    let b = built.clone();
+    trials.push(Trial::test(
+        "cuda-plugin/loads_with_or_without_a_gpu",
+        move || cuda_plugin_loads(&b),
+    ));
     let b = built.clone();
     trials.push(Trial::test("broken/wrong_abi_version", move || {
         expect_load_error(&example(&b, "tessera_bad_version"), |e| {
