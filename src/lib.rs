@@ -31,6 +31,8 @@ pub use tessera_core::*;
 pub use tessera_cpu as cpu;
 #[cfg(feature = "cuda")]
 pub use tessera_cuda as cuda;
+#[cfg(feature = "sycl")]
+pub use tessera_sycl as sycl;
 
 pub mod model;
 mod plugins;
@@ -44,7 +46,7 @@ pub const BACKENDS: [(&str, bool); 4] = [
     ("cpu", cfg!(feature = "cpu")),
     ("cuda", cfg!(feature = "cuda")),
     ("hip", false),
-    ("sycl", false),
+    ("sycl", cfg!(feature = "sycl")),
 ];
 
 /// The process-wide registry with every compiled-in backend registered, plus the plugins in
@@ -57,6 +59,8 @@ pub fn registry() -> &'static DeviceRegistry {
         reg.register(tessera_cpu::registry());
         #[cfg(feature = "cuda")]
         reg.register(tessera_cuda::registry());
+        #[cfg(feature = "sycl")]
+        reg.register(tessera_sycl::registry());
         plugins::load_env_path(reg);
     });
     reg
@@ -221,6 +225,27 @@ mod tests {
             }
             (Ok(devs), None) => assert!(!devs.is_empty()),
             (got, want) => panic!("registry says {got:?}, cuda says {want:?}"),
+        }
+    }
+
+    /// With the `sycl` feature the backend is always registered, with devices or with the
+    /// reason it has none.
+    #[cfg(feature = "sycl")]
+    #[test]
+    fn sycl_backend_is_registered() {
+        let reg = registry();
+        let info = reg
+            .backends()
+            .into_iter()
+            .find(|b| b.name == "sycl")
+            .unwrap();
+        match (&info.devices, sycl::SyclRegistry::new().reason()) {
+            (Err(text), Some(why)) => {
+                assert!(text.contains(&why));
+                assert!(reg.select("sycl:1").is_err());
+            }
+            (Ok(devs), None) => assert!(!devs.is_empty()),
+            (got, want) => panic!("registry says {got:?}, sycl says {want:?}"),
         }
     }
 }

@@ -6,3 +6,4 @@
 //! own modules.
 
 pub mod discover;
+pub mod sycl;

@@ -10,7 +10,7 @@
 extern "C" __global__ void k_flash_attn_ext(Tensor dst, Tensor q, Tensor k, Tensor v, Tensor mask, int has_mask,
                                             float scale, float softcap, int alibi, float m0, float m1,
                                             int n_head_log2) {
-    __shared__ float qs[FA_WARPS][FA_MAX_D];
+    TSHARED(float, qs, [FA_WARPS][FA_MAX_D]);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     i64 n_q = q.ne[1], n_head = q.ne[2], n_batch = q.ne[3];
     i64 task = (i64)blockIdx.x * FA_WARPS + warp;

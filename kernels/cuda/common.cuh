@@ -2,7 +2,8 @@
 //
 // Plain CUDA C (C++ subset) compiled at run time by NVRTC. No CUDA headers are included (not even
 // cuda_fp16.h): f16/bf16 conversions are done on bits here, so a HIP build can compile the same
-// files through a small compat header that defines TESSERA_COMPAT and the few macros below.
+// files through a small compat header that defines TESSERA_COMPAT and the few macros below; so
+// does SYCL (kernels/sycl/compat.hpp), which also maps the CUDA built-ins and math functions.
 #pragma once
 
 #ifndef TESSERA_COMPAT
@@ -10,6 +11,8 @@
 #define TESSERA_WARP 32
 #define TSHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), 32)
 #define TSYNCWARP() __syncwarp()
+// A block-shared array: TSHARED(float, buf, [4][64]) declares `buf` shared by the block.
+#define TSHARED(type, name, dims) __shared__ type name dims
 #endif
 
 typedef unsigned char u8;
@@ -31,10 +34,18 @@ typedef long long i64;
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
+#ifndef TESSERA_TENSOR_DATA
+// The type of a tensor's base address and how to get a pointer from it (SYCL holds it as an
+// integer: DPC++ splits kernel arguments that are structs holding pointers into their fields,
+// which a launch passing the struct's bytes cannot match).
+typedef char* tensor_data_t;
+#define TENSOR_BASE(t) ((t).data)
+#endif
+
 // A tensor as kernels see it: base address, ggml shape and byte strides, element type.
 // Layout mirrors the Rust `KTensor` (#[repr(C)], 80 bytes).
 struct Tensor {
-    char* data;
+    tensor_data_t data;
     i64 ne[4];
     i64 nb[4];
     int type;
@@ -144,7 +155,7 @@ __device__ __forceinline__ float ld_quant(const char* row, int type, i64 i0) {
 }
 
 __device__ __forceinline__ const char* row_ptr(const Tensor& t, i64 i1, i64 i2, i64 i3) {
-    return t.data + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+    return TENSOR_BASE(t) + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
 }
 
 __device__ __forceinline__ float ld(const Tensor& t, i64 i0, i64 i1, i64 i2, i64 i3) {

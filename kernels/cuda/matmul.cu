@@ -88,8 +88,8 @@ extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r
 // per thread, k in steps of 32 (one quant block) staged through shared memory as f32.
 // grid = (ceil(m / 64), ceil(n / 64), planes).
 extern "C" __global__ void k_mul_mat_tiled(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
-    __shared__ float ws[TK][TM + 1];
-    __shared__ float xs[TK][TN + 1];
+    TSHARED(float, ws, [TK][TM + 1]);
+    TSHARED(float, xs, [TK][TN + 1]);
     i64 m = w.ne[1], n = x.ne[1], kdim = w.ne[0];
     i64 m0 = (i64)blockIdx.x * TM, n0 = (i64)blockIdx.y * TN;
     i64 i2, i3, w2, w3;

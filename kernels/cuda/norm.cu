@@ -5,7 +5,7 @@
 
 // mode 0: RMS_NORM, x / sqrt(mean(x^2) + eps); mode 1: NORM, (x - mean) / sqrt(var + eps).
 extern "C" __global__ void k_norm(Tensor dst, Tensor a, float eps, int mode) {
-    __shared__ float scratch[32];
+    TSHARED(float, scratch, [32]);
     i64 r[4];
     unravel_row(blockIdx.x, a.ne, r);
     i64 n = a.ne[0];
@@ -31,7 +31,7 @@ extern "C" __global__ void k_norm(Tensor dst, Tensor a, float eps, int mode) {
 }
 
 extern "C" __global__ void k_sum_rows(Tensor dst, Tensor a) {
-    __shared__ float scratch[32];
+    TSHARED(float, scratch, [32]);
     i64 r[4];
     unravel_row(blockIdx.x, a.ne, r);
     float s = 0.0f;
@@ -58,8 +58,8 @@ __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) 
 
 // dst[i1, i2, i3] (i32) = index of the maximum of a's row.
 extern "C" __global__ void k_argmax(Tensor dst, Tensor a) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
+    TSHARED(float, sv, [32]);
+    TSHARED(int, si, [32]);
     i64 r[4];
     unravel_row(blockIdx.x, a.ne, r);
     float bv = __int_as_float(0x7fc00000);
@@ -109,7 +109,7 @@ __device__ __forceinline__ float alibi_slope(int alibi, float m0, float m1, int 
 // (-inf) logits give exactly 0; a fully masked row gives zeros.
 extern "C" __global__ void k_soft_max(Tensor dst, Tensor a, Tensor mask, int has_mask, float scale,
                                       int alibi, float m0, float m1, int n_head_log2) {
-    __shared__ float scratch[32];
+    TSHARED(float, scratch, [32]);
     i64 r[4];
     unravel_row(blockIdx.x, a.ne, r);
     i64 n = a.ne[0];

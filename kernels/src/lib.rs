@@ -6,9 +6,12 @@
 //! scalar implementation plus AVX2 and AVX-512 implementations selected at
 //! runtime.
 //!
-//! The [`cuda`] module embeds the CUDA C sources of the GPU backends (compiled at run time).
+//! The [`cuda`] module embeds the CUDA C sources of the GPU backends (compiled at run time) and
+//! the launch plans shared by the backends that run them; [`sycl`] turns the same sources into
+//! SYCL kernels.
 
 #![deny(unsafe_code)]
 
 pub mod cpu;
 pub mod cuda;
+pub mod sycl;

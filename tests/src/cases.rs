@@ -267,7 +267,35 @@ impl Case {
     pub fn build(&self, ctx: &mut Context) -> Result<Built> {
         (self.build)(ctx)
     }
+
+    /// The dtypes of every tensor the case builds (sorted, without repeats); empty for a case
+    /// that fails to build.
+    pub fn dtypes(&self) -> Vec<tessera_core::DType> {
+        let mut ctx = Context::new();
+        if self.build(&mut ctx).is_err() {
+            return Vec::new();
+        }
+        let mut out: Vec<tessera_core::DType> = Vec::new();
+        for t in ctx.tensors() {
+            if !out.contains(&t.dtype()) {
+                out.push(t.dtype());
+            }
+        }
+        out.sort_by_key(|d| d.name());
+        out
+    }
 }
+
+/// The dtypes the GPU kernels (CUDA, HIP, SYCL: `kernels/cuda`) implement; conformance cases with
+/// other dtypes (the K-quants, Q5_0) are outside their coverage.
+pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 6] = [
+    tessera_core::DType::F32,
+    tessera_core::DType::F16,
+    tessera_core::DType::BF16,
+    tessera_core::DType::I32,
+    tessera_core::DType::Q8_0,
+    tessera_core::DType::Q4_0,
+];
 
 // ===== Sources with layouts =====
 

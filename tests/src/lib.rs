@@ -15,8 +15,9 @@
 //! ```
 
 pub mod cases;
+pub mod harness;
 pub mod reference;
 pub mod runner;
 
-pub use cases::{Case, Tolerance, all_cases, filter};
+pub use cases::{Case, GPU_KERNEL_DTYPES, Tolerance, all_cases, filter};
 pub use runner::{CaseOutcome, Status, Summary, format_line, run_case};

@@ -1,14 +1,15 @@
-//! Backends as run-time plugins. The harness first builds the CPU and CUDA plugins
-//! (`libtessera_cpu.so`, `libtessera_cuda.so`) and the deliberately broken test plugins with the
-//! same cargo, profile and target directory as this test, then runs, one trial each:
+//! Backends as run-time plugins. The harness first builds the CPU, CUDA and SYCL plugins
+//! (`libtessera_cpu.so`, `libtessera_cuda.so`, `libtessera_sycl.so`) and the deliberately broken
+//! test plugins with the same cargo, profile and target directory as this test, then runs, one
+//! trial each:
 //!
 //! - `conformance/<device>/<case>`: the whole op conformance suite on the plugin-loaded CPU
 //!   device, exactly as `conformance.rs` runs it on the compiled-in one;
 //! - `cpu-plugin/...`: names and registration, set/get, 2-D copies, typed errors across the
 //!   boundary, events in both directions, host memory, foreign buffers refused by name, the comm
 //!   trio through `proc_address` on two plugin devices, the generic all-reduce, plugin logs;
-//! - `cuda-plugin/...`: `libtessera_cuda.so` loads with or without a GPU and exports the comm
-//!   trio by name;
+//! - `cuda-plugin/...`, `sycl-plugin/...`: `libtessera_cuda.so` and `libtessera_sycl.so` load
+//!   with or without their runtime and export the comm trio by name;
 //! - `broken/...`: wrong ABI version, truncated table, missing entry symbol, a constructor that
 //!   panics, calls that panic, files that are not libraries, and a directory scan that keeps
 //!   going past the bad files.
@@ -38,6 +39,7 @@ type Named = (&'static str, fn() -> TrialResult);
 struct Built {
     cpu: PathBuf,
     cuda: PathBuf,
+    sycl: PathBuf,
     examples: PathBuf,
 }
 
@@ -65,6 +67,7 @@ fn build() -> Result<Built, String> {
         .current_dir(workspace)
         .args(["build", "--profile", profile])
         .args(["-p", "tessera-cpu-plugin", "-p", "tessera-cuda-plugin"])
+        .args(["-p", "tessera-sycl-plugin"])
         .args(["-p", "tessera-test-plugins"])
         .args(["--lib", "--examples", "--target-dir"])
         .arg(target_dir)
@@ -86,6 +89,7 @@ fn build() -> Result<Built, String> {
     let built = Built {
         cpu: so(profile_dir, "tessera_cpu"),
         cuda: so(profile_dir, "tessera_cuda"),
+        sycl: so(profile_dir, "tessera_sycl"),
         examples: profile_dir.join("examples"),
     };
     if !built.cpu.is_file() {
@@ -130,13 +134,15 @@ fn err<T>(r: tessera_core::Result<T>) -> Result<T, Failed> {
     r.map_err(|e| Failed::from(e.to_string()))
 }
 
-// ===== The CUDA plugin =====
+// ===== The vendor plugins =====
 
-/// `libtessera_cuda.so` loads on any machine: with a GPU it lists CUDA devices, without one its
-/// registry has none and says why; either way the comm trio is found by name across the ABI.
-fn cuda_plugin_loads(built: &Built) -> TrialResult {
-    let reg = load_backend(&built.cuda).map_err(|e| format!("{}: {e}", built.cuda.display()))?;
-    check(reg.name() == "cuda@libtessera_cuda.so", || {
+/// A vendor plugin (`libtessera_cuda.so`, `libtessera_sycl.so`) loads on any machine: with its
+/// runtime and a device it lists devices named `prefix...`, without them its registry has none
+/// and says why; either way the comm trio is found by name across the ABI.
+fn vendor_plugin_loads(path: &Path, backend: &str, prefix: &str) -> TrialResult {
+    let reg = load_backend(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    check(reg.name() == format!("{backend}@{file}"), || {
         format!("registry name {:?}", reg.name())
     })?;
     for sym in [
@@ -156,19 +162,19 @@ fn cuda_plugin_loads(built: &Built) -> TrialResult {
             let devs = err(reg.devices())?;
             check(!devs.is_empty(), || "probe passed but no devices".into())?;
             for d in &devs {
-                check(d.name().starts_with("CUDA"), || {
+                check(d.name().starts_with(prefix), || {
                     format!("device {}", d.name())
                 })?;
             }
-            eprintln!("cuda-plugin: {} device(s) through the plugin", devs.len());
+            eprintln!("{file}: {} device(s) through the plugin", devs.len());
         }
         Err(why) => {
             let why = why.to_string();
             check(!why.is_empty(), || "no reason given".into())?;
             check(reg.devices().is_err(), || {
-                "devices() without a driver".into()
+                "devices() without a runtime".into()
             })?;
-            eprintln!("cuda-plugin: no devices (expected without a GPU): {why}");
+            eprintln!("{file}: no devices here: {why}");
         }
     }
     Ok(())
@@ -789,7 +795,12 @@ fn main() {
     let b = built.clone();
     trials.push(Trial::test(
         "cuda-plugin/loads_with_or_without_a_gpu",
-        move || cuda_plugin_loads(&b),
+        move || vendor_plugin_loads(&b.cuda, "cuda", "CUDA"),
+    ));
+    let b = built.clone();
+    trials.push(Trial::test(
+        "sycl-plugin/loads_with_or_without_a_runtime",
+        move || vendor_plugin_loads(&b.sycl, "sycl", "SYCL"),
     ));
     let b = built.clone();
     trials.push(Trial::test("broken/wrong_abi_version", move || {

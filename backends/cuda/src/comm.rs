@@ -17,9 +17,11 @@ use crate::sys::driver::{Args, DeviceMem, RawEvent, Stream, launch};
 use crate::sys::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, Nccl, NcclComm};
 use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use tessera_core::plugin::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT, RawCommSlice};
+use tessera_core::plugin::{
+    COMM_ALLREDUCE, COMM_FREE, COMM_INIT, CommCall, RawCommSlice, comm_allreduce_with,
+    comm_free_with, comm_init_with,
+};
 use tessera_core::{Backend, Buffer, ProcAddress, Result};
 
 /// Environment variable choosing the all-reduce path: `nccl` (default) or `none` (always the
@@ -65,32 +67,18 @@ struct CommCtx {
 }
 
 unsafe extern "C" fn comm_init(streams: *const *mut c_void, n: usize) -> *mut c_void {
-    // SAFETY: the comm ABI passes `n` valid `*mut Box<dyn Backend>` handles, borrowed for this call.
-    let run = || unsafe { init(streams, n) };
-    match catch_unwind(AssertUnwindSafe(run)) {
-        Ok(Some(ctx)) => Box::into_raw(Box::new(ctx)) as *mut c_void,
-        Ok(None) => std::ptr::null_mut(),
-        Err(_) => {
-            tracing::warn!("{COMM_INIT} panicked; declining");
-            std::ptr::null_mut()
-        }
-    }
+    // SAFETY: forwarded from the comm ABI's contract for this function.
+    unsafe { comm_init_with(streams, n, init) }
 }
 
-/// # Safety
-/// `streams` points to `n` valid `*mut Box<dyn Backend>`.
-unsafe fn init(streams: *const *mut c_void, n: usize) -> Option<CommCtx> {
+fn init(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx> {
     if std::env::var(ALLREDUCE_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("none"))
-        || n < 2
-        || streams.is_null()
+        || streams.len() < 2
     {
         return None;
     }
-    let mut members = Vec::with_capacity(n);
-    for i in 0..n {
-        // SAFETY: the caller's contract: entry `i` is a live, exclusively borrowed backend.
-        let backend: &mut Box<dyn Backend> =
-            unsafe { &mut *(*streams.add(i) as *mut Box<dyn Backend>) };
+    let mut members = Vec::with_capacity(streams.len());
+    for backend in streams {
         let cuda = backend.as_any_mut().downcast_mut::<CudaBackend>()?;
         members.push(Member {
             ordinal: cuda.gpu_ordinal(),
@@ -128,25 +116,8 @@ unsafe extern "C" fn comm_allreduce(
     slices: *const RawCommSlice,
     n: usize,
 ) -> i32 {
-    if ctx.is_null() || (slices.is_null() && n > 0) {
-        return -2;
-    }
-    // SAFETY: `ctx` came from comm_init and is used by one caller at a time (`&mut VendorComm`).
-    let ctx = unsafe { &mut *(ctx as *mut CommCtx) };
-    let slices = if n == 0 {
-        &[][..]
-    } else {
-        // SAFETY: the ABI passes `n` slices valid for the call.
-        unsafe { std::slice::from_raw_parts(slices, n) }
-    };
-    match catch_unwind(AssertUnwindSafe(|| allreduce(ctx, slices))) {
-        Ok(Ok(code)) => code,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "NCCL all-reduce failed");
-            -1
-        }
-        Err(_) => -3,
-    }
+    // SAFETY: forwarded from the comm ABI's contract; `ctx` came from `comm_init` (a CommCtx).
+    unsafe { comm_allreduce_with(ctx, slices, n, allreduce) }
 }
 
 /// A validated slice: its buffer (kept alive while queued) and device address.
@@ -156,21 +127,19 @@ struct Slot {
     contributes: bool,
 }
 
-fn allreduce(ctx: &mut CommCtx, raw: &[RawCommSlice]) -> Result<i32> {
-    if raw.len() != ctx.members.len() {
+fn allreduce(ctx: &mut CommCtx, calls: Vec<CommCall>) -> Result<i32> {
+    if calls.len() != ctx.members.len() {
         return Ok(-2);
     }
     let Ok((nccl, comms)) = &ctx.nccl else {
         return Ok(1);
     };
-    let len = raw.first().map_or(0, |s| s.len);
-    let mut slots = Vec::with_capacity(raw.len());
-    for (s, m) in raw.iter().zip(&ctx.members) {
-        if s.buffer.is_null() || s.len != len {
+    let len = calls.first().map_or(0, |s| s.len);
+    let mut slots = Vec::with_capacity(calls.len());
+    for (s, m) in calls.into_iter().zip(&ctx.members) {
+        let Some(buffer) = s.buffer.filter(|_| s.len == len) else {
             return Ok(1);
-        }
-        // SAFETY: the ABI's `buffer` is a `*const Arc<dyn Buffer>` valid for the call.
-        let buffer: Arc<dyn Buffer> = unsafe { (*(s.buffer as *const Arc<dyn Buffer>)).clone() };
+        };
         let Some(cb) = buffer.as_any().downcast_ref::<CudaBuffer>() else {
             return Ok(1);
         };
@@ -185,7 +154,7 @@ fn allreduce(ctx: &mut CommCtx, raw: &[RawCommSlice]) -> Result<i32> {
         slots.push(Slot {
             buffer,
             ptr,
-            contributes: s.contributes != 0,
+            contributes: s.contributes,
         });
     }
     if len == 0 {
@@ -287,19 +256,16 @@ fn convert(m: &Member, kernel: &str, dst: u64, src: u64, len: usize) -> Result<(
 }
 
 unsafe extern "C" fn comm_free(ctx: *mut c_void) {
-    if ctx.is_null() {
-        return;
-    }
-    // SAFETY: `ctx` came from comm_init's Box and is freed exactly once, here.
-    let ctx = unsafe { Box::from_raw(ctx as *mut CommCtx) };
-    let _ = catch_unwind(AssertUnwindSafe(move || {
-        for m in &ctx.members {
-            if let Err(e) = m.stream.synchronize() {
-                tracing::warn!(error = %e, "CUDA stream failed while freeing the comm");
+    // SAFETY: forwarded from the comm ABI's contract; `ctx` came from `comm_init` (a CommCtx).
+    unsafe {
+        comm_free_with(ctx, |ctx: Box<CommCtx>| {
+            for m in &ctx.members {
+                if let Err(e) = m.stream.synchronize() {
+                    tracing::warn!(error = %e, "CUDA stream failed while freeing the comm");
+                }
             }
-        }
-        drop(ctx);
-    }));
+        })
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 pub mod abi;
 mod codec;
 mod comm;
+mod comm_impl;
 mod export;
 mod import;
 mod log;
@@ -25,6 +26,7 @@ pub use comm::{
     COMM_ALLREDUCE, COMM_FREE, COMM_INIT, CommAllReduceFn, CommApi, CommFreeFn, CommInitFn,
     CommOutcome, RawCommSlice, VendorComm,
 };
+pub use comm_impl::{CommCall, comm_allreduce_with, comm_free_with, comm_init_with};
 #[doc(hidden)]
 pub use export::export_entry;
 pub use import::{

@@ -701,20 +701,8 @@ impl Args {
         self.slots.push(slot);
         self
     }
-    /// Appends an `i32`.
-    pub(crate) fn i32(&mut self, v: i32) -> &mut Args {
-        self.push_bytes(&v.to_ne_bytes())
-    }
     /// Appends an `i64`.
     pub(crate) fn i64(&mut self, v: i64) -> &mut Args {
-        self.push_bytes(&v.to_ne_bytes())
-    }
-    /// Appends an `f32`.
-    pub(crate) fn f32(&mut self, v: f32) -> &mut Args {
-        self.push_bytes(&v.to_ne_bytes())
-    }
-    /// Appends an `f64`.
-    pub(crate) fn f64(&mut self, v: f64) -> &mut Args {
         self.push_bytes(&v.to_ne_bytes())
     }
     /// Appends a device pointer.

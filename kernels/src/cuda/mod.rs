@@ -6,18 +6,20 @@
 //! Kernels are `extern "C" __global__` so their names are unmangled; every kernel is listed in
 //! [`KERNELS`] with its source, so a backend can check that a module holds what it launches.
 
+pub mod plan;
+
 /// Headers the sources include, as `(include name, text)`.
-pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../cuda/common.cuh"))];
+pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../../cuda/common.cuh"))];
 
 /// Translation units, as `(file name, text)`.
 pub const SOURCES: &[(&str, &str)] = &[
-    ("attn.cu", include_str!("../cuda/attn.cu")),
-    ("comm.cu", include_str!("../cuda/comm.cu")),
-    ("copy.cu", include_str!("../cuda/copy.cu")),
-    ("elementwise.cu", include_str!("../cuda/elementwise.cu")),
-    ("matmul.cu", include_str!("../cuda/matmul.cu")),
-    ("norm.cu", include_str!("../cuda/norm.cu")),
-    ("rope.cu", include_str!("../cuda/rope.cu")),
+    ("attn.cu", include_str!("../../cuda/attn.cu")),
+    ("comm.cu", include_str!("../../cuda/comm.cu")),
+    ("copy.cu", include_str!("../../cuda/copy.cu")),
+    ("elementwise.cu", include_str!("../../cuda/elementwise.cu")),
+    ("matmul.cu", include_str!("../../cuda/matmul.cu")),
+    ("norm.cu", include_str!("../../cuda/norm.cu")),
+    ("rope.cu", include_str!("../../cuda/rope.cu")),
 ];
 
 /// Every kernel entry point, as `(source file, kernel name)`.
@@ -25,6 +27,9 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("attn.cu", "k_flash_attn_ext"),
     ("comm.cu", "k_f32_to_bf16"),
     ("comm.cu", "k_bf16_to_f32"),
+    ("comm.cu", "k_add_f32"),
+    ("comm.cu", "k_add_bf16"),
+    ("comm.cu", "k_round_to_bf16"),
     ("copy.cu", "k_cpy"),
     ("copy.cu", "k_copy_rows"),
     ("copy.cu", "k_quantize"),

@@ -1,0 +1,285 @@
+//! SYCL backend checks beyond op conformance: devices and sub-devices, the ring all-reduce on
+//! both wires (f32 exact and bit-identical, bf16 within two roundings and identical on both
+//! devices), silent slices, declines, and the on-disk kernel cache. Without a runtime every
+//! trial is ignored with the reason in its name; `TESSERA_REQUIRE=sycl` makes that a failure.
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::sync::Arc;
+use tessera_core::comm::CommSlice;
+use tessera_core::plugin::{CommApi, CommOutcome};
+use tessera_core::{Backend, BackendOptions, Buffer, Device, Registry};
+use tessera_sycl::SyclRegistry;
+
+type TrialResult = Result<(), Failed>;
+/// A named trial body.
+type Named = (&'static str, fn() -> TrialResult);
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> TrialResult {
+    if ok { Ok(()) } else { Err(what().into()) }
+}
+
+fn e<T>(r: tessera_core::Result<T>) -> Result<T, Failed> {
+    r.map_err(|e| Failed::from(e.to_string()))
+}
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn read(b: &dyn Buffer, off: usize, n: usize) -> Result<Vec<f32>, Failed> {
+    let mut raw = vec![0u8; n * 4];
+    e(b.read(off, &mut raw))?;
+    Ok(raw
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// Deterministic values in [-8, 8) with a spread of magnitudes.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 16.0
+        })
+        .collect()
+}
+
+fn two_devices() -> Result<Vec<Arc<dyn Device>>, Failed> {
+    e(SyclRegistry::new().devices_with_count(2))
+}
+
+fn streams(devs: &[Arc<dyn Device>]) -> Result<Vec<Box<dyn Backend>>, Failed> {
+    devs.iter()
+        .map(|d| e(d.init_backend(&BackendOptions::default())))
+        .collect()
+}
+
+fn devices_and_sub_devices() -> TrialResult {
+    let reg = SyclRegistry::new();
+    let all = e(reg.devices())?;
+    let names: Vec<&str> = all.iter().map(|d| d.name()).collect();
+    check(names.first() == Some(&"SYCL0"), || format!("{names:?}"))?;
+    let two = two_devices()?;
+    check(two.len() == 2 && two[0].name() != two[1].name(), || {
+        format!(
+            "sycl:2 gave {:?}",
+            two.iter().map(|d| d.name()).collect::<Vec<_>>()
+        )
+    })?;
+    for d in &all {
+        eprintln!("{}: {}", d.name(), d.description());
+    }
+    check(e(reg.devices_with_count(0)).is_err(), || {
+        "sycl:0 accepted".into()
+    })
+}
+
+/// All-reduces `len` values over the two devices through the comm trio; returns both results and
+/// the exact sums.
+fn ring(len: usize, silent: Option<usize>) -> Result<(Vec<Vec<f32>>, Vec<f32>), Failed> {
+    let devs = two_devices()?;
+    let mut st = streams(&devs)?;
+    let api = CommApi::from_registry(&SyclRegistry::new()).ok_or("no comm trio")?;
+    let off = 64;
+    let inputs: Vec<Vec<f32>> = (0..2).map(|j| values(len, 7 + j as u64)).collect();
+    let mut bufs = Vec::new();
+    for (j, d) in devs.iter().enumerate() {
+        let b = e(d.buffer_type().alloc(off + len * 4))?;
+        let v = if silent == Some(j) {
+            vec![f32::NAN; len]
+        } else {
+            inputs[j].clone()
+        };
+        e(b.write(off, &bytes(&v)))?;
+        bufs.push(b);
+    }
+    let slices: Vec<CommSlice> = bufs
+        .iter()
+        .enumerate()
+        .map(|(j, b)| CommSlice {
+            buffer: b.clone(),
+            offset: off,
+            len,
+            contributes: silent != Some(j),
+        })
+        .collect();
+    let mut comm = api
+        .init(&mut st)
+        .ok_or("the SYCL comm declined two SYCL streams")?;
+    check(e(comm.allreduce(&slices))? == CommOutcome::Done, || {
+        "declined".into()
+    })?;
+    for s in st.iter_mut() {
+        e(s.synchronize())?;
+    }
+    let got = bufs
+        .iter()
+        .map(|b| read(b.as_ref(), off, len))
+        .collect::<Result<Vec<_>, _>>()?;
+    let want = (0..len)
+        .map(|i| {
+            (0..2)
+                .filter(|j| silent != Some(*j))
+                .map(|j| inputs[j][i])
+                .sum()
+        })
+        .collect();
+    Ok((got, want))
+}
+
+fn f32_wire_is_exact_and_identical() -> TrialResult {
+    for len in [1, 31, 1000, 32767, 0] {
+        let (got, want) = ring(len, None)?;
+        for g in &got {
+            check(
+                g.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                || format!("len {len}: f32 ring sum differs from a + b"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn bf16_wire_is_bounded_and_identical() -> TrialResult {
+    for len in [32768, 100_001, 1 << 20] {
+        let (got, want) = ring(len, None)?;
+        check(
+            got[0]
+                .iter()
+                .zip(&got[1])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            || format!("len {len}: the devices disagree"),
+        )?;
+        // bf16 rounds to within 2^-8 relative: the peer's operand is rounded once, the reduced
+        // sum once more, so the error stays within 2^-7 of |a| + |b|.
+        let inputs: Vec<Vec<f32>> = (0..2).map(|j| values(len, 7 + j as u64)).collect();
+        let mut worst = 0f64;
+        for (i, (&g, &w)) in got[0].iter().zip(&want).enumerate() {
+            let bound = (inputs[0][i].abs() + inputs[1][i].abs()) as f64 / 128.0 + 1e-30;
+            worst = worst.max((g as f64 - w as f64).abs() / bound);
+        }
+        check(worst <= 1.0, || {
+            format!("len {len}: error {worst} of the bound")
+        })?;
+        eprintln!("bf16 ring, {len} values: worst error {worst:.3} of the two-rounding bound");
+    }
+    Ok(())
+}
+
+fn silent_slices_count_as_zero() -> TrialResult {
+    for len in [100, 50_000] {
+        let (got, want) = ring(len, Some(1))?;
+        let tol = if len < tessera_sycl::comm::F32_WIRE_BELOW {
+            0.0
+        } else {
+            1.0 / 128.0
+        };
+        for g in &got {
+            check(
+                g.iter()
+                    .zip(&want)
+                    .all(|(a, b)| (a - b).abs() <= tol * b.abs() && a.is_finite()),
+                || format!("len {len}: a NaN-filled silent slice leaked"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn other_counts_and_foreign_memory_decline() -> TrialResult {
+    let reg = SyclRegistry::new();
+    let api = CommApi::from_registry(&reg).ok_or("no comm trio")?;
+    let one = e(reg.devices_with_count(1))?;
+    check(api.init(&mut streams(&one)?).is_none(), || {
+        "N = 1 accepted".into()
+    })?;
+    let three = e(reg.devices_with_count(3))?;
+    check(api.init(&mut streams(&three)?).is_none(), || {
+        "N = 3 accepted".into()
+    })?;
+    let devs = two_devices()?;
+    let mut st = streams(&devs)?;
+    let mut comm = api.init(&mut st).ok_or("declined two SYCL streams")?;
+    let host = e(tessera_cpu_buffer(256))?;
+    let sycl = e(devs[0].buffer_type().alloc(256))?;
+    let slices = vec![
+        CommSlice {
+            buffer: sycl,
+            offset: 0,
+            len: 8,
+            contributes: true,
+        },
+        CommSlice {
+            buffer: host,
+            offset: 0,
+            len: 8,
+            contributes: true,
+        },
+    ];
+    check(e(comm.allreduce(&slices))? == CommOutcome::Declined, || {
+        "foreign memory was not declined".into()
+    })
+}
+
+/// A buffer of another backend (the CPU backend's).
+fn tessera_cpu_buffer(size: usize) -> tessera_core::Result<Arc<dyn Buffer>> {
+    tessera_cpu::CpuDevice::new("CPU", vec![])
+        .buffer_type()
+        .alloc(size)
+}
+
+fn kernel_cache_is_written() -> TrialResult {
+    let Some(dir) = tessera_sycl::cache_dir() else {
+        eprintln!("kernel cache turned off (TESSERA_SYCL_CACHE=0): nothing to check");
+        return Ok(());
+    };
+    // Any kernel use builds and caches its program.
+    ring(4, None)?;
+    let entries = std::fs::read_dir(&dir).map(|r| r.count()).unwrap_or(0);
+    check(entries > 0, || format!("{} is empty", dir.display()))
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let reason = SyclRegistry::new().reason();
+    let require =
+        std::env::var("TESSERA_REQUIRE").is_ok_and(|v| v.split(',').any(|b| b.trim() == "sycl"));
+    let tests: [Named; 6] = [
+        ("devices_and_sub_devices", devices_and_sub_devices),
+        (
+            "ring_f32_wire_is_exact_and_identical",
+            f32_wire_is_exact_and_identical,
+        ),
+        (
+            "ring_bf16_wire_is_bounded_and_identical",
+            bf16_wire_is_bounded_and_identical,
+        ),
+        (
+            "ring_silent_slices_count_as_zero",
+            silent_slices_count_as_zero,
+        ),
+        (
+            "comm_declines_other_counts_and_foreign_memory",
+            other_counts_and_foreign_memory_decline,
+        ),
+        ("kernel_cache_is_written", kernel_cache_is_written),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, f)| match &reason {
+            None => Trial::test(name, f),
+            Some(why) if require => {
+                let msg = format!("TESSERA_REQUIRE=sycl: {why}");
+                Trial::test(name, move || Err(Failed::from(msg)))
+            }
+            Some(why) => {
+                Trial::test(format!("[skipped: {why}] {name}"), || Ok(())).with_ignored_flag(true)
+            }
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}

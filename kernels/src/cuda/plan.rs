@@ -1,0 +1,528 @@
+//! Launch planning for the CUDA C kernels, shared by every backend that runs them (CUDA through
+//! NVRTC, HIP through hipRTC, SYCL through the compat header): [`supports`] says which nodes the
+//! kernels implement, [`plan`] turns one node into a kernel name, a CUDA-style grid and block, and
+//! an argument list that mirrors the kernel's C signature one for one.
+
+use tessera_core::{DType, GluOp, Op, OpKind, RopeMode, Support, TensorDesc, TensorId, UnaryOp};
+
+/// One kernel argument, as the C signature takes it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg {
+    /// A `struct Tensor` by value (80 bytes, see `common.cuh`).
+    Tensor([u8; 80]),
+    /// An `int`.
+    I32(i32),
+    /// A `long long`.
+    I64(i64),
+    /// A `float`.
+    F32(f32),
+    /// A `double`.
+    F64(f64),
+    /// A device pointer.
+    Ptr(u64),
+}
+
+impl Arg {
+    /// The argument's bytes in host order, as a driver copies them.
+    pub fn bytes(&self) -> Vec<u8> {
+        match self {
+            Arg::Tensor(b) => b.to_vec(),
+            Arg::I32(v) => v.to_ne_bytes().to_vec(),
+            Arg::I64(v) => v.to_ne_bytes().to_vec(),
+            Arg::F32(v) => v.to_ne_bytes().to_vec(),
+            Arg::F64(v) => v.to_ne_bytes().to_vec(),
+            Arg::Ptr(v) => v.to_ne_bytes().to_vec(),
+        }
+    }
+}
+
+/// One kernel launch: `grid` blocks of `block` threads (1-D blocks; the x axis is the fastest).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    /// Kernel name (an entry of [`super::KERNELS`]).
+    pub kernel: &'static str,
+    /// Blocks along x, y, z.
+    pub grid: (u32, u32, u32),
+    /// Threads per block (along x).
+    pub block: u32,
+    /// Arguments in the order of the kernel's parameters.
+    pub args: Vec<Arg>,
+}
+
+/// Builds argument lists.
+#[derive(Default)]
+struct Args(Vec<Arg>);
+
+impl Args {
+    fn push_bytes(&mut self, t: &[u8; 80]) -> &mut Args {
+        self.0.push(Arg::Tensor(*t));
+        self
+    }
+    fn i32(&mut self, v: i32) -> &mut Args {
+        self.0.push(Arg::I32(v));
+        self
+    }
+    fn i64(&mut self, v: i64) -> &mut Args {
+        self.0.push(Arg::I64(v));
+        self
+    }
+    fn f32(&mut self, v: f32) -> &mut Args {
+        self.0.push(Arg::F32(v));
+        self
+    }
+    fn f64(&mut self, v: f64) -> &mut Args {
+        self.0.push(Arg::F64(v));
+        self
+    }
+    fn ptr(&mut self, v: u64) -> &mut Args {
+        self.0.push(Arg::Ptr(v));
+        self
+    }
+}
+
+/// Largest head size FLASH_ATTN_EXT takes (`FA_MAX_D` in attn.cu).
+const FA_MAX_D: usize = 512;
+/// Threads per block of the grid-stride kernels.
+const BLOCK: u32 = 256;
+/// Upper bound of blocks for grid-stride kernels (they loop past it).
+const MAX_BLOCKS: u64 = 1 << 20;
+
+/// The kernels' element type codes (`T_*` in common.cuh).
+fn type_code(d: DType) -> i32 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        DType::I32 => 3,
+        DType::Q8_0 => 4,
+        DType::Q4_0 => 5,
+        _ => -1,
+    }
+}
+
+/// Required alignment of a tensor's address and strides for the kernels' loads.
+pub fn alignment_of(d: DType) -> usize {
+    if d.is_quantized() { 2 } else { d.type_size() }
+}
+
+/// Whether the kernels implement node `node`.
+pub fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
+    let Some(t) = tensors.get(node.index()) else {
+        return Support::No(format!("unknown tensor {node}"));
+    };
+    let src = |i: usize| t.src(i).and_then(|s| tensors.get(s.index()));
+    let all_known = std::iter::once(t)
+        .chain((0..4).filter_map(src))
+        .all(|d| type_code(d.dtype()) >= 0);
+    if !all_known {
+        return Support::No("a dtype without a CUDA kernel".into());
+    }
+    let rows_fit = |d: &TensorDesc| d.nrows() <= i32::MAX as usize;
+    match t.op().kind() {
+        OpKind::None | OpKind::View | OpKind::Reshape | OpKind::Permute | OpKind::Transpose => {
+            Support::Yes
+        }
+        OpKind::FlashAttnExt => match (src(0), src(2)) {
+            (Some(q), Some(v)) if q.ne()[0] <= FA_MAX_D && v.ne()[0] <= FA_MAX_D => Support::Yes,
+            _ => Support::No(format!("FLASH_ATTN_EXT head sizes above {FA_MAX_D}")),
+        },
+        OpKind::MulMat => {
+            let planes = t.ne()[2] * t.ne()[3];
+            if planes > 65535 || t.ne()[1].div_ceil(64) > 65535 {
+                Support::No(
+                    "MUL_MAT grid too large (more than 65535 planes or column tiles)".into(),
+                )
+            } else {
+                Support::Yes
+            }
+        }
+        OpKind::RmsNorm | OpKind::Norm | OpKind::SumRows | OpKind::Argmax | OpKind::SoftMax => {
+            match src(0) {
+                Some(a) if rows_fit(a) => Support::Yes,
+                _ => Support::No("more than 2^31 rows".into()),
+            }
+        }
+        OpKind::Cont
+        | OpKind::Cpy
+        | OpKind::GetRows
+        | OpKind::SetRows
+        | OpKind::Concat
+        | OpKind::Add
+        | OpKind::Sub
+        | OpKind::Mul
+        | OpKind::Div
+        | OpKind::Scale
+        | OpKind::Sqr
+        | OpKind::Sqrt
+        | OpKind::Clamp
+        | OpKind::Unary
+        | OpKind::Glu
+        | OpKind::Rope => Support::Yes,
+        other => Support::No(format!("{other} has no CUDA kernel")),
+    }
+}
+
+/// A tensor as the kernels take it (`struct Tensor` in common.cuh, 80 bytes).
+fn ktensor(t: &TensorDesc, ptr: u64) -> [u8; 80] {
+    let mut out = [0u8; 80];
+    out[..8].copy_from_slice(&ptr.to_ne_bytes());
+    for d in 0..4 {
+        out[8 + 8 * d..16 + 8 * d].copy_from_slice(&(t.ne()[d] as i64).to_ne_bytes());
+        out[40 + 8 * d..48 + 8 * d].copy_from_slice(&(t.nb()[d] as i64).to_ne_bytes());
+    }
+    out[72..76].copy_from_slice(&type_code(t.dtype()).to_ne_bytes());
+    out
+}
+
+fn grid_1d(n: usize) -> (u32, u32, u32) {
+    let blocks = (n as u64).div_ceil(BLOCK as u64).clamp(1, MAX_BLOCKS);
+    (blocks as u32, 1, 1)
+}
+
+/// Threads for one block per row: a multiple of 32, at most 256, no more than the row needs.
+fn row_block(ne0: usize) -> u32 {
+    (ne0.div_ceil(32) * 32).clamp(32, 256) as u32
+}
+
+/// ALiBi parameters (alibi on, m0, m1, n_head_log2) for `n_head` heads, as ggml.
+fn alibi(max_bias: f32, n_head: usize) -> (i32, f32, f32, i32) {
+    if max_bias <= 0.0 {
+        return (0, 1.0, 1.0, 1);
+    }
+    let n_head_log2 = 1usize << (usize::BITS - 1 - n_head.max(1).leading_zeros());
+    let m0 = 2f32.powf(-max_bias / n_head_log2 as f32);
+    let m1 = 2f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
+    (1, m0, m1, n_head_log2 as i32)
+}
+
+/// The launch of node `node`, or `None` when it computes nothing (views, empty tensors).
+/// `ptrs` holds the device address of every tensor (0 for tensors the graph does not touch) and
+/// `status` the address of the stream's status words (`int[2]`), where kernels report index
+/// errors. The node must be one [`supports`] accepts, in a validated graph.
+pub fn plan(tensors: &[TensorDesc], ptrs: &[u64], status: u64, node: TensorId) -> Option<Launch> {
+    Planner {
+        status,
+        tensors,
+        ptrs,
+    }
+    .node(node)
+}
+
+struct Planner<'a> {
+    status: u64,
+    tensors: &'a [TensorDesc],
+    ptrs: &'a [u64],
+}
+
+impl Planner<'_> {
+    fn desc(&self, id: TensorId) -> &TensorDesc {
+        &self.tensors[id.index()]
+    }
+    fn kt(&self, id: TensorId) -> [u8; 80] {
+        ktensor(self.desc(id), self.ptrs[id.index()])
+    }
+    fn src(&self, node: TensorId, i: usize) -> TensorId {
+        // Validated graphs always carry the sources their op needs; a missing one is a Tessera bug.
+        self.desc(node)
+            .src(i)
+            .unwrap_or_else(|| unreachable!("node {node} lacks source {i}"))
+    }
+
+    fn go(
+        &self,
+        kernel: &'static str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &mut Args,
+    ) -> Option<Launch> {
+        Some(Launch {
+            kernel,
+            grid,
+            block,
+            args: std::mem::take(&mut args.0),
+        })
+    }
+
+    fn node(&self, node: TensorId) -> Option<Launch> {
+        let t = self.desc(node);
+        let n = t.nelements();
+        if n == 0 || t.op().kind().is_view() {
+            return None;
+        }
+        let dst = self.kt(node);
+        let mut args = Args::default();
+        match *t.op() {
+            Op::Add | Op::Sub | Op::Mul | Op::Div => {
+                let code = match t.op() {
+                    Op::Add => 0,
+                    Op::Sub => 1,
+                    Op::Mul => 2,
+                    _ => 3,
+                };
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(self.src(node, 0)))
+                    .push_bytes(&self.kt(self.src(node, 1)))
+                    .i32(code)
+                    .i64(n as i64);
+                self.go("k_binary", grid_1d(n), BLOCK, &mut args)
+            }
+            Op::Scale { .. } | Op::Sqr | Op::Sqrt | Op::Clamp { .. } | Op::Unary(_) => {
+                let (code, p0, p1) = match *t.op() {
+                    Op::Scale { scale, bias } => (0, scale, bias),
+                    Op::Sqr => (1, 0.0, 0.0),
+                    Op::Sqrt => (2, 0.0, 0.0),
+                    Op::Clamp { min, max } => (3, min, max),
+                    Op::Unary(u) => (
+                        match u {
+                            UnaryOp::Silu => 4,
+                            UnaryOp::Gelu => 5,
+                            UnaryOp::GeluQuick => 6,
+                            UnaryOp::Relu => 7,
+                            UnaryOp::Tanh => 8,
+                            UnaryOp::Neg => 9,
+                            UnaryOp::Exp => 10,
+                        },
+                        0.0,
+                        0.0,
+                    ),
+                    _ => unreachable!("matched above"),
+                };
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(self.src(node, 0)))
+                    .i32(code)
+                    .f32(p0)
+                    .f32(p1)
+                    .i64(n as i64);
+                self.go("k_map", grid_1d(n), BLOCK, &mut args)
+            }
+            Op::Glu { op, swapped } => {
+                let a = self.src(node, 0);
+                let b = t.src(1);
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(a))
+                    .push_bytes(&self.kt(b.unwrap_or(a)))
+                    .i32(b.is_some() as i32)
+                    .i32(match op {
+                        GluOp::Swiglu => 0,
+                        GluOp::Geglu => 1,
+                    })
+                    .i32(swapped as i32)
+                    .i64(n as i64);
+                self.go("k_glu", grid_1d(n), BLOCK, &mut args)
+            }
+            Op::RmsNorm { eps } | Op::Norm { eps } => {
+                let a = self.src(node, 0);
+                let mode = matches!(t.op(), Op::Norm { .. }) as i32;
+                let ta = self.desc(a);
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(a))
+                    .f32(eps)
+                    .i32(mode);
+                self.go(
+                    "k_norm",
+                    (ta.nrows() as u32, 1, 1),
+                    row_block(ta.ne()[0]),
+                    &mut args,
+                )
+            }
+            Op::SumRows | Op::Argmax => {
+                let a = self.src(node, 0);
+                let ta = self.desc(a);
+                args.push_bytes(&dst).push_bytes(&self.kt(a));
+                let k = if matches!(t.op(), Op::SumRows) {
+                    "k_sum_rows"
+                } else {
+                    "k_argmax"
+                };
+                self.go(
+                    k,
+                    (ta.nrows() as u32, 1, 1),
+                    row_block(ta.ne()[0]),
+                    &mut args,
+                )
+            }
+            Op::SoftMax { scale, max_bias } => {
+                let a = self.src(node, 0);
+                let mask = t.src(1);
+                let (on, m0, m1, nl2) = alibi(max_bias, t.ne()[2]);
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(a))
+                    .push_bytes(&self.kt(mask.unwrap_or(a)))
+                    .i32(mask.is_some() as i32)
+                    .f32(scale)
+                    .i32(on)
+                    .f32(m0)
+                    .f32(m1)
+                    .i32(nl2);
+                self.go(
+                    "k_soft_max",
+                    (t.nrows() as u32, 1, 1),
+                    row_block(t.ne()[0]),
+                    &mut args,
+                )
+            }
+            Op::Rope(p) => {
+                let half = p.n_dims / 2;
+                let slots = half + (t.ne()[0] - p.n_dims).div_ceil(2);
+                let total = slots * t.nrows();
+                let theta_scale = (p.freq_base as f64).powf(-2.0 / p.n_dims as f64);
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(self.src(node, 0)))
+                    .push_bytes(&self.kt(self.src(node, 1)))
+                    .i32(p.n_dims as i32)
+                    .i32((p.mode == RopeMode::Neox) as i32)
+                    .f64(theta_scale)
+                    .f64(p.freq_scale as f64)
+                    .i64(slots as i64)
+                    .i64(total as i64);
+                self.go("k_rope", grid_1d(total), BLOCK, &mut args)
+            }
+            Op::MulMat => self.mul_mat(node, &dst),
+            Op::FlashAttnExt {
+                scale,
+                max_bias,
+                softcap,
+            } => {
+                let (q, k, v) = (self.src(node, 0), self.src(node, 1), self.src(node, 2));
+                let mask = t.src(3);
+                let tq = self.desc(q);
+                let tasks = tq.ne()[1] * tq.ne()[2] * tq.ne()[3];
+                let (on, m0, m1, nl2) = alibi(max_bias, tq.ne()[2]);
+                let scale = if softcap != 0.0 {
+                    scale / softcap
+                } else {
+                    scale
+                };
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(q))
+                    .push_bytes(&self.kt(k))
+                    .push_bytes(&self.kt(v))
+                    .push_bytes(&self.kt(mask.unwrap_or(q)))
+                    .i32(mask.is_some() as i32)
+                    .f32(scale)
+                    .f32(softcap)
+                    .i32(on)
+                    .f32(m0)
+                    .f32(m1)
+                    .i32(nl2);
+                self.go(
+                    "k_flash_attn_ext",
+                    (tasks.div_ceil(4) as u32, 1, 1),
+                    128,
+                    &mut args,
+                )
+            }
+            Op::Cont | Op::Cpy => {
+                let s = self.src(node, 0);
+                let ts = self.desc(s);
+                let same_shape = ts.ne() == t.ne();
+                args.push_bytes(&dst).push_bytes(&self.kt(s));
+                if ts.dtype() == t.dtype() && t.dtype().is_quantized() {
+                    let rb = t.row_bytes();
+                    let total = rb * t.nrows();
+                    args.i64(rb as i64).i64(total as i64);
+                    self.go("k_copy_rows", grid_1d(total), BLOCK, &mut args)
+                } else if t.dtype().is_quantized() {
+                    let blocks = n / 32;
+                    args.i64(blocks as i64);
+                    self.go("k_quantize", grid_1d(blocks), BLOCK, &mut args)
+                } else {
+                    args.i32(same_shape as i32).i64(n as i64);
+                    self.go("k_cpy", grid_1d(n), BLOCK, &mut args)
+                }
+            }
+            Op::GetRows => {
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(self.src(node, 0)))
+                    .push_bytes(&self.kt(self.src(node, 1)))
+                    .ptr(self.status)
+                    .i64(n as i64);
+                self.go("k_get_rows", grid_1d(n), BLOCK, &mut args)
+            }
+            Op::SetRows => {
+                let s = self.src(node, 0);
+                let ts = self.desc(s);
+                let planes = ts.ne()[2] * ts.ne()[3];
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(s))
+                    .push_bytes(&self.kt(self.src(node, 1)))
+                    .ptr(self.status);
+                if t.dtype().is_quantized() {
+                    let total = ts.ne()[0] / 32 * planes;
+                    args.i64(total as i64);
+                    self.go("k_set_rows_q", grid_1d(total), BLOCK, &mut args)
+                } else {
+                    let total = ts.ne()[0] * planes;
+                    args.i64(total as i64);
+                    self.go("k_set_rows", grid_1d(total), BLOCK, &mut args)
+                }
+            }
+            Op::Concat { dim } => {
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(self.src(node, 0)))
+                    .push_bytes(&self.kt(self.src(node, 1)))
+                    .i32(dim as i32)
+                    .i64(n as i64);
+                self.go("k_concat", grid_1d(n), BLOCK, &mut args)
+            }
+            // View-like ops compute nothing; others are refused by `supports` before a run.
+            _ => None,
+        }
+    }
+
+    fn mul_mat(&self, node: TensorId, dst: &[u8; 80]) -> Option<Launch> {
+        let t = self.desc(node);
+        let (w, x) = (self.src(node, 0), self.src(node, 1));
+        let (tw, tx) = (self.desc(w), self.desc(x));
+        let (m, ncols) = (tw.ne()[1], tx.ne()[1]);
+        let planes = t.ne()[2] * t.ne()[3];
+        let r2 = (t.ne()[2] / tw.ne()[2].max(1)) as i64;
+        let r3 = (t.ne()[3] / tw.ne()[3].max(1)) as i64;
+        let mut args = Args::default();
+        args.push_bytes(dst)
+            .push_bytes(&self.kt(w))
+            .push_bytes(&self.kt(x))
+            .i64(r2)
+            .i64(r3);
+        if ncols == 1 {
+            let blocks = m.div_ceil(4) * ncols * planes;
+            let k = if tw.dtype().is_quantized() {
+                "k_mul_mat_vec_q"
+            } else {
+                "k_mul_mat_vec_f"
+            };
+            self.go(k, (blocks as u32, 1, 1), 128, &mut args)
+        } else {
+            let grid = (
+                m.div_ceil(64) as u32,
+                ncols.div_ceil(64) as u32,
+                planes as u32,
+            );
+            self.go("k_mul_mat_tiled", grid, 256, &mut args)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ktensor_layout_matches_common_cuh() {
+        let mut ctx = tessera_core::Context::new();
+        let a = ctx.new_tensor(DType::F16, [3, 5]).unwrap();
+        let b = ktensor(ctx.tensor(a).unwrap(), 0x1000);
+        assert_eq!(u64::from_ne_bytes(b[..8].try_into().unwrap()), 0x1000);
+        assert_eq!(i64::from_ne_bytes(b[8..16].try_into().unwrap()), 3);
+        assert_eq!(i64::from_ne_bytes(b[48..56].try_into().unwrap()), 6);
+        assert_eq!(i32::from_ne_bytes(b[72..76].try_into().unwrap()), 1);
+    }
+
+    #[test]
+    fn alibi_off_and_on() {
+        assert_eq!(alibi(0.0, 8).0, 0);
+        let (on, m0, _, nl2) = alibi(8.0, 12);
+        assert_eq!((on, nl2), (1, 8));
+        assert!((m0 - 0.5).abs() < 1e-6);
+    }
+}

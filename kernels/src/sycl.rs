@@ -1,0 +1,62 @@
+//! SYCL kernel sources: the CUDA C kernels of [`crate::cuda`] compiled as SYCL free-function
+//! kernels through `kernels/sycl/compat.hpp`, which maps the CUDA built-ins (thread and block
+//! indices, barriers, warp shuffles on 32-wide sub-groups, block-shared arrays, math) to SYCL.
+//! One kernel source therefore serves CUDA, HIP and SYCL, and the launch plans of
+//! [`crate::cuda::plan`] apply unchanged (a CUDA grid of blocks becomes an `nd_range<3>` with x
+//! as the fastest dimension).
+
+use crate::cuda::{HEADERS, KERNELS, SOURCES};
+
+/// The compat header.
+pub const COMPAT: &str = include_str!("../sycl/compat.hpp");
+
+/// The complete SYCL translation unit for CUDA source `file` (e.g. `"norm.cu"`): the compat
+/// header, then the shared headers and the source with its includes resolved.
+pub fn source(file: &str) -> Option<String> {
+    let text = crate::cuda::source(file)?;
+    let mut out = String::with_capacity(COMPAT.len() + text.len() + 8192);
+    out.push_str(COMPAT);
+    out.push('\n');
+    for (name, header) in HEADERS {
+        out.push_str(&format!("// ----- {name}\n"));
+        out.push_str(header);
+        out.push('\n');
+    }
+    out.push_str(&format!("// ----- {file}\n"));
+    for line in text.lines() {
+        let include = line.trim_start().strip_prefix("#include \"");
+        if include.is_some_and(|rest| HEADERS.iter().any(|(h, _)| rest.starts_with(h))) {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    Some(out)
+}
+
+/// The source file that defines `kernel`.
+pub fn file_of(kernel: &str) -> Option<&'static str> {
+    KERNELS.iter().find(|(_, k)| *k == kernel).map(|(f, _)| *f)
+}
+
+/// Every source file, in [`SOURCES`] order.
+pub fn files() -> impl Iterator<Item = &'static str> {
+    SOURCES.iter().map(|(f, _)| *f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_inline_the_headers_once() {
+        for f in files() {
+            let s = source(f).unwrap();
+            assert!(s.starts_with(COMPAT));
+            assert!(!s.contains("#include \"common.cuh\""), "{f}");
+            assert_eq!(s.matches("struct Tensor {").count(), 1, "{f}");
+        }
+        assert_eq!(file_of("k_norm"), Some("norm.cu"));
+        assert!(source("nope.cu").is_none() && file_of("k_nope").is_none());
+    }
+}

@@ -1,0 +1,120 @@
+//! The conformance harness of every backend's suite: one libtest-mimic trial per (device ×
+//! case), compared with the f64 reference. Without devices the trials are ignored with the
+//! reason in their names (`[skipped: ...] cuda/...`); `TESSERA_REQUIRE=<backend>` makes that a
+//! failure. A backend may declare the dtypes it covers (the GPU kernels:
+//! [`crate::GPU_KERNEL_DTYPES`]): cases with other dtypes are ignored with that reason; any other
+//! unsupported case fails.
+
+use crate::{Case, Status, all_cases, format_line, run_case};
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tessera_core::{Backend, BackendOptions, DType, Device, DeviceRegistry, Registry};
+
+thread_local! {
+    static BACKENDS: RefCell<HashMap<String, Box<dyn Backend>>> = RefCell::new(HashMap::new());
+}
+
+fn run_trial(key: &str, device: &dyn Device, case: &Case) -> Result<(), Failed> {
+    BACKENDS.with(|cell| {
+        let mut map = cell.borrow_mut();
+        if !map.contains_key(key) {
+            let backend = device
+                .init_backend(&BackendOptions::default())
+                .map_err(|e| Failed::from(format!("{}: init_backend: {e}", device.name())))?;
+            map.insert(key.to_string(), backend);
+        }
+        let backend = map
+            .get_mut(key)
+            .ok_or_else(|| Failed::from("backend cache lost its entry"))?;
+        let outcome = run_case(device, backend.as_mut(), case);
+        match outcome.status {
+            Status::Pass { .. } => Ok(()),
+            Status::Fail { .. } | Status::NotSupported(_) => {
+                map.remove(key);
+                Err(Failed::from(format_line(&outcome)))
+            }
+        }
+    })
+}
+
+/// Runs the suite on every device of `registry` (named `backend`), plus the second device of
+/// the selector `second` (e.g. `cuda:2`) as its own target, and exits with the result. With
+/// `covers`, cases using other dtypes are listed as ignored instead of run.
+pub fn run_device_suite(
+    backend: &str,
+    registry: Arc<dyn Registry>,
+    second: Option<&str>,
+    covers: Option<&[DType]>,
+) -> ! {
+    let args = Arguments::from_args();
+    let cases = all_cases();
+    let devices = DeviceRegistry::new();
+    devices.register(registry);
+    let require =
+        std::env::var("TESSERA_REQUIRE").is_ok_and(|v| v.split(',').any(|b| b.trim() == backend));
+
+    let mut targets: Vec<(String, Arc<dyn Device>)> = Vec::new();
+    let mut skipped: Vec<(String, String)> = Vec::new();
+    for info in devices.backends() {
+        if let Err(reason) = &info.devices {
+            skipped.push((info.name.clone(), reason.clone()));
+        }
+    }
+    for dev in devices.devices() {
+        targets.push((dev.name().to_string(), dev));
+    }
+    if let Some(sel) = second
+        && !targets.is_empty()
+    {
+        match devices.select(sel) {
+            Ok(devs) => match devs.get(1) {
+                Some(dev) if targets.iter().any(|(n, _)| n == dev.name()) => {}
+                Some(dev) => targets.push((format!("{sel}/{}", dev.name()), dev.clone())),
+                None => skipped.push((
+                    sel.to_string(),
+                    format!("selected {} device(s), expected 2", devs.len()),
+                )),
+            },
+            Err(e) => skipped.push((sel.to_string(), e.to_string())),
+        }
+    }
+
+    let mut trials = Vec::new();
+    for (key, dev) in &targets {
+        for case in &cases {
+            let name = format!("{key}/{}", case.label());
+            let outside: Vec<&str> = match covers {
+                Some(covered) => case
+                    .dtypes()
+                    .into_iter()
+                    .filter(|d| !covered.contains(d))
+                    .map(|d| d.name())
+                    .collect(),
+                None => Vec::new(),
+            };
+            if !outside.is_empty() {
+                let name = format!("[no {backend} kernels for {}] {name}", outside.join(","));
+                trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
+                continue;
+            }
+            let (key, dev, case) = (key.clone(), dev.clone(), case.clone());
+            trials.push(Trial::test(name, move || {
+                run_trial(&key, dev.as_ref(), &case)
+            }));
+        }
+    }
+    for (name, reason) in &skipped {
+        for case in &cases {
+            let trial = format!("[skipped: {reason}] {name}/{}", case.label());
+            if require {
+                let msg = format!("TESSERA_REQUIRE={backend}: {reason}");
+                trials.push(Trial::test(trial, move || Err(Failed::from(msg))));
+            } else {
+                trials.push(Trial::test(trial, || Ok(())).with_ignored_flag(true));
+            }
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
