@@ -213,6 +213,20 @@ pub(crate) fn open_session<'m>(
         SplitMode::None | SplitMode::Tensor => vec![0; n_layer],
     };
     let names = device_names(devices);
+    // `-t` is per device: more threads than cores in all makes the device streams fight over
+    // them (tensor split over cpu:2 with -t 2 on 2 cores runs several times slower).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let Some(t) = threads
+        && devices.len() > 1
+        && t * devices.len() > cores
+    {
+        eprintln!(
+            "warning: {t} threads per device on {} devices exceed the {cores} cores here; \
+             consider -t {}",
+            devices.len(),
+            (cores / devices.len()).max(1)
+        );
+    }
     let opts = SchedOptions {
         n_threads: threads,
         ..SchedOptions::default()
