@@ -133,7 +133,10 @@ fn shared() -> &'static std::result::Result<Shared, String> {
 
 impl Shared {
     fn state(&self, name: &str, index: usize) -> Result<Arc<DevState>> {
-        if let Some(s) = self.states.lock().get(name) {
+        // Held throughout, so concurrent lookups of one name share one state (its buffers and
+        // queues).
+        let mut states = self.states.lock();
+        if let Some(s) = states.get(name) {
             return Ok(s.clone());
         }
         let root = self.platform.devices[index].root.unwrap_or(index);
@@ -149,7 +152,7 @@ impl Shared {
             index,
             kernels,
         )?);
-        self.states.lock().insert(name.to_string(), state.clone());
+        states.insert(name.to_string(), state.clone());
         Ok(state)
     }
 
