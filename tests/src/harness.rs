@@ -7,36 +7,45 @@
 
 use crate::{Case, Status, all_cases, format_line, run_case};
 use libtest_mimic::{Arguments, Failed, Trial};
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 use tessera_core::{Backend, BackendOptions, DType, Device, DeviceRegistry, Registry};
 
-thread_local! {
-    static BACKENDS: RefCell<HashMap<String, Box<dyn Backend>>> = RefCell::new(HashMap::new());
+/// One stream per (test thread, device), reused by the thread's trials. Kept in a static rather
+/// than thread-locals so that they are dropped before the process exits: a vendor runtime torn
+/// down at exit while a worker thread's TLS destructor still waits on its queue aborts.
+type Streams = HashMap<(ThreadId, String), Box<dyn Backend>>;
+static STREAMS: Mutex<Option<Streams>> = Mutex::new(None);
+
+fn take_stream(key: &str) -> Option<Box<dyn Backend>> {
+    let mut map = STREAMS.lock().unwrap_or_else(|e| e.into_inner());
+    map.as_mut()?
+        .remove(&(std::thread::current().id(), key.to_string()))
+}
+
+fn keep_stream(key: &str, backend: Box<dyn Backend>) {
+    let mut map = STREAMS.lock().unwrap_or_else(|e| e.into_inner());
+    map.get_or_insert_with(HashMap::new)
+        .insert((std::thread::current().id(), key.to_string()), backend);
 }
 
 fn run_trial(key: &str, device: &dyn Device, case: &Case) -> Result<(), Failed> {
-    BACKENDS.with(|cell| {
-        let mut map = cell.borrow_mut();
-        if !map.contains_key(key) {
-            let backend = device
-                .init_backend(&BackendOptions::default())
-                .map_err(|e| Failed::from(format!("{}: init_backend: {e}", device.name())))?;
-            map.insert(key.to_string(), backend);
+    let mut backend = match take_stream(key) {
+        Some(b) => b,
+        None => device
+            .init_backend(&BackendOptions::default())
+            .map_err(|e| Failed::from(format!("{}: init_backend: {e}", device.name())))?,
+    };
+    let outcome = run_case(device, backend.as_mut(), case);
+    match outcome.status {
+        Status::Pass { .. } => {
+            keep_stream(key, backend);
+            Ok(())
         }
-        let backend = map
-            .get_mut(key)
-            .ok_or_else(|| Failed::from("backend cache lost its entry"))?;
-        let outcome = run_case(device, backend.as_mut(), case);
-        match outcome.status {
-            Status::Pass { .. } => Ok(()),
-            Status::Fail { .. } | Status::NotSupported(_) => {
-                map.remove(key);
-                Err(Failed::from(format_line(&outcome)))
-            }
-        }
-    })
+        // A failed run may leave an error queued on the stream: the next trial starts afresh.
+        Status::Fail { .. } | Status::NotSupported(_) => Err(Failed::from(format_line(&outcome))),
+    }
 }
 
 /// Runs the suite on every device of `registry` (named `backend`), plus the second device of
@@ -116,5 +125,8 @@ pub fn run_device_suite(
             }
         }
     }
-    libtest_mimic::run(&args, trials).exit();
+    let conclusion = libtest_mimic::run(&args, trials);
+    // Streams go before the process exits (see STREAMS).
+    STREAMS.lock().unwrap_or_else(|e| e.into_inner()).take();
+    conclusion.exit();
 }
