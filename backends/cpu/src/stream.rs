@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
 use tessera_core::backend::HostEvent;
-use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result, Support};
+use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
 
 pub(crate) enum Job {
     /// Ends the stream loop (sent on drop: comm contexts may still hold senders).
@@ -129,20 +129,7 @@ impl CpuBackend {
     fn prepare(&self, graph: &Graph, bindings: &Bindings) -> Result<Prepared> {
         bindings.check_graph(graph)?;
         let tensors = graph.tensors();
-        for &n in graph.nodes() {
-            if let Support::No(reason) = ops::supports(tensors, n) {
-                let t = &tensors[n.index()];
-                return Err(Error::Unsupported {
-                    op: t.op().name().to_string(),
-                    dtype: t
-                        .src(0)
-                        .map(|s| tensors[s.index()].dtype())
-                        .unwrap_or(t.dtype()),
-                    device: self.device.clone(),
-                    reason,
-                });
-            }
-        }
+        tessera_core::backend::check_supported(graph, &self.device, ops::supports)?;
         let mut views = vec![None; tensors.len()];
         let mut buffers: Vec<Arc<dyn Buffer>> = Vec::new();
         for &id in graph.leafs().iter().chain(graph.nodes()) {

@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use tessera_core::backend::EventImpl;
 use tessera_core::backend::copy_between;
-use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result, Support};
+use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
 
 /// A CUDA event: completes when the stream work before it has.
 #[derive(Debug)]
@@ -97,20 +97,7 @@ impl Backend for CudaBackend {
     fn compute(&mut self, graph: &Graph, bindings: &Bindings) -> Result<()> {
         bindings.check_graph(graph)?;
         let tensors = graph.tensors();
-        for &n in graph.nodes() {
-            if let Support::No(reason) = ops::supports(tensors, n) {
-                let t = &tensors[n.index()];
-                return Err(Error::Unsupported {
-                    op: t.op().name().to_string(),
-                    dtype: t
-                        .src(0)
-                        .map(|s| tensors[s.index()].dtype())
-                        .unwrap_or(t.dtype()),
-                    device: self.name.clone(),
-                    reason,
-                });
-            }
-        }
+        tessera_core::backend::check_supported(graph, &self.name, ops::supports)?;
         let mut ptrs = vec![0u64; tensors.len()];
         let mut held: Vec<Arc<dyn Buffer>> = Vec::new();
         for &id in graph.leafs().iter().chain(graph.nodes()) {

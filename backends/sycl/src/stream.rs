@@ -11,7 +11,7 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use tessera_core::backend::{EventImpl, copy_between};
-use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result, Support};
+use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
 use tessera_kernels::cuda::plan::{self, Arg, Launch};
 
 /// A SYCL event: completes when the queue's work before it has.
@@ -101,20 +101,7 @@ impl Backend for SyclBackend {
     fn compute(&mut self, graph: &Graph, bindings: &Bindings) -> Result<()> {
         bindings.check_graph(graph)?;
         let tensors = graph.tensors();
-        for &n in graph.nodes() {
-            if let Support::No(reason) = plan::supports(tensors, n) {
-                let t = &tensors[n.index()];
-                return Err(Error::Unsupported {
-                    op: t.op().name().to_string(),
-                    dtype: t
-                        .src(0)
-                        .map(|s| tensors[s.index()].dtype())
-                        .unwrap_or(t.dtype()),
-                    device: self.state.name.clone(),
-                    reason,
-                });
-            }
-        }
+        tessera_core::backend::check_supported(graph, &self.state.name, plan::supports)?;
         let mut ptrs = vec![0u64; tensors.len()];
         let mut held: Vec<Arc<dyn Buffer>> = Vec::new();
         for &id in graph.leafs().iter().chain(graph.nodes()) {

@@ -14,4 +14,4 @@ mod stream;
 pub use bindings::{Bindings, Slot, TensorBuffer};
 pub use buffer::{Buffer, BufferType, HostMemory, copy_between};
 pub use device::{BackendOptions, Device, DeviceCaps, DeviceType, MemoryInfo, Support};
-pub use stream::{Backend, Event, EventImpl, HostEvent};
+pub use stream::{Backend, Event, EventImpl, HostEvent, check_supported};

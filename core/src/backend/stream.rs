@@ -144,3 +144,31 @@ impl EventImpl for HostEvent {
         self
     }
 }
+
+/// Checks that `supports` accepts every node of `graph`, before a backend queues anything.
+///
+/// # Errors
+/// [`Error::Unsupported`] for the first node it refuses, naming the op, its first source's dtype
+/// and `device`.
+pub fn check_supported(
+    graph: &Graph,
+    device: &str,
+    supports: impl Fn(&[crate::TensorDesc], crate::TensorId) -> super::Support,
+) -> Result<()> {
+    let tensors = graph.tensors();
+    for &n in graph.nodes() {
+        if let super::Support::No(reason) = supports(tensors, n) {
+            let t = &tensors[n.index()];
+            return Err(crate::Error::Unsupported {
+                op: t.op().name().to_string(),
+                dtype: t
+                    .src(0)
+                    .map(|s| tensors[s.index()].dtype())
+                    .unwrap_or(t.dtype()),
+                device: device.to_string(),
+                reason,
+            });
+        }
+    }
+    Ok(())
+}
