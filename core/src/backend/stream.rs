@@ -148,8 +148,8 @@ impl EventImpl for HostEvent {
 /// Checks that `supports` accepts every node of `graph`, before a backend queues anything.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for the first node it refuses, naming the op, its first source's dtype
-/// and `device`.
+/// [`crate::Error::Unsupported`] for the first node it refuses, naming the op, its first
+/// source's dtype and `device`.
 pub fn check_supported(
     graph: &Graph,
     device: &str,
