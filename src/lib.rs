@@ -31,6 +31,8 @@ pub use tessera_core::*;
 pub use tessera_cpu as cpu;
 #[cfg(feature = "cuda")]
 pub use tessera_cuda as cuda;
+#[cfg(feature = "hip")]
+pub use tessera_hip as hip;
 #[cfg(feature = "sycl")]
 pub use tessera_sycl as sycl;
 
@@ -45,7 +47,7 @@ use std::sync::Once;
 pub const BACKENDS: [(&str, bool); 4] = [
     ("cpu", cfg!(feature = "cpu")),
     ("cuda", cfg!(feature = "cuda")),
-    ("hip", false),
+    ("hip", cfg!(feature = "hip")),
     ("sycl", cfg!(feature = "sycl")),
 ];
 
@@ -59,6 +61,8 @@ pub fn registry() -> &'static DeviceRegistry {
         reg.register(tessera_cpu::registry());
         #[cfg(feature = "cuda")]
         reg.register(tessera_cuda::registry());
+        #[cfg(feature = "hip")]
+        reg.register(tessera_hip::registry());
         #[cfg(feature = "sycl")]
         reg.register(tessera_sycl::registry());
         plugins::load_env_path(reg);
@@ -246,6 +250,27 @@ mod tests {
             }
             (Ok(devs), None) => assert!(!devs.is_empty()),
             (got, want) => panic!("registry says {got:?}, sycl says {want:?}"),
+        }
+    }
+
+    /// With the `hip` feature the backend is always registered, with devices or with the reason
+    /// it has none (no ROCm, or no AMD GPU on CI), and selecting it then fails.
+    #[cfg(feature = "hip")]
+    #[test]
+    fn hip_backend_is_registered() {
+        let reg = registry();
+        let info = reg
+            .backends()
+            .into_iter()
+            .find(|b| b.name == "hip")
+            .unwrap();
+        match (&info.devices, hip::HipRegistry::new().reason()) {
+            (Err(text), Some(why)) => {
+                assert!(text.contains(&why));
+                assert!(reg.select("hip:1").is_err());
+            }
+            (Ok(devs), None) => assert!(!devs.is_empty()),
+            (got, want) => panic!("registry says {got:?}, hip says {want:?}"),
         }
     }
 }

@@ -6,4 +6,5 @@
 //! own modules.
 
 pub mod discover;
+pub mod hip;
 pub mod sycl;

@@ -8,10 +8,11 @@
 //!
 //! The [`cuda`] module embeds the CUDA C sources of the GPU backends (compiled at run time) and
 //! the launch plans shared by the backends that run them; [`sycl`] turns the same sources into
-//! SYCL kernels.
+//! SYCL kernels and [`hip`] compiles them for AMD GPUs.
 
 #![deny(unsafe_code)]
 
 pub mod cpu;
 pub mod cuda;
+pub mod hip;
 pub mod sycl;

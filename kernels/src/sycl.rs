@@ -5,7 +5,7 @@
 //! [`crate::cuda::plan`] apply unchanged (a CUDA grid of blocks becomes an `nd_range<3>` with x
 //! as the fastest dimension).
 
-use crate::cuda::{HEADERS, KERNELS, SOURCES};
+use crate::cuda::{KERNELS, SOURCES};
 
 /// The compat header.
 pub const COMPAT: &str = include_str!("../sycl/compat.hpp");
@@ -13,25 +13,7 @@ pub const COMPAT: &str = include_str!("../sycl/compat.hpp");
 /// The complete SYCL translation unit for CUDA source `file` (e.g. `"norm.cu"`): the compat
 /// header, then the shared headers and the source with its includes resolved.
 pub fn source(file: &str) -> Option<String> {
-    let text = crate::cuda::source(file)?;
-    let mut out = String::with_capacity(COMPAT.len() + text.len() + 8192);
-    out.push_str(COMPAT);
-    out.push('\n');
-    for (name, header) in HEADERS {
-        out.push_str(&format!("// ----- {name}\n"));
-        out.push_str(header);
-        out.push('\n');
-    }
-    out.push_str(&format!("// ----- {file}\n"));
-    for line in text.lines() {
-        let include = line.trim_start().strip_prefix("#include \"");
-        if include.is_some_and(|rest| HEADERS.iter().any(|(h, _)| rest.starts_with(h))) {
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    Some(out)
+    crate::cuda::assemble(COMPAT, file)
 }
 
 /// The source file that defines `kernel`.

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tessera_core::{Error, Result};
-use tessera_kernels::cuda::{HEADERS, KERNELS, SOURCES};
+use tessera_kernels::cuda::{HEADERS, KERNELS, SOURCES, cache};
 
 /// The NVRTC target for compute capability `cc`: a CUBIN when NVRTC knows the architecture,
 /// else PTX for the newest architecture it knows that the GPU can run (JIT by the driver).
@@ -29,29 +29,7 @@ pub fn target_for(nvrtc: &Nvrtc, cc: (i32, i32)) -> Target {
 
 /// The on-disk cache directory, if caching is on and a home or cache directory is known.
 pub fn cache_dir() -> Option<PathBuf> {
-    if std::env::var("TESSERA_CUDA_CACHE").is_ok_and(|v| v == "0") {
-        return None;
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("tessera").join("cuda"))
-}
-
-/// 64-bit FNV-1a: stable across Rust releases (unlike `DefaultHasher`), enough for cache keys.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in *p {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        // Separate parts so ("ab", "c") and ("a", "bc") differ.
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    cache::cache_dir("cuda", "TESSERA_CUDA_CACHE")
 }
 
 /// The cache file name of source `name` compiled for `target` by `nvrtc`.
@@ -65,7 +43,7 @@ pub fn cache_file_name(nvrtc: &Nvrtc, name: &str, source: &str, target: Target) 
     let stem = name.trim_end_matches(".cu");
     format!(
         "{stem}-{:016x}-{}-nvrtc{maj}.{min}.{}",
-        fnv1a(&parts),
+        cache::fnv1a(&parts),
         target.arch_flag(),
         target.extension()
     )
@@ -77,31 +55,13 @@ pub fn cache_file_name(nvrtc: &Nvrtc, name: &str, source: &str, target: Target) 
 /// The NVRTC error with its log.
 pub fn compile_cached(nvrtc: &Nvrtc, name: &str, source: &str, target: Target) -> Result<Vec<u8>> {
     let path = cache_dir().map(|d| d.join(cache_file_name(nvrtc, name, source, target)));
-    if let Some(p) = &path
-        && let Ok(bytes) = std::fs::read(p)
-        && !bytes.is_empty()
-    {
-        tracing::debug!(file = %p.display(), "CUDA kernel cache hit");
-        return Ok(bytes);
-    }
-    let compiled = nvrtc.compile(name, source, HEADERS, target, &[])?;
-    if !compiled.log.is_empty() {
-        tracing::debug!(source = name, log = %compiled.log, "NVRTC log");
-    }
-    if let Some(p) = &path {
-        let write = || -> std::io::Result<()> {
-            if let Some(dir) = p.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, &compiled.image)?;
-            std::fs::rename(&tmp, p)
-        };
-        if let Err(e) = write() {
-            tracing::debug!(file = %p.display(), error = %e, "cannot write the CUDA kernel cache");
+    cache::cached(path.as_deref(), || {
+        let compiled = nvrtc.compile(name, source, HEADERS, target, &[])?;
+        if !compiled.log.is_empty() {
+            tracing::debug!(source = name, log = %compiled.log, "NVRTC log");
         }
-    }
-    Ok(compiled.image)
+        Ok(compiled.image)
+    })
 }
 
 /// Every kernel of the backend, loaded on one GPU.
@@ -145,16 +105,5 @@ impl Kernels {
                 device: "cuda".into(),
                 reason: format!("kernel {name} is not loaded"),
             })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fnv_separates_parts() {
-        assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
-        assert_eq!(fnv1a(&[b"x"]), fnv1a(&[b"x"]));
     }
 }

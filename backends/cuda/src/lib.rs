@@ -34,6 +34,11 @@ pub use device::CudaDevice;
 pub use stream::{CudaBackend, CudaEvent};
 pub use sys::{nccl, nvrtc};
 
+/// Finding and opening vendor libraries at run time (shared with the HIP backend).
+pub mod loader {
+    pub use crate::sys::{library_candidates, open_first};
+}
+
 use device::GpuShared;
 use std::sync::{Arc, OnceLock};
 use tessera_core::{Device, Error, ProcAddress, Registry, Result};

@@ -6,9 +6,9 @@
 use crate::compile::Kernels;
 use crate::sys::driver::{Args, Stream, launch};
 use tessera_core::{Result, TensorDesc, TensorId};
-use tessera_kernels::cuda::plan::{self, Arg};
+use tessera_kernels::cuda::plan;
 
-pub(crate) use plan::{alignment_of, supports};
+pub(crate) use plan::supports;
 
 /// Queues nodes of one graph on one stream.
 pub(crate) struct Launcher<'a> {
@@ -28,13 +28,7 @@ impl Launcher<'_> {
             return Ok(());
         };
         let f = self.kernels.get(l.kernel)?;
-        let mut args = Args::new();
-        for a in &l.args {
-            match a {
-                Arg::Tensor(b) => args.push_bytes(b),
-                other => args.push_bytes(&other.bytes()),
-            };
-        }
+        let mut args = Args::from_launch(&l);
         // SAFETY: the plan builds `args` in the exact order and sizes of the kernel's C parameter
         // list (see the kernel sources); tensor addresses come from bindings checked to fit their
         // buffers (`Bindings::check_graph`), and the stream keeps those buffers alive until the

@@ -98,30 +98,10 @@ impl Backend for CudaBackend {
         bindings.check_graph(graph)?;
         let tensors = graph.tensors();
         tessera_core::backend::check_supported(graph, &self.name, ops::supports)?;
-        let mut ptrs = vec![0u64; tensors.len()];
-        let mut held: Vec<Arc<dyn Buffer>> = Vec::new();
-        for &id in graph.leafs().iter().chain(graph.nodes()) {
-            let (buf, off) = bindings.resolve(tensors, id)?;
-            let t = &tensors[id.index()];
-            let cuda =
-                self.device_buffer(buf.as_ref(), &format!("tensor {} in", graph.label(id)))?;
-            let addr = cuda.mem.ptr() + off as u64;
-            let align = ops::alignment_of(t.dtype()) as u64;
-            if !addr.is_multiple_of(align)
-                || t.nb().iter().any(|&s| !(s as u64).is_multiple_of(align))
-            {
-                return Err(Error::Unsupported {
-                    op: t.op().name().to_string(),
-                    dtype: t.dtype(),
-                    device: self.name.clone(),
-                    reason: format!("tensor {} is not {align}-byte aligned", graph.label(id)),
-                });
-            }
-            ptrs[id.index()] = addr;
-            if !held.iter().any(|h| Arc::ptr_eq(h, &buf)) {
-                held.push(buf);
-            }
-        }
+        let (ptrs, held) =
+            tessera_kernels::cuda::plan::resolve(graph, bindings, &self.name, |b, what| {
+                Ok(self.device_buffer(b, what)?.mem.ptr())
+            })?;
         let launcher = Launcher {
             stream: &self.stream,
             kernels: &self.kernels,

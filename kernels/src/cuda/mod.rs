@@ -6,6 +6,7 @@
 //! Kernels are `extern "C" __global__` so their names are unmangled; every kernel is listed in
 //! [`KERNELS`] with its source, so a backend can check that a module holds what it launches.
 
+pub mod cache;
 pub mod plan;
 
 /// Headers the sources include, as `(include name, text)`.
@@ -49,6 +50,35 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("norm.cu", "k_soft_max"),
     ("rope.cu", "k_rope"),
 ];
+
+/// One self-contained translation unit for source `file`: `prelude` (a backend's compat header),
+/// then the shared [`HEADERS`] (without `#pragma once`) and the source with its includes of them
+/// removed. Used by the
+/// backends whose compilers take a single text (SYCL, HIP).
+pub fn assemble(prelude: &str, file: &str) -> Option<String> {
+    let text = source(file)?;
+    let mut out = String::with_capacity(prelude.len() + text.len() + 8192);
+    out.push_str(prelude);
+    out.push('\n');
+    for (name, header) in HEADERS {
+        out.push_str(&format!("// ----- {name}\n"));
+        // `#pragma once` outside a header is a warning, and each header is inlined once anyway.
+        for line in header.lines().filter(|l| l.trim() != "#pragma once") {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str(&format!("// ----- {file}\n"));
+    for line in text.lines() {
+        let include = line.trim_start().strip_prefix("#include \"");
+        if include.is_some_and(|rest| HEADERS.iter().any(|(h, _)| rest.starts_with(h))) {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    Some(out)
+}
 
 /// The text of source `name`, if it exists.
 pub fn source(name: &str) -> Option<&'static str> {

@@ -36,6 +36,105 @@ impl Arg {
     }
 }
 
+/// Kernel arguments as a driver's `kernelParams` takes them (`cuLaunchKernel`,
+/// `hipModuleLaunchKernel`): each argument in its own 8-byte aligned slot.
+#[derive(Debug, Default)]
+pub struct ArgSlots {
+    slots: Vec<Box<[u64]>>,
+}
+
+impl ArgSlots {
+    /// An empty list.
+    pub fn new() -> ArgSlots {
+        ArgSlots::default()
+    }
+    /// The arguments of a planned launch, in order.
+    pub fn from_launch(l: &Launch) -> ArgSlots {
+        let mut out = ArgSlots::new();
+        for a in &l.args {
+            match a {
+                Arg::Tensor(b) => out.push_bytes(b),
+                other => out.push_bytes(&other.bytes()),
+            };
+        }
+        out
+    }
+    /// Appends the bytes of one argument (a `#[repr(C)]` value or a scalar's `to_ne_bytes`).
+    pub fn push_bytes(&mut self, bytes: &[u8]) -> &mut ArgSlots {
+        let mut slot = vec![0u64; bytes.len().div_ceil(8).max(1)].into_boxed_slice();
+        for (i, b) in bytes.iter().enumerate() {
+            slot[i / 8] |= (*b as u64) << (8 * (i % 8));
+        }
+        // The shifts above build little-endian words; on a big-endian host re-order them.
+        if cfg!(target_endian = "big") {
+            for w in slot.iter_mut() {
+                *w = w.swap_bytes();
+            }
+        }
+        self.slots.push(slot);
+        self
+    }
+    /// Appends an `i64`.
+    pub fn i64(&mut self, v: i64) -> &mut ArgSlots {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+    /// Appends a device pointer.
+    pub fn ptr(&mut self, v: u64) -> &mut ArgSlots {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+    /// One pointer per argument slot, as `kernelParams`; valid while `self` is neither moved
+    /// nor changed.
+    pub fn pointers(&mut self) -> Vec<*mut std::ffi::c_void> {
+        self.slots
+            .iter_mut()
+            .map(|s| s.as_mut_ptr() as *mut std::ffi::c_void)
+            .collect()
+    }
+}
+
+/// What [`resolve`] returns: one device address per tensor, and the buffers used.
+pub type Resolved = (Vec<u64>, Vec<std::sync::Arc<dyn tessera_core::Buffer>>);
+
+/// Resolves the device address of every leaf and node of `graph` for a stream of device
+/// `device`: `addr` gives a buffer's base address (or the error for memory the stream cannot
+/// use), offsets come from `bindings`, and every address and stride must be aligned for its
+/// element type. Returns one address per tensor (0 for tensors the graph does not touch) and the
+/// buffers used, once each, for the caller to keep alive while the work is queued.
+///
+/// # Errors
+/// Binding errors, `addr`'s errors, and [`tessera_core::Error::Unsupported`] naming the tensor
+/// for misaligned data.
+pub fn resolve(
+    graph: &tessera_core::Graph,
+    bindings: &tessera_core::Bindings,
+    device: &str,
+    addr: impl Fn(&dyn tessera_core::Buffer, &str) -> tessera_core::Result<u64>,
+) -> tessera_core::Result<Resolved> {
+    let tensors = graph.tensors();
+    let mut ptrs = vec![0u64; tensors.len()];
+    let mut held: Vec<std::sync::Arc<dyn tessera_core::Buffer>> = Vec::new();
+    for &id in graph.leafs().iter().chain(graph.nodes()) {
+        let (buf, off) = bindings.resolve(tensors, id)?;
+        let t = &tensors[id.index()];
+        let base = addr(buf.as_ref(), &format!("tensor {} in", graph.label(id)))?;
+        let at = base + off as u64;
+        let align = alignment_of(t.dtype()) as u64;
+        if !at.is_multiple_of(align) || t.nb().iter().any(|&s| !(s as u64).is_multiple_of(align)) {
+            return Err(tessera_core::Error::Unsupported {
+                op: t.op().name().to_string(),
+                dtype: t.dtype(),
+                device: device.to_string(),
+                reason: format!("tensor {} is not {align}-byte aligned", graph.label(id)),
+            });
+        }
+        ptrs[id.index()] = at;
+        if !held.iter().any(|h| std::sync::Arc::ptr_eq(h, &buf)) {
+            held.push(buf);
+        }
+    }
+    Ok((ptrs, held))
+}
+
 /// One kernel launch: `grid` blocks of `block` threads (1-D blocks; the x axis is the fastest).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Launch {

@@ -675,41 +675,8 @@ unsafe impl Send for Function {}
 // SAFETY: as for Send.
 unsafe impl Sync for Function {}
 
-/// Kernel arguments, each stored 8-byte aligned for `cuLaunchKernel`.
-#[derive(Debug, Default)]
-pub(crate) struct Args {
-    slots: Vec<Box<[u64]>>,
-}
-
-impl Args {
-    /// An empty list.
-    pub(crate) fn new() -> Args {
-        Args::default()
-    }
-    /// Appends the bytes of one argument (a `#[repr(C)]` value or a scalar's `to_ne_bytes`).
-    pub(crate) fn push_bytes(&mut self, bytes: &[u8]) -> &mut Args {
-        let mut slot = vec![0u64; bytes.len().div_ceil(8).max(1)].into_boxed_slice();
-        for (i, b) in bytes.iter().enumerate() {
-            slot[i / 8] |= (*b as u64) << (8 * (i % 8));
-        }
-        // The shifts above build little-endian words; on a big-endian host re-order them.
-        if cfg!(target_endian = "big") {
-            for w in slot.iter_mut() {
-                *w = w.swap_bytes();
-            }
-        }
-        self.slots.push(slot);
-        self
-    }
-    /// Appends an `i64`.
-    pub(crate) fn i64(&mut self, v: i64) -> &mut Args {
-        self.push_bytes(&v.to_ne_bytes())
-    }
-    /// Appends a device pointer.
-    pub(crate) fn ptr(&mut self, v: u64) -> &mut Args {
-        self.push_bytes(&v.to_ne_bytes())
-    }
-}
+/// Kernel arguments (shared with the HIP backend).
+pub(crate) type Args = tessera_kernels::cuda::plan::ArgSlots;
 
 /// Queues `f` on `stream`.
 ///
@@ -725,11 +692,7 @@ pub(crate) unsafe fn launch(
     args: &mut Args,
 ) -> Result<()> {
     stream.gpu.bind()?;
-    let mut ptrs: Vec<*mut c_void> = args
-        .slots
-        .iter_mut()
-        .map(|s| s.as_mut_ptr() as *mut c_void)
-        .collect();
+    let mut ptrs = args.pointers();
     // SAFETY: the argument contract is the caller's (see # Safety); `ptrs` point into `args`,
     // which outlives the call (the driver copies arguments at launch).
     unsafe { result::launch_kernel(f.raw, grid, (block, 1, 1), 0, stream.raw, &mut ptrs) }

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 /// `names`), then the bare `names` (the loader's search path), then `names` inside the Python
 /// wheel directories `wheel_dirs` (relative to `site-packages/nvidia`) of the active venv
 /// (`VIRTUAL_ENV`) and of a `.venv` next to the current directory or its ancestors.
-pub(crate) fn library_candidates(env: &str, names: &[&str], wheel_dirs: &[&str]) -> Vec<PathBuf> {
+pub fn library_candidates(env: &str, names: &[&str], wheel_dirs: &[&str]) -> Vec<PathBuf> {
     let mut out = Vec::new();
     if let Some(p) = std::env::var_os(env).filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
@@ -55,11 +55,11 @@ pub(crate) fn library_candidates(env: &str, names: &[&str], wheel_dirs: &[&str])
 }
 
 /// Opens the first loadable candidate; the error lists what was tried.
-pub(crate) fn open_first(candidates: &[PathBuf]) -> Result<(libloading::Library, PathBuf), String> {
+pub fn open_first(candidates: &[PathBuf]) -> Result<(libloading::Library, PathBuf), String> {
     let mut tried = Vec::new();
     for c in candidates {
-        // SAFETY: loading a vendor library runs its initialisers; NVRTC and NCCL have no
-        // initialisers with preconditions on the host process.
+        // SAFETY: loading a vendor library runs its initialisers; NVRTC, NCCL/RCCL and the HIP
+        // runtime have no initialisers with preconditions on the host process.
         match unsafe { libloading::Library::new(c) } {
             Ok(lib) => return Ok((lib, c.clone())),
             Err(e) => tried.push(format!("{}: {e}", c.display())),

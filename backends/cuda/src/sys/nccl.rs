@@ -1,5 +1,5 @@
 //! NCCL as a `libloading` table (`libnccl.so.2`, or RCCL's `librccl.so.1`, which exports the same
-//! C API). Found through `TESSERA_NCCL_PATH` (a file or a directory), the loader's search path,
+//! C API: the HIP backend loads this same table from RCCL with [`Nccl::load_named`]). Found through `TESSERA_NCCL_PATH` (a file or a directory), the loader's search path,
 //! or the `nvidia-nccl-cu12` wheel of the active or nearest `.venv`.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -10,11 +10,11 @@ use tessera_core::{Error, Result};
 pub const NCCL_PATH_ENV: &str = "TESSERA_NCCL_PATH";
 
 /// `ncclFloat32`.
-pub(crate) const NCCL_FLOAT32: c_int = 7;
+pub const NCCL_FLOAT32: c_int = 7;
 /// `ncclBfloat16` (NCCL ≥ 2.10).
-pub(crate) const NCCL_BFLOAT16: c_int = 9;
+pub const NCCL_BFLOAT16: c_int = 9;
 /// `ncclSum`.
-pub(crate) const NCCL_SUM: c_int = 0;
+pub const NCCL_SUM: c_int = 0;
 
 type Comm = *mut c_void;
 type Status = c_int;
@@ -40,6 +40,7 @@ struct Fns {
 /// A loaded NCCL library.
 pub struct Nccl {
     fns: Fns,
+    backend: &'static str,
     path: PathBuf,
     _lib: libloading::Library,
 }
@@ -56,16 +57,32 @@ impl Nccl {
     /// # Errors
     /// [`Error::Unavailable`] naming the variable to set when no candidate loads.
     pub fn load() -> Result<Nccl> {
-        let candidates = super::library_candidates(
+        Nccl::load_named(
+            "cuda",
             NCCL_PATH_ENV,
             &["libnccl.so.2", "libnccl.so", "librccl.so.1"],
             &["nccl/lib", "cu13/lib"],
-        );
+        )
+    }
+
+    /// Loads the NCCL C API from the first of `names` found through `env`, the loader's path or
+    /// the venv wheel directories `wheel_dirs` (see [`super::library_candidates`]); errors name
+    /// `backend`. RCCL: `Nccl::load_named("hip", "TESSERA_RCCL_PATH", &["librccl.so.1"], &[])`.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] naming `env` when no candidate loads or one lacks an entry point.
+    pub fn load_named(
+        backend: &'static str,
+        env: &str,
+        names: &[&str],
+        wheel_dirs: &[&str],
+    ) -> Result<Nccl> {
+        let candidates = super::library_candidates(env, names, wheel_dirs);
         let (lib, path) = super::open_first(&candidates).map_err(|e| Error::Unavailable {
-            backend: "cuda".into(),
-            reason: format!("NCCL not found (set {NCCL_PATH_ENV}): {e}"),
+            backend: backend.into(),
+            reason: format!("{} not found (set {env}): {e}", names.join(" / ")),
         })?;
-        Nccl::from_library(lib, path)
+        Nccl::from_library(lib, path, backend)
     }
 
     /// Loads NCCL from `path`.
@@ -78,12 +95,16 @@ impl Nccl {
                 backend: "cuda".into(),
                 reason: format!("NCCL: {e}"),
             })?;
-        Nccl::from_library(lib, path)
+        Nccl::from_library(lib, path, "cuda")
     }
 
-    fn from_library(lib: libloading::Library, path: PathBuf) -> Result<Nccl> {
+    fn from_library(
+        lib: libloading::Library,
+        path: PathBuf,
+        backend: &'static str,
+    ) -> Result<Nccl> {
         let missing = |name: &str, e: libloading::Error| Error::Unavailable {
-            backend: "cuda".into(),
+            backend: backend.into(),
             reason: format!("{}: missing {name}: {e}", path.display()),
         };
         macro_rules! sym {
@@ -105,6 +126,7 @@ impl Nccl {
         };
         Ok(Nccl {
             fns,
+            backend,
             path,
             _lib: lib,
         })
@@ -128,7 +150,7 @@ impl Nccl {
             unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
         };
         Err(Error::Driver {
-            backend: "cuda".into(),
+            backend: self.backend.into(),
             call: format!("{call} ({text})"),
             code: rc as i64,
         })
@@ -146,7 +168,7 @@ impl Nccl {
     }
 
     /// One communicator per GPU ordinal in `devices` (single process, `ncclCommInitAll`).
-    pub(crate) fn init_all(self: &std::sync::Arc<Nccl>, devices: &[i32]) -> Result<Vec<NcclComm>> {
+    pub fn init_all(self: &std::sync::Arc<Nccl>, devices: &[i32]) -> Result<Vec<NcclComm>> {
         let mut comms: Vec<Comm> = vec![std::ptr::null_mut(); devices.len()];
         // SAFETY: `comms` has room for one handle per device; `devices` holds that many ordinals.
         let rc = unsafe {
@@ -163,7 +185,7 @@ impl Nccl {
     }
 
     /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` (the end runs even if `f` fails).
-    pub(crate) fn group<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub fn group<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         // SAFETY: no arguments; groups nest.
         self.check("ncclGroupStart", unsafe { (self.fns.group_start)() })?;
         let out = f();
@@ -177,7 +199,7 @@ impl Nccl {
 
 /// A communicator for one GPU, destroyed on drop.
 #[derive(Debug)]
-pub(crate) struct NcclComm {
+pub struct NcclComm {
     nccl: std::sync::Arc<Nccl>,
     raw: Comm,
 }
@@ -192,7 +214,7 @@ impl NcclComm {
     /// # Safety
     /// `ptr` must address `count` values of `dtype` on this communicator's GPU, alive until the
     /// stream has run the reduction; `stream` must be a live stream of that GPU.
-    pub(crate) unsafe fn all_reduce_in_place(
+    pub unsafe fn all_reduce_in_place(
         &self,
         ptr: u64,
         count: usize,

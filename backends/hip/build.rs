@@ -1,0 +1,49 @@
+//! Embeds HIP kernel code objects built ahead of time when `hipcc` is present (see
+//! `tessera_build::hip`): writes `$OUT_DIR/hip_aot.rs` with the targets and one offload bundle
+//! per kernel source, or empty lists (hipRTC then compiles at run time).
+
+use std::path::PathBuf;
+use tessera_build::{discover, hip};
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"));
+    let kernels = manifest.join("../../kernels");
+    let cuda_dir = kernels.join("cuda");
+    let compat = kernels.join("hip/compat.h");
+    println!("cargo:rerun-if-changed={}", cuda_dir.display());
+    println!("cargo:rerun-if-changed={}", compat.display());
+    println!("cargo:rerun-if-env-changed={}", hip::AOT_ENV);
+    println!("cargo:rerun-if-env-changed=HIPCC");
+    let mut archs = hip::archs();
+    let mut bundles = Vec::new();
+    if let (Some(hipcc), false) = (hip::find_hipcc(), archs.is_empty()) {
+        let mut sources: Vec<PathBuf> = std::fs::read_dir(&cuda_dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        sources.retain(|p| p.extension().is_some_and(|e| e == "cu"));
+        sources.sort();
+        for src in sources {
+            let name = src
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let out = out_dir.join(name.replace(".cu", ".co"));
+            match hip::genco(&hipcc, &src, &compat, &cuda_dir, &archs, &out) {
+                Ok(()) => bundles.push((name, out)),
+                Err(e) => {
+                    discover::warn(&format!(
+                        "tessera-hip: ahead-of-time kernels off, hipRTC will compile at run time: {e}"
+                    ));
+                    bundles.clear();
+                    break;
+                }
+            }
+        }
+    }
+    if bundles.is_empty() {
+        archs.clear();
+    }
+    let rs = hip::embed_rs(&archs, &bundles);
+    std::fs::write(out_dir.join("hip_aot.rs"), rs).expect("OUT_DIR is writable");
+}

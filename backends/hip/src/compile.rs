@@ -1,0 +1,107 @@
+//! Kernel modules for one GPU: every source of `tessera_kernels::hip` as a code object for the
+//! GPU's gfx target, loaded.
+//!
+//! A code object comes from, in order:
+//! 1. the offload bundles built ahead of time by `hipcc --genco` when the crate was built on a
+//!    machine with hipcc (see `tessera_build::hip`; [`AOT_ARCHS`] lists their targets);
+//! 2. the disk cache, `$XDG_CACHE_HOME/tessera/hip` (or `~/.cache/tessera/hip`), whose file names
+//!    carry the source name, a hash of the source and compat header, the target and the HIP
+//!    runtime version; `TESSERA_HIP_CACHE=0` turns it off;
+//! 3. hipRTC, at run time (then written to the cache).
+
+use crate::sys::{Function, Gpu, Hip, Module};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tessera_core::{Error, Result};
+use tessera_kernels::cuda::cache;
+use tessera_kernels::hip;
+
+mod aot {
+    include!(concat!(env!("OUT_DIR"), "/hip_aot.rs"));
+}
+
+/// gfx targets of the code objects embedded at build time (empty when hipcc was not found).
+pub const AOT_ARCHS: &[&str] = aot::ARCHS;
+
+/// The embedded offload bundle of source `file` (all of [`AOT_ARCHS`]), if any.
+pub fn aot_bundle(file: &str) -> Option<&'static [u8]> {
+    aot::BUNDLES
+        .iter()
+        .find(|(f, _)| *f == file)
+        .map(|(_, b)| *b)
+}
+
+/// The cache file name of source `file` compiled for `arch` by runtime version `version`.
+pub fn cache_file_name(file: &str, source: &str, arch: &str, version: i32) -> String {
+    let stem = file.trim_end_matches(".cu");
+    let hash = cache::fnv1a(&[source.as_bytes(), arch.as_bytes()]);
+    format!("{stem}-{hash:016x}-{arch}-hip{version}.co")
+}
+
+/// The code object of source `file` for `arch`: from the disk cache, else compiled by hipRTC
+/// (and cached).
+///
+/// # Errors
+/// An unknown source, or hipRTC's error with its log.
+pub fn compile_cached(hip: &Hip, file: &str, arch: &str) -> Result<Vec<u8>> {
+    let source = hip::source(file)
+        .ok_or_else(|| Error::InvalidArgument(format!("no HIP kernel source {file}")))?;
+    let version = hip.runtime_version().unwrap_or(0);
+    let path = cache::cache_dir("hip", "TESSERA_HIP_CACHE")
+        .map(|d| d.join(cache_file_name(file, &source, arch, version)));
+    cache::cached(path.as_deref(), || {
+        let (code, log) = hip.compile(file, &source, arch)?;
+        if !log.is_empty() {
+            tracing::debug!(source = file, arch, log = %log, "hipRTC log");
+        }
+        Ok(code)
+    })
+}
+
+/// Every kernel of the backend, loaded on one GPU.
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    _modules: Vec<Arc<Module>>,
+    functions: HashMap<&'static str, Function>,
+}
+
+impl Kernels {
+    /// Loads (building when needed) every source for `gpu`.
+    pub(crate) fn build(gpu: &Arc<Gpu>) -> Result<Kernels> {
+        let arch = gpu.arch();
+        let use_aot = AOT_ARCHS.contains(&arch);
+        let mut modules = Vec::new();
+        let mut functions = HashMap::new();
+        for file in hip::files() {
+            let module = match aot_bundle(file).filter(|_| use_aot) {
+                Some(bundle) => Module::load(gpu, bundle)?,
+                None => Module::load(gpu, &compile_cached(gpu.hip(), file, arch)?)?,
+            };
+            let module = Arc::new(module);
+            for kernel in hip::kernels_of(file) {
+                let f = module.function(kernel).map_err(|e| Error::Compute {
+                    device: gpu.name().to_string(),
+                    reason: format!("kernel {kernel} of {file}: {e}"),
+                })?;
+                functions.insert(kernel, f);
+            }
+            modules.push(module);
+        }
+        tracing::debug!(gpu = gpu.name(), arch, aot = use_aot, "HIP kernels loaded");
+        Ok(Kernels {
+            _modules: modules,
+            functions,
+        })
+    }
+
+    /// The kernel `name`.
+    pub(crate) fn get(&self, name: &str) -> Result<Function> {
+        self.functions
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::Compute {
+                device: "hip".into(),
+                reason: format!("kernel {name} is not loaded"),
+            })
+    }
+}
