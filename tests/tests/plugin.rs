@@ -1,15 +1,15 @@
-//! Backends as run-time plugins. The harness first builds the CPU, CUDA and SYCL plugins
-//! (`libtessera_cpu.so`, `libtessera_cuda.so`, `libtessera_sycl.so`) and the deliberately broken
-//! test plugins with the same cargo, profile and target directory as this test, then runs, one
-//! trial each:
+//! Backends as run-time plugins. The harness first builds the CPU, CUDA, HIP and SYCL plugins
+//! (`libtessera_cpu.so`, `libtessera_cuda.so`, `libtessera_hip.so`, `libtessera_sycl.so`) and the
+//! deliberately broken test plugins with the same cargo, profile and target directory as this
+//! test, then runs, one trial each:
 //!
 //! - `conformance/<device>/<case>`: the whole op conformance suite on the plugin-loaded CPU
 //!   device, exactly as `conformance.rs` runs it on the compiled-in one;
 //! - `cpu-plugin/...`: names and registration, set/get, 2-D copies, typed errors across the
 //!   boundary, events in both directions, host memory, foreign buffers refused by name, the comm
 //!   trio through `proc_address` on two plugin devices, the generic all-reduce, plugin logs;
-//! - `cuda-plugin/...`, `sycl-plugin/...`: `libtessera_cuda.so` and `libtessera_sycl.so` load
-//!   with or without their runtime and export the comm trio by name;
+//! - `cuda-plugin/...`, `hip-plugin/...`, `sycl-plugin/...`: the vendor plugins load with or
+//!   without their runtime and export the comm trio by name;
 //! - `broken/...`: wrong ABI version, truncated table, missing entry symbol, a constructor that
 //!   panics, calls that panic, files that are not libraries, and a directory scan that keeps
 //!   going past the bad files.
@@ -39,6 +39,7 @@ type Named = (&'static str, fn() -> TrialResult);
 struct Built {
     cpu: PathBuf,
     cuda: PathBuf,
+    hip: PathBuf,
     sycl: PathBuf,
     examples: PathBuf,
 }
@@ -67,7 +68,7 @@ fn build() -> Result<Built, String> {
         .current_dir(workspace)
         .args(["build", "--profile", profile])
         .args(["-p", "tessera-cpu-plugin", "-p", "tessera-cuda-plugin"])
-        .args(["-p", "tessera-sycl-plugin"])
+        .args(["-p", "tessera-hip-plugin", "-p", "tessera-sycl-plugin"])
         .args(["-p", "tessera-test-plugins"])
         .args(["--lib", "--examples", "--target-dir"])
         .arg(target_dir)
@@ -89,6 +90,7 @@ fn build() -> Result<Built, String> {
     let built = Built {
         cpu: so(profile_dir, "tessera_cpu"),
         cuda: so(profile_dir, "tessera_cuda"),
+        hip: so(profile_dir, "tessera_hip"),
         sycl: so(profile_dir, "tessera_sycl"),
         examples: profile_dir.join("examples"),
     };
@@ -136,7 +138,7 @@ fn err<T>(r: tessera_core::Result<T>) -> Result<T, Failed> {
 
 // ===== The vendor plugins =====
 
-/// A vendor plugin (`libtessera_cuda.so`, `libtessera_sycl.so`) loads on any machine: with its
+/// A vendor plugin (`libtessera_cuda.so`, `libtessera_hip.so`, `libtessera_sycl.so`) loads on any machine: with its
 /// runtime and a device it lists devices named `prefix...`, without them its registry has none
 /// and says why; either way the comm trio is found by name across the ABI.
 fn vendor_plugin_loads(path: &Path, backend: &str, prefix: &str) -> TrialResult {
@@ -796,6 +798,11 @@ fn main() {
     trials.push(Trial::test(
         "cuda-plugin/loads_with_or_without_a_gpu",
         move || vendor_plugin_loads(&b.cuda, "cuda", "CUDA"),
+    ));
+    let b = built.clone();
+    trials.push(Trial::test(
+        "hip-plugin/loads_with_or_without_a_gpu",
+        move || vendor_plugin_loads(&b.hip, "hip", "HIP"),
     ));
     let b = built.clone();
     trials.push(Trial::test(
