@@ -27,6 +27,8 @@ pub const HIPRTC_PATH_ENV: &str = "TESSERA_HIPRTC_PATH";
 /// `hipErrorNoDevice`.
 pub const HIP_ERROR_NO_DEVICE: i32 = 100;
 const HIP_ERROR_NOT_READY: i32 = 600;
+/// The first runtime version (`hipRuntimeGetVersion`, 5.5.0) whose hipRTC is allowed gfx11.
+const GFX11_MIN_RUNTIME: i32 = 50_500_000;
 // hipDeviceAttribute_t values (the same in ROCm 5.x and 6.x headers for these entries).
 const ATTR_MULTIPROCESSORS: c_int = 63;
 const ATTR_WARP_SIZE: c_int = 87;
@@ -34,6 +36,7 @@ const ATTR_WARP_SIZE: c_int = 87;
 const H2D: c_int = 1;
 const D2H: c_int = 2;
 const D2D: c_int = 3;
+const DEFAULT: c_int = 4;
 
 type Status = c_int;
 type Raw = *mut c_void;
@@ -123,6 +126,26 @@ fn unavailable(reason: String) -> Error {
         backend: "hip".into(),
         reason,
     }
+}
+
+/// The error for status `rc` of `call`, named by `name`.
+///
+/// # Safety
+/// `name` must be null or a NUL-terminated string that outlives the call.
+unsafe fn driver_error<T>(call: &str, rc: Status, name: *const c_char) -> Result<T> {
+    let name = if name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: non-null, so a NUL-terminated string (the caller's contract).
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    Err(Error::Driver {
+        backend: "hip".into(),
+        call: format!("{call} ({name})"),
+        code: rc as i64,
+    })
 }
 
 fn candidates(env: &str, names: &[&str]) -> Vec<PathBuf> {
@@ -235,18 +258,7 @@ impl Hip {
             return Ok(());
         }
         // SAFETY: hipGetErrorName returns a static C string (or null) for any code.
-        let p = unsafe { (self.rt.error_name)(rc) };
-        let name = if p.is_null() {
-            String::new()
-        } else {
-            // SAFETY: non-null static C string.
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        };
-        Err(Error::Driver {
-            backend: "hip".into(),
-            call: format!("{call} ({name})"),
-            code: rc as i64,
-        })
+        unsafe { driver_error(call, rc, (self.rt.error_name)(rc)) }
     }
 
     /// GPUs visible to HIP. `hipErrorNoDevice` is reported as an error naming it.
@@ -298,36 +310,25 @@ impl Hip {
             return Ok(());
         }
         // SAFETY: hiprtcGetErrorString returns a static C string (or null) for any code.
-        let p = unsafe { (rtc.error_string)(rc) };
-        let text = if p.is_null() {
-            String::new()
-        } else {
-            // SAFETY: non-null static C string.
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        };
-        Err(Error::Driver {
-            backend: "hip".into(),
-            call: format!("{call} ({text})"),
-            code: rc as i64,
-        })
+        unsafe { driver_error(call, rc, (rtc.error_string)(rc)) }
     }
 
     /// Compiles one self-contained HIP source for `arch` (e.g. `gfx90a`) into a code object.
     /// Returns the code object and the compiler log.
     ///
-    /// Refuses gfx11 targets on ROCm 5 runtimes: their hipRTC aborts the whole process for them.
+    /// Refuses gfx11 targets on runtimes before HIP 5.5: ROCm 5.2's hipRTC aborts the whole
+    /// process for them (toolchains.md §1).
     ///
     /// # Errors
     /// [`Error::Compute`] with the compiler log when the source does not compile.
     pub fn compile(&self, name: &str, source: &str, arch: &str) -> Result<(Vec<u8>, String)> {
         let rtc = self.rtc()?;
-        if arch.starts_with("gfx11") && self.runtime_version().unwrap_or(0) < 60_000_000 {
-            return Err(Error::Unsupported {
-                op: "hipRTC".into(),
-                dtype: tessera_core::DType::F32,
-                device: arch.into(),
-                reason: "ROCm 5's hipRTC aborts the process for gfx11 targets".into(),
-            });
+        let version = self.runtime_version().unwrap_or(0);
+        if arch.starts_with("gfx11") && version < GFX11_MIN_RUNTIME {
+            return Err(unavailable(format!(
+                "hipRTC of HIP {version} cannot compile for {arch} (ROCm 5.2's aborts the \
+                 process); use ROCm >= 5.5 or code objects built ahead of time"
+            )));
         }
         let bad = |what: &str| Error::InvalidArgument(format!("hipRTC {what} holds a NUL byte"));
         let c_src = CString::new(source).map_err(|_| bad(name))?;
@@ -608,9 +609,15 @@ impl DeviceMem {
         let s = src.at(src_off, len)?;
         src.gpu.synchronize()?;
         self.gpu.synchronize()?;
-        // SAFETY: both ranges are inside live allocations (checked); hipMemcpyDefault-style
-        // device-to-device copies between GPUs go through unified addressing.
-        let rc = unsafe { (self.gpu.hip.rt.memcpy)(d, s, len, D2D) };
+        // Between GPUs, hipMemcpyDefault lets the runtime find both devices from the addresses
+        // (unified addressing).
+        let kind = if Arc::ptr_eq(&self.gpu, &src.gpu) {
+            D2D
+        } else {
+            DEFAULT
+        };
+        // SAFETY: both ranges are inside live allocations (checked); the copy is synchronous.
+        let rc = unsafe { (self.gpu.hip.rt.memcpy)(d, s, len, kind) };
         self.gpu.hip.check("hipMemcpy(DtoD)", rc)?;
         self.gpu.synchronize()
     }

@@ -9,7 +9,8 @@
 //!   object per target with every kernel;
 //! - RCCL, when absent (Debian 12 has none), is an error naming it, not a panic.
 //!
-//! gfx1100 is never compiled: ROCm 5.2's hipRTC aborts the process for it.
+//! gfx1100 is never compiled on ROCm 5.2 (its hipRTC aborts the process): the backend refuses it
+//! before calling hipRTC, which a trial checks.
 //!
 //! When the runtime is missing the trials are ignored with the reason in their names, except
 //! under `CI=true` (or `TESSERA_REQUIRE=hip`), where they fail.
@@ -200,6 +201,27 @@ fn no_device_trial(hip: &'static Hip) -> Trial {
     })
 }
 
+/// On runtimes before HIP 5.5 a gfx11 hipRTC compile is refused before hipRTC is called (ROCm
+/// 5.2's would abort this process).
+fn gfx11_trial(hip: &'static Hip) -> Trial {
+    Trial::test("hiprtc/gfx1100_refused_before_rocm_5_5", move || {
+        let version = hip
+            .runtime_version()
+            .map_err(|e| Failed::from(e.to_string()))?;
+        if version >= 50_500_000 {
+            println!("HIP {version} may compile gfx1100; nothing to refuse");
+            return Ok(());
+        }
+        match hip.compile("norm.cu", &source("norm.cu").ok_or("no source")?, "gfx1100") {
+            Err(e) => {
+                println!("refused: {e}");
+                Ok(())
+            }
+            Ok(_) => Err(Failed::from("a gfx1100 compile was attempted")),
+        }
+    })
+}
+
 fn aot_trial(file: &'static str) -> Trial {
     Trial::test(format!("aot/{file}"), move || {
         let bundle = aot_bundle(file).ok_or("no embedded bundle")?;
@@ -235,6 +257,7 @@ fn main() {
                 Ok(_) => {
                     trials.extend(names().map(|(f, a)| compile_trial(hip, f, a)));
                     trials.push(cache_trial(hip));
+                    trials.push(gfx11_trial(hip));
                 }
                 Err(e) => {
                     let reason = e.to_string();
