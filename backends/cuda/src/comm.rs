@@ -15,7 +15,6 @@ use crate::compile::Kernels;
 use crate::stream::CudaBackend;
 use crate::sys::driver::{Args, DeviceMem, RawEvent, Stream, launch};
 use crate::sys::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, Nccl, NcclComm};
-use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::Arc;
 use tessera_core::plugin::{
@@ -23,6 +22,7 @@ use tessera_core::plugin::{
     comm_free_with, comm_init_with,
 };
 use tessera_core::{Backend, Buffer, ProcAddress, Result};
+use tessera_kernels::cuda::host::InFlight;
 
 /// Environment variable choosing the all-reduce path: `nccl` (default) or `none` (always the
 /// generic fallback).
@@ -56,14 +56,11 @@ struct Member {
     scratch: Option<DeviceMem>,
 }
 
-/// Events recorded after one reduction and the buffers it uses, kept until they complete.
-type InFlight = (Vec<RawEvent>, Vec<Arc<dyn Buffer>>);
-
 struct CommCtx {
     members: Vec<Member>,
     /// NCCL and one communicator per member, or why this set of streams is declined.
     nccl: std::result::Result<(Arc<Nccl>, Vec<NcclComm>), String>,
-    inflight: VecDeque<InFlight>,
+    inflight: InFlight<Vec<RawEvent>>,
 }
 
 unsafe extern "C" fn comm_init(streams: *const *mut c_void, n: usize) -> *mut c_void {
@@ -107,7 +104,7 @@ fn init(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx> {
     Some(CommCtx {
         members,
         nccl,
-        inflight: VecDeque::new(),
+        inflight: InFlight::new(),
     })
 }
 
@@ -159,14 +156,6 @@ fn allreduce(ctx: &mut CommCtx, calls: Vec<CommCall>) -> Result<i32> {
     }
     if len == 0 {
         return Ok(0);
-    }
-    // Drop the buffers of reductions that have finished.
-    while ctx
-        .inflight
-        .front()
-        .is_some_and(|(evs, _)| evs.iter().all(RawEvent::is_complete))
-    {
-        ctx.inflight.pop_front();
     }
     let n_dev = ctx.members.len();
     if f32_wire(n_dev, len) {
@@ -226,13 +215,18 @@ fn allreduce(ctx: &mut CommCtx, calls: Vec<CommCall>) -> Result<i32> {
             convert(m, "k_bf16_to_f32", slot.ptr, scratch, len)?;
         }
     }
-    let events = ctx
-        .members
-        .iter()
-        .map(|m| RawEvent::record(&m.stream))
-        .collect::<Result<Vec<_>>>()?;
-    ctx.inflight
-        .push_back((events, slots.into_iter().map(|s| s.buffer).collect()));
+    // Keep the slices' buffers until every member's stream has passed the reduction.
+    let members = &ctx.members;
+    ctx.inflight.hold(
+        slots.into_iter().map(|s| s.buffer).collect(),
+        |evs: &Vec<RawEvent>| evs.iter().all(RawEvent::is_complete),
+        || {
+            members
+                .iter()
+                .map(|m| RawEvent::record(&m.stream))
+                .collect()
+        },
+    )?;
     Ok(0)
 }
 

@@ -9,11 +9,11 @@ use crate::device::GpuShared;
 use crate::ops::{self, Launcher};
 use crate::sys::driver::{DeviceMem, RawEvent, Stream};
 use std::any::Any;
-use std::collections::VecDeque;
 use std::sync::Arc;
 use tessera_core::backend::EventImpl;
 use tessera_core::backend::copy_between;
 use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
+use tessera_kernels::cuda::host::{InFlight, status_error};
 
 /// A CUDA event: completes when the stream work before it has.
 #[derive(Debug)]
@@ -39,7 +39,7 @@ pub struct CudaBackend {
     pub(crate) stream: Arc<Stream>,
     kernels: Arc<Kernels>,
     status: DeviceMem,
-    inflight: VecDeque<(RawEvent, Vec<Arc<dyn Buffer>>)>,
+    inflight: InFlight<RawEvent>,
 }
 
 impl CudaBackend {
@@ -53,7 +53,7 @@ impl CudaBackend {
             stream,
             kernels,
             status,
-            inflight: VecDeque::new(),
+            inflight: InFlight::new(),
         })
     }
 
@@ -64,14 +64,9 @@ impl CudaBackend {
 
     /// Keeps `buffers` alive until the work queued so far completes; drops finished entries.
     pub(crate) fn hold(&mut self, buffers: Vec<Arc<dyn Buffer>>) -> Result<()> {
-        while self.inflight.front().is_some_and(|(e, _)| e.is_complete()) {
-            self.inflight.pop_front();
-        }
-        if !buffers.is_empty() {
-            self.inflight
-                .push_back((RawEvent::record(&self.stream)?, buffers));
-        }
-        Ok(())
+        let stream = &self.stream;
+        self.inflight
+            .hold(buffers, RawEvent::is_complete, || RawEvent::record(stream))
     }
 
     fn device_buffer<'a>(&self, b: &'a dyn Buffer, what: &str) -> Result<&'a CudaBuffer> {
@@ -120,15 +115,10 @@ impl Backend for CudaBackend {
         self.inflight.clear();
         let mut words = [0u8; 8];
         self.stream.read(&self.status, 0, &mut words)?;
-        let code = i32::from_ne_bytes([words[0], words[1], words[2], words[3]]);
-        if code != 0 {
-            let value = i32::from_ne_bytes([words[4], words[5], words[6], words[7]]);
+        if let Some(e) = status_error(&self.name, words) {
             self.stream.memset(&self.status, 0, 8, 0)?;
             self.stream.synchronize()?;
-            return Err(Error::Compute {
-                device: self.name.clone(),
-                reason: format!("GET_ROWS/SET_ROWS: row index {value} is out of range"),
-            });
+            return Err(e);
         }
         Ok(())
     }

@@ -13,7 +13,6 @@ use crate::compile::Kernels;
 use crate::device::HipBuffer;
 use crate::stream::HipBackend;
 use crate::sys::{DeviceMem, RawEvent, Stream, launch};
-use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::Arc;
 use tessera_core::plugin::{
@@ -23,6 +22,7 @@ use tessera_core::plugin::{
 use tessera_core::{Backend, Buffer, ProcAddress, Result};
 use tessera_cuda::f32_wire;
 use tessera_cuda::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, Nccl, NcclComm};
+use tessera_kernels::cuda::host::InFlight;
 use tessera_kernels::cuda::plan::ArgSlots;
 
 /// Environment variable choosing the all-reduce path: `rccl` (default) or `none` (always the
@@ -60,14 +60,11 @@ struct Member {
     scratch: Option<DeviceMem>,
 }
 
-/// Events recorded after one reduction and the buffers it uses, kept until they complete.
-type InFlight = (Vec<RawEvent>, Vec<Arc<dyn Buffer>>);
-
 struct CommCtx {
     members: Vec<Member>,
     rccl: Arc<Nccl>,
     comms: Vec<NcclComm>,
-    inflight: VecDeque<InFlight>,
+    inflight: InFlight<Vec<RawEvent>>,
 }
 
 unsafe extern "C" fn comm_init(streams: *const *mut c_void, n: usize) -> *mut c_void {
@@ -125,7 +122,7 @@ fn init(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx> {
         members,
         rccl,
         comms,
-        inflight: VecDeque::new(),
+        inflight: InFlight::new(),
     })
 }
 
@@ -178,13 +175,6 @@ fn allreduce(ctx: &mut CommCtx, calls: Vec<CommCall>) -> Result<i32> {
     if len == 0 {
         return Ok(0);
     }
-    while ctx
-        .inflight
-        .front()
-        .is_some_and(|(evs, _)| evs.iter().all(RawEvent::is_complete))
-    {
-        ctx.inflight.pop_front();
-    }
     let f32_path = f32_wire(ctx.members.len(), len);
     if !f32_path {
         for m in ctx.members.iter_mut() {
@@ -235,13 +225,18 @@ fn allreduce(ctx: &mut CommCtx, calls: Vec<CommCall>) -> Result<i32> {
             convert(m, "k_bf16_to_f32", slot.ptr, *target, len)?;
         }
     }
-    let events = ctx
-        .members
-        .iter()
-        .map(|m| RawEvent::record(&m.stream))
-        .collect::<Result<Vec<_>>>()?;
-    ctx.inflight
-        .push_back((events, slots.into_iter().map(|s| s.buffer).collect()));
+    // Keep the slices' buffers until every member's stream has passed the reduction.
+    let members = &ctx.members;
+    ctx.inflight.hold(
+        slots.into_iter().map(|s| s.buffer).collect(),
+        |evs: &Vec<RawEvent>| evs.iter().all(RawEvent::is_complete),
+        || {
+            members
+                .iter()
+                .map(|m| RawEvent::record(&m.stream))
+                .collect()
+        },
+    )?;
     Ok(0)
 }
 

@@ -7,6 +7,7 @@
 //! [`KERNELS`] with its source, so a backend can check that a module holds what it launches.
 
 pub mod cache;
+pub mod host;
 pub mod plan;
 
 /// Headers the sources include, as `(include name, text)`.
