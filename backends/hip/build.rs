@@ -23,13 +23,32 @@ fn main() {
             .unwrap_or_default();
         sources.retain(|p| p.extension().is_some_and(|e| e == "cu"));
         sources.sort();
-        for src in sources {
-            let name = src
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let out = out_dir.join(name.replace(".cu", ".co"));
-            match hip::genco(&hipcc, &src, &compat, &cuda_dir, &archs, &out) {
+        // One hipcc per source, all at once (each is single-threaded).
+        let results: Vec<(String, PathBuf, Result<(), String>)> = std::thread::scope(|scope| {
+            let jobs: Vec<_> = sources
+                .iter()
+                .map(|src| {
+                    let name = src
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    let out = out_dir.join(name.replace(".cu", ".co"));
+                    let (hipcc, compat, cuda_dir, archs) = (&hipcc, &compat, &cuda_dir, &archs);
+                    scope.spawn(move || {
+                        let r = hip::genco(hipcc, src, compat, cuda_dir, archs, &out);
+                        (name, out, r)
+                    })
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|j| {
+                    j.join()
+                        .unwrap_or_else(|_| (String::new(), PathBuf::new(), Err("panicked".into())))
+                })
+                .collect()
+        });
+        for (name, out, r) in results {
+            match r {
                 Ok(()) => bundles.push((name, out)),
                 Err(e) => {
                     discover::warn(&format!(
