@@ -18,8 +18,7 @@ use crate::sys::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, Nccl, NcclComm};
 use std::ffi::c_void;
 use std::sync::Arc;
 use tessera_core::plugin::{
-    COMM_ALLREDUCE, COMM_FREE, COMM_INIT, CommCall, RawCommSlice, comm_allreduce_with,
-    comm_free_with, comm_init_with,
+    CommCall, RawCommSlice, comm_allreduce_with, comm_free_with, comm_init_with,
 };
 use tessera_core::{Backend, Buffer, ProcAddress, Result};
 use tessera_kernels::cuda::host::InFlight;
@@ -40,13 +39,7 @@ pub fn f32_wire(n_devices: usize, n_elements: usize) -> bool {
 
 /// The comm trio's addresses by name.
 pub(crate) fn proc_address(name: &str) -> Option<ProcAddress> {
-    let f: *const c_void = match name {
-        COMM_INIT => comm_init as *const c_void,
-        COMM_ALLREDUCE => comm_allreduce as *const c_void,
-        COMM_FREE => comm_free as *const c_void,
-        _ => return None,
-    };
-    Some(ProcAddress::new(f))
+    tessera_core::plugin::comm_proc_address(name, comm_init, comm_allreduce, comm_free)
 }
 
 struct Member {
@@ -265,6 +258,7 @@ unsafe extern "C" fn comm_free(ctx: *mut c_void) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_core::plugin::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT};
 
     #[test]
     fn wire_thresholds_follow_ggml() {

@@ -16,8 +16,7 @@ use crate::sys::{DeviceMem, RawEvent, Stream, launch};
 use std::ffi::c_void;
 use std::sync::Arc;
 use tessera_core::plugin::{
-    COMM_ALLREDUCE, COMM_FREE, COMM_INIT, CommCall, RawCommSlice, comm_allreduce_with,
-    comm_free_with, comm_init_with,
+    CommCall, RawCommSlice, comm_allreduce_with, comm_free_with, comm_init_with,
 };
 use tessera_core::{Backend, Buffer, ProcAddress, Result};
 use tessera_cuda::f32_wire;
@@ -33,13 +32,7 @@ pub const RCCL_PATH_ENV: &str = "TESSERA_RCCL_PATH";
 
 /// The comm trio's addresses by name.
 pub(crate) fn proc_address(name: &str) -> Option<ProcAddress> {
-    let f: *const c_void = match name {
-        COMM_INIT => comm_init as *const c_void,
-        COMM_ALLREDUCE => comm_allreduce as *const c_void,
-        COMM_FREE => comm_free as *const c_void,
-        _ => return None,
-    };
-    Some(ProcAddress::new(f))
+    tessera_core::plugin::comm_proc_address(name, comm_init, comm_allreduce, comm_free)
 }
 
 /// Loads RCCL: [`RCCL_PATH_ENV`], `librccl.so.1` / `librccl.so` on the loader's path, then
@@ -267,6 +260,7 @@ unsafe extern "C" fn comm_free(ctx: *mut c_void) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_core::plugin::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT};
 
     #[test]
     fn trio_is_exported() {

@@ -3,9 +3,12 @@
 //! sees safe types.
 #![allow(unsafe_code)]
 
-use super::comm::RawCommSlice;
+use super::comm::{
+    COMM_ALLREDUCE, COMM_FREE, COMM_INIT, CommAllReduceFn, CommFreeFn, CommInitFn, RawCommSlice,
+};
 use crate::backend::{Backend, Buffer};
 use crate::error::Result;
+use crate::registry::ProcAddress;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -111,4 +114,22 @@ pub unsafe fn comm_free_with<C>(ctx: *mut c_void, release: impl FnOnce(Box<C>)) 
     if catch_unwind(AssertUnwindSafe(move || release(ctx))).is_err() {
         tracing::warn!("tessera_comm_free panicked");
     }
+}
+
+/// A backend's `Registry::proc_address` for its comm trio: the address of `init`, `allreduce` or
+/// `free` for their names, `None` for any other. Taking the ABI's function types checks the
+/// backend's signatures at compile time.
+pub fn comm_proc_address(
+    name: &str,
+    init: CommInitFn,
+    allreduce: CommAllReduceFn,
+    free: CommFreeFn,
+) -> Option<ProcAddress> {
+    let f: *const c_void = match name {
+        COMM_INIT => init as *const c_void,
+        COMM_ALLREDUCE => allreduce as *const c_void,
+        COMM_FREE => free as *const c_void,
+        _ => return None,
+    };
+    Some(ProcAddress::new(f))
 }

@@ -26,7 +26,9 @@ pub use comm::{
     COMM_ALLREDUCE, COMM_FREE, COMM_INIT, CommAllReduceFn, CommApi, CommFreeFn, CommInitFn,
     CommOutcome, RawCommSlice, VendorComm,
 };
-pub use comm_impl::{CommCall, comm_allreduce_with, comm_free_with, comm_init_with};
+pub use comm_impl::{
+    CommCall, comm_allreduce_with, comm_free_with, comm_init_with, comm_proc_address,
+};
 #[doc(hidden)]
 pub use export::export_entry;
 pub use import::{

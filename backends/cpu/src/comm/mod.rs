@@ -395,11 +395,5 @@ unsafe extern "C" fn comm_free(ctx: *mut c_void) {
 
 /// The CPU comm function registered under `name`, if any.
 pub(crate) fn proc_address(name: &str) -> Option<tessera_core::ProcAddress> {
-    let f: *const c_void = match name {
-        tessera_core::plugin::COMM_INIT => comm_init as *const c_void,
-        tessera_core::plugin::COMM_ALLREDUCE => comm_allreduce as *const c_void,
-        tessera_core::plugin::COMM_FREE => comm_free as *const c_void,
-        _ => return None,
-    };
-    Some(tessera_core::ProcAddress::new(f))
+    tessera_core::plugin::comm_proc_address(name, comm_init, comm_allreduce, comm_free)
 }
