@@ -18,6 +18,9 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// Every supported architecture.
+    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
+
     /// The GGUF `general.architecture` name.
     pub fn name(self) -> &'static str {
         match self {
@@ -30,31 +33,73 @@ impl Arch {
 
     /// The architecture of a GGUF `general.architecture` name.
     pub fn from_name(name: &str) -> Option<Arch> {
-        [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3]
-            .into_iter()
-            .find(|a| a.name() == name)
+        Arch::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// The names of [`Arch::ALL`], for messages.
+    pub fn supported_names() -> String {
+        Arch::ALL.map(Arch::name).join(", ")
+    }
+
+    // Every property below is one exhaustive match, like llama.cpp's `llama_model_rope_type`:
+    // a new architecture cannot compile until each one is decided for it.
+
+    /// How RoPE pairs the rotated elements (llama.cpp's `llama_model_rope_type`): adjacent pairs
+    /// for `llama`, halves (NeoX) for the others.
+    pub fn rope_mode(self) -> crate::RopeMode {
+        match self {
+            Arch::Llama => crate::RopeMode::Normal,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => crate::RopeMode::Neox,
+        }
     }
 
     /// Q/K/V projections carry biases.
     pub fn attn_bias(self) -> bool {
-        self == Arch::Qwen2
+        match self {
+            Arch::Qwen2 => true,
+            Arch::Llama | Arch::Qwen3 | Arch::Gemma3 => false,
+        }
     }
 
     /// Q and K are RMS-normed per head before RoPE.
     pub fn qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Gemma3)
+        match self {
+            Arch::Qwen3 | Arch::Gemma3 => true,
+            Arch::Llama | Arch::Qwen2 => false,
+        }
     }
 
     /// Attention and feed-forward outputs are RMS-normed before the residual add.
     pub fn post_norms(self) -> bool {
-        self == Arch::Gemma3
+        match self {
+            Arch::Gemma3 => true,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => false,
+        }
+    }
+
+    /// Token embeddings are scaled by √n_embd.
+    pub fn scales_embeddings(self) -> bool {
+        match self {
+            Arch::Gemma3 => true,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => false,
+        }
+    }
+
+    /// With a sliding window in the file, every how many layers one is global when the file
+    /// does not say (`{arch}.attention.sliding_window_pattern`); 0 when the architecture has no
+    /// sliding-window layers (the key is then ignored, as llama.cpp does).
+    pub fn default_swa_period(self) -> usize {
+        match self {
+            Arch::Gemma3 => 6,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => 0,
+        }
     }
 
     /// The gated activation of the feed-forward block.
     pub fn glu(self) -> crate::GluOp {
         match self {
             Arch::Gemma3 => crate::GluOp::Geglu,
-            _ => crate::GluOp::Swiglu,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => crate::GluOp::Swiglu,
         }
     }
 }
@@ -96,6 +141,15 @@ pub struct LlamaConfig {
     pub rope_base_swa: f32,
     /// The output projection is the token embedding (no `output.weight`).
     pub tied_output: bool,
+    /// Leading elements of each head that RoPE rotates (`{arch}.rope.dimension_count`; the
+    /// head size when absent). Even and at most `head_dim`.
+    pub n_rot: usize,
+    /// RoPE position scale of the global layers: `1 / factor` for linear scaling
+    /// (`{arch}.rope.scaling.factor`), 1 for none. Sliding-window layers are never scaled.
+    pub rope_freq_scale: f32,
+    /// Final logits are soft-capped to `±cap · tanh(x / cap)` (0: no capping;
+    /// `{arch}.final_logit_softcapping`).
+    pub logit_softcap: f32,
 }
 
 impl LlamaConfig {
@@ -121,6 +175,9 @@ impl LlamaConfig {
             swa_period: 0,
             rope_base_swa: 10000.0,
             tied_output: false,
+            n_rot: 64,
+            rope_freq_scale: 1.0,
+            logit_softcap: 0.0,
         }
     }
 
@@ -144,6 +201,9 @@ impl LlamaConfig {
             swa_period: 0,
             rope_base_swa: 10000.0,
             tied_output: false,
+            n_rot: 16,
+            rope_freq_scale: 1.0,
+            logit_softcap: 0.0,
         }
     }
 
@@ -167,6 +227,16 @@ impl LlamaConfig {
     /// Whether layer `il` attends through a sliding window.
     pub fn is_swa(&self, il: usize) -> bool {
         self.n_swa > 0 && (self.swa_period == 0 || !(il + 1).is_multiple_of(self.swa_period))
+    }
+
+    /// The scale of Q·K in attention: 1/√head_dim, except Gemma 3 27B (62 layers), which
+    /// scales by 1/√(n_embd / n_head) as llama.cpp and the reference implementation do.
+    pub fn kq_scale(&self) -> f32 {
+        let d = match self.arch {
+            Arch::Gemma3 if self.n_layer == 62 => self.n_embd / self.n_head,
+            Arch::Gemma3 | Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => self.head_dim,
+        };
+        1.0 / (d as f32).sqrt()
     }
 
     /// Width of the attention output (`n_head · head_dim`).
@@ -220,8 +290,11 @@ impl LlamaConfig {
                 self.n_head, self.n_head_kv
             ));
         }
-        if !self.head_dim.is_multiple_of(2) {
-            return bad(format!("head_dim {} must be even for RoPE", self.head_dim));
+        if !self.n_rot.is_multiple_of(2) || self.n_rot == 0 || self.n_rot > self.head_dim {
+            return bad(format!(
+                "n_rot {} must be even, positive and at most head_dim {}",
+                self.n_rot, self.head_dim
+            ));
         }
         if !(self.weight_dtype.is_float() || self.weight_dtype.is_quantized()) {
             return bad(format!(
@@ -251,6 +324,15 @@ impl LlamaConfig {
                 "rope_base_swa {} must be positive",
                 self.rope_base_swa
             ));
+        }
+        if !(self.rope_freq_scale.is_finite() && self.rope_freq_scale > 0.0) {
+            return bad(format!(
+                "rope_freq_scale {} must be positive",
+                self.rope_freq_scale
+            ));
+        }
+        if !(self.logit_softcap.is_finite() && self.logit_softcap >= 0.0) {
+            return bad(format!("logit_softcap {} must be ≥ 0", self.logit_softcap));
         }
         if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0) {
             return bad(format!("norm_eps {} must be ≥ 0", self.norm_eps));

@@ -85,7 +85,7 @@ impl LlamaModel {
             (llama_keys::HEAD_COUNT_KV, c.n_head_kv),
             (llama_keys::KEY_LENGTH, c.head_dim),
             (llama_keys::VALUE_LENGTH, c.head_dim),
-            (llama_keys::ROPE_DIMENSION_COUNT, c.head_dim),
+            (llama_keys::ROPE_DIMENSION_COUNT, c.n_rot),
             (llama_keys::VOCAB_SIZE, c.n_vocab),
         ] {
             w.set(&k(key), u32_of(key, v)?)?;
@@ -97,6 +97,21 @@ impl LlamaModel {
                 &format!("{arch}.attention.sliding_window"),
                 u32_of("n_swa", c.n_swa)?,
             )?;
+            w.set(
+                &format!("{arch}.attention.sliding_window_pattern"),
+                u32_of("swa_period", c.swa_period)?,
+            )?;
+            w.set(&format!("{arch}.rope.freq_base_swa"), c.rope_base_swa)?;
+        }
+        if c.rope_freq_scale != 1.0 {
+            w.set(&format!("{arch}.rope.scaling.type"), "linear")?;
+            w.set(
+                &format!("{arch}.rope.scaling.factor"),
+                1.0 / c.rope_freq_scale,
+            )?;
+        }
+        if c.logit_softcap > 0.0 {
+            w.set(&format!("{arch}.final_logit_softcapping"), c.logit_softcap)?;
         }
         let (tokens, scores, types) = synthetic_vocab(c.n_vocab);
         w.set(KEY_MODEL, "llama")?;
@@ -170,8 +185,9 @@ impl LlamaConfig {
         let name = md.get_str("general.architecture")?;
         let arch = Arch::from_name(name).ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "{}: architecture {name:?} is not supported (llama, qwen2, qwen3, gemma3)",
-                file.source()
+                "{}: architecture {name:?} is not supported ({})",
+                file.source(),
+                Arch::supported_names()
             ))
         })?;
         let key = |suffix: &str| format!("{name}.{suffix}");
@@ -185,14 +201,43 @@ impl LlamaConfig {
             Some(_) => md.get_usize(&key("attention.head_count_kv"))?,
             None => n_head,
         };
-        let rope_base = match md.get(&key("rope.freq_base")) {
-            Some(_) => md.get_float(&key("rope.freq_base"))?,
-            None => 10000.0,
+        let float_or = |suffix: &str, default: f32| match md.get(&key(suffix)) {
+            Some(_) => md.get_float(&key(suffix)),
+            None => Ok(default),
         };
-        let (n_swa, swa_period) = match (arch, md.get(&key("attention.sliding_window"))) {
-            (Arch::Gemma3, Some(_)) => (md.get_usize(&key("attention.sliding_window"))?, 6),
+        let rope_base = float_or("rope.freq_base", 10000.0)?;
+        let n_rot = match md.get(&key("rope.dimension_count")) {
+            Some(_) => md.get_usize(&key("rope.dimension_count"))?,
+            None => head_dim,
+        };
+        let rope_freq_scale = rope_scaling(file, &key)?;
+        // llama.cpp reads the window only for architectures with sliding-window layers.
+        let period = arch.default_swa_period();
+        let (n_swa, swa_period) = match md.get(&key("attention.sliding_window")) {
+            Some(_) if period > 0 => {
+                let n = md.get_usize(&key("attention.sliding_window"))?;
+                let p = match md.get(&key("attention.sliding_window_pattern")) {
+                    Some(crate::gguf::Value::Array(_)) => {
+                        return Err(Error::InvalidArgument(format!(
+                            "{}: a per-layer sliding_window_pattern array is not supported",
+                            file.source()
+                        )));
+                    }
+                    Some(_) => md.get_usize(&key("attention.sliding_window_pattern"))?,
+                    None => period,
+                };
+                (n, if n > 0 { p } else { 0 })
+            }
             _ => (0, 0),
         };
+        if let Ok(info) = file.tensor_info("rope_freqs.weight") {
+            return Err(Error::InvalidArgument(format!(
+                "{}: RoPE frequency factors ({}, Llama 3.1-style long-context scaling) are not \
+                 supported yet",
+                file.source(),
+                info.name()
+            )));
+        }
         let config = LlamaConfig {
             n_vocab: file.tensor_info("token_embd.weight")?.ne()[1],
             n_embd,
@@ -208,13 +253,48 @@ impl LlamaConfig {
             arch,
             n_swa,
             swa_period,
-            rope_base_swa: 10000.0,
+            rope_base_swa: float_or("rope.freq_base_swa", 10000.0)?,
             tied_output: file.tensor_info("output.weight").is_err(),
+            n_rot,
+            rope_freq_scale,
+            logit_softcap: float_or("final_logit_softcapping", 0.0)?,
         };
         let mut check = config.clone();
         check.weight_dtype = crate::DType::F32;
         check.validate()?;
         Ok(config)
+    }
+}
+
+/// The RoPE position scale a file asks for (`{arch}.rope.scaling.type`, default `linear`, and
+/// `{arch}.rope.scaling.factor` or the older `{arch}.rope.scale_linear`), as llama.cpp reads
+/// them: `1 / factor`, or 1 without a factor.
+fn rope_scaling(file: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<f32> {
+    let md = file.metadata();
+    let kind = match md.get(&key("rope.scaling.type")) {
+        Some(_) => md.get_str(&key("rope.scaling.type"))?.to_string(),
+        None => "linear".to_string(),
+    };
+    let factor = match (
+        md.get(&key("rope.scaling.factor")),
+        md.get(&key("rope.scale_linear")),
+    ) {
+        (Some(_), _) => md.get_float(&key("rope.scaling.factor"))?,
+        (None, Some(_)) => md.get_float(&key("rope.scale_linear"))?,
+        (None, None) => 0.0,
+    };
+    match kind.as_str() {
+        "none" => Ok(1.0),
+        "linear" if factor == 0.0 => Ok(1.0),
+        "linear" if factor.is_finite() && factor > 0.0 => Ok(1.0 / factor),
+        "linear" => Err(Error::InvalidArgument(format!(
+            "{}: RoPE scaling factor {factor} must be positive",
+            file.source()
+        ))),
+        other => Err(Error::InvalidArgument(format!(
+            "{}: RoPE scaling type {other:?} is not supported yet (supported: none, linear)",
+            file.source()
+        ))),
     }
 }
 

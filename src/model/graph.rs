@@ -1,13 +1,13 @@
 //! The graph of one evaluation step of a [`LlamaModel`] and the bytes of its inputs.
 
 use super::llama::{LlamaModel, Step};
-use crate::{Context, DType, Error, Result, RopeMode, RopeParams, TensorId};
+use crate::{Context, DType, Error, Result, RopeParams, TensorId};
 
 impl LlamaModel {
     /// Builds the step graph for `n_tokens` new tokens after `n_past` cached ones, on a context
     /// derived from the model's (a clone of [`LlamaModel::context`], possibly grown since).
     ///
-    /// Per block: RMS norm, Q/K/V projections, NeoX RoPE on Q and K, K and V rows written into the
+    /// Per block: RMS norm, Q/K/V projections, RoPE on Q and K (the architecture's pairing), K and V rows written into the
     /// caches at rows `n_past..n_past+T` (SET_ROWS, converting to F16), flash attention of Q over
     /// cache rows `0..n_past+T` (views of the SET_ROWS results, so attention runs after the write)
     /// with a causal mask, output projection and residual; then RMS norm and a SwiGLU feed-forward
@@ -42,10 +42,10 @@ impl LlamaModel {
         let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_head_kv);
         let eps = c.norm_eps;
         let rope = RopeParams {
-            n_dims: hd,
-            mode: RopeMode::Neox,
+            n_dims: c.n_rot,
+            mode: c.arch.rope_mode(),
             freq_base: c.rope_base,
-            freq_scale: 1.0,
+            freq_scale: c.rope_freq_scale,
         };
         let input = |ctx: &mut Context, name: &str, dtype: DType, shape: [usize; 2]| {
             let id = ctx.new_named(name, dtype, shape)?;
@@ -67,16 +67,22 @@ impl LlamaModel {
         };
 
         let cache_row = c.n_embd_kv() * DType::F16.type_size();
-        let kq_scale = 1.0 / (hd as f32).sqrt();
+        let kq_scale = c.kq_scale();
         let mut h = ctx.get_rows(self.tok_embd(), tokens)?;
-        if c.arch == super::Arch::Gemma3 {
+        if c.arch.scales_embeddings() {
             h = ctx.scale(h, (c.n_embd as f32).sqrt())?;
         }
         for (il, l) in self.layers().iter().enumerate() {
             let swa = c.is_swa(il);
-            let rope = RopeParams {
-                freq_base: if swa { c.rope_base_swa } else { c.rope_base },
-                ..rope
+            // llama.cpp never scales the positions of sliding-window layers.
+            let rope = if swa {
+                RopeParams {
+                    freq_base: c.rope_base_swa,
+                    freq_scale: 1.0,
+                    ..rope
+                }
+            } else {
+                rope
             };
             let x = ctx.rms_norm(h, eps)?;
             let x = ctx.mul(x, l.attn_norm)?;
@@ -142,7 +148,12 @@ impl LlamaModel {
         let (output_norm, output) = self.output_tensors();
         let x = ctx.rms_norm(h, eps)?;
         let x = ctx.mul(x, output_norm)?;
-        let logits = ctx.mul_mat(output, x)?;
+        let mut logits = ctx.mul_mat(output, x)?;
+        if c.logit_softcap > 0.0 {
+            logits = ctx.scale(logits, 1.0 / c.logit_softcap)?;
+            logits = ctx.unary(logits, crate::UnaryOp::Tanh)?;
+            logits = ctx.scale(logits, c.logit_softcap)?;
+        }
         ctx.set_name(logits, "result_output")?;
         ctx.set_output(logits)?;
         let graph = ctx.build_forward(logits)?;

@@ -1,6 +1,6 @@
 //! Models built from Tessera graphs.
 //!
-//! [`LlamaModel`] is a llama-style decoder (RMS norm, grouped-query attention with NeoX RoPE and
+//! [`LlamaModel`] is a llama-style decoder (RMS norm, grouped-query attention with RoPE (paired as its architecture does) and
 //! F16 KV caches, SwiGLU feed-forward) with deterministic synthetic weights, so benchmarks and
 //! tests need no model file. Its tensors are named as in GGUF. [`LlamaSession`] loads one on
 //! devices (whole, or layers split over several) and evaluates tokens through the

@@ -34,27 +34,37 @@ fn tiny_model_gives_finite_logits() {
 
 #[test]
 fn batched_prompt_matches_token_by_token() {
-    let model = LlamaModel::new(LlamaConfig::tiny(), SEED).unwrap();
-    let n_vocab = model.config().n_vocab;
-    let mut s = session(&model, &one_cpu());
-    let batch = s.eval(&PROMPT).unwrap();
-    s.reset();
-    let mut last = Vec::new();
-    for (i, &tok) in PROMPT.iter().enumerate() {
-        last = s.eval(&[tok]).unwrap();
-        let row = &batch[i * n_vocab..(i + 1) * n_vocab];
-        let e = nmse(&last, row);
-        assert!(e <= 1e-6, "position {i}: nmse {e}");
+    // F32 weights: the batched and the single-token paths sum in the same order, so they agree
+    // exactly. Q8_0 quantizes activations, and the tiled GEMM and the GEMV add block products
+    // in different orders, so a value at a rounding boundary can quantize one step apart
+    // (measured: 1e-15 for two positions, then ~1e-4 once a boundary value flips).
+    for (dtype, tol) in [(DType::F32, 1e-6), (DType::Q8_0, 1e-3)] {
+        let config = LlamaConfig {
+            weight_dtype: dtype,
+            ..LlamaConfig::tiny()
+        };
+        let model = LlamaModel::new(config, SEED).unwrap();
+        let n_vocab = model.config().n_vocab;
+        let mut s = session(&model, &one_cpu());
+        let batch = s.eval(&PROMPT).unwrap();
+        s.reset();
+        let mut last = Vec::new();
+        for (i, &tok) in PROMPT.iter().enumerate() {
+            last = s.eval(&[tok]).unwrap();
+            let row = &batch[i * n_vocab..(i + 1) * n_vocab];
+            let e = nmse(&last, row);
+            assert!(e <= tol, "{dtype} position {i}: nmse {e}");
+        }
+        let e = nmse(&last, &batch[(PROMPT.len() - 1) * n_vocab..]);
+        assert!(e <= tol, "{dtype} last position: nmse {e}");
+        // Continuing after a batched prompt matches continuing after single steps.
+        let after_single = s.eval(&[42]).unwrap();
+        s.reset();
+        s.eval(&PROMPT).unwrap();
+        let after_batch = s.eval(&[42]).unwrap();
+        let e = nmse(&after_batch, &after_single);
+        assert!(e <= tol, "{dtype} continuation: nmse {e}");
     }
-    let e = nmse(&last, &batch[(PROMPT.len() - 1) * n_vocab..]);
-    assert!(e <= 1e-6, "last position: nmse {e}");
-    // Continuing after a batched prompt matches continuing after single steps.
-    let after_single = s.eval(&[42]).unwrap();
-    s.reset();
-    s.eval(&PROMPT).unwrap();
-    let after_batch = s.eval(&[42]).unwrap();
-    let e = nmse(&after_batch, &after_single);
-    assert!(e <= 1e-6, "continuation: nmse {e}");
 }
 
 #[test]
