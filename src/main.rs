@@ -57,6 +57,13 @@ enum Command {
         #[arg(long, value_enum, default_value = "tiny")]
         model: cli::bench::ModelPreset,
     },
+    /// Write the reference suite's random-weight models (every architecture, F32 and quantized)
+    /// as `DIR/NAME.gguf` with their prompts as `DIR/NAME.tokens`, for recording llama.cpp's
+    /// logits (tests/reference/make_references.sh).
+    WriteReference {
+        /// Output directory (created if missing).
+        dir: std::path::PathBuf,
+    },
     /// Tensor-parallel equivalence: a small llama model on one CPU device vs split over
     /// --devices (the meta device); prints NMSE per output, exits non-zero on a failure.
     TestTp {
@@ -147,6 +154,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Devices { load } => cli::devices::run(&load).map(|_| ExitCode::SUCCESS),
         Command::Bench(args) => cli::bench::run(&args).map(|_| ExitCode::SUCCESS),
         Command::Run(args) => cli::run::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::WriteReference { dir } => {
+            std::fs::create_dir_all(&dir)?;
+            for m in tessera::model::reference::reference_models() {
+                let path = dir.join(format!("{}.gguf", m.name));
+                std::fs::write(&path, m.gguf_bytes()?)?;
+                let ids: Vec<String> = m.prompt().iter().map(i32::to_string).collect();
+                std::fs::write(dir.join(format!("{}.tokens", m.name)), ids.join(","))?;
+                eprintln!("wrote {}", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::WriteSynthetic { out, arch, model } => {
             let arch = tessera::model::Arch::from_name(&arch).ok_or_else(|| {
                 anyhow::anyhow!("unknown architecture '{arch}' (llama, qwen2, qwen3, gemma3)")

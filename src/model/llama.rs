@@ -315,6 +315,28 @@ impl LlamaModel {
         })
     }
 
+    /// This synthetic model with the Q and K projections drawn with standard deviation `std`
+    /// (uniform in ±√3·std) instead of the variance-preserving default, so attention scores are
+    /// large and attention is peaked rather than near uniform (the reference suite's models).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a model whose weights come from a source, or a `std` that
+    /// is not positive and finite.
+    pub fn with_qk_std(mut self, std: f32) -> Result<LlamaModel> {
+        if self.source.is_some() || !(std.is_finite() && std > 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "with_qk_std({std}) needs a synthetic model and a positive std"
+            )));
+        }
+        for (id, init, _) in &mut self.params {
+            let name = self.ctx.tensors()[id.index()].name();
+            if name.ends_with(".attn_q.weight") || name.ends_with(".attn_k.weight") {
+                *init = Init::Uniform(std * 3f32.sqrt());
+            }
+        }
+        Ok(self)
+    }
+
     /// The hyper-parameters.
     pub fn config(&self) -> &LlamaConfig {
         &self.config

@@ -23,6 +23,7 @@ mod config;
 mod gguf_io;
 mod graph;
 mod llama;
+pub mod reference;
 mod session;
 #[cfg(all(test, feature = "cpu"))]
 mod tests;
@@ -30,6 +31,8 @@ mod tests;
 mod tests_arch;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_real;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_reference;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_tp;
 pub mod tokenizer;

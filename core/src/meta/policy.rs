@@ -197,18 +197,18 @@ impl LlamaSplitPolicy {
         let n_gqa = self.n_head / self.n_head_kv;
         let blck_attn = Self::block(&self.attn_output_blocks, p.layer);
         let blck_ffn = Self::block(&self.ffn_down_blocks, p.layer);
-        // blck' doubles while < 128 and blck'·N < n_gqa·head_dim (head sizes like 80).
-        let mut blck_q = blck_attn;
-        while blck_q < 128 && blck_q * n < n_gqa * hd {
-            blck_q *= 2;
-        }
+        // Granularity comes from the dtypes and the heads only (meta-backend.md §8 pads the FFN
+        // to 128 and Q to 128-element blocks for kernel speed; that made widths like 704
+        // unsplittable). Axis-0 pieces of a row-split partner keep its quant blocks whole: its
+        // block is also the activations' quantization block (Q8_0 / Q8_K), so the split changes
+        // no quantization boundary.
         let (g_q, g_kv) = if mqa {
             (lcm(hd, blck_attn), 0)
         } else {
-            let g_q = lcm(n_gqa * hd, blck_q);
+            let g_q = lcm(n_gqa * hd, blck_attn);
             (g_q, g_q / n_gqa)
         };
-        let g_f = lcm(blck_ffn, 128);
+        let g_f = blck_ffn;
         let check_partner = |blck: usize| {
             let own = desc.dtype().block_size();
             if own == blck {

@@ -118,7 +118,8 @@ fn policy_gqa_states_and_totals() {
     assert_eq!(s3["blk.1.attn_q.weight"], "A1(128,0,128)");
     assert_eq!(s3["blk.1.attn_output.weight"], "A0(128,0,128)");
     assert_eq!(s3["cache_v_l1"], "A0(32,0,32)");
-    assert_eq!(s3["blk.0.ffn_down.weight"], "A0(0,128,128)");
+    // The FFN keeps only ffn_down's Q8_0 blocks (32) whole: 256 = 64 + 96 + 96.
+    assert_eq!(s3["blk.0.ffn_down.weight"], "A0(64,96,96)");
     // Not a layer tensor: rotation n_layer mod N = 2 puts the remainder on device 1.
     assert_eq!(s3["output.weight"], "A1(33,34,33)");
     check_totals(&p3, &ws);
@@ -293,10 +294,11 @@ fn check_block(n: usize, fused: bool) {
     let b = llama_block(&p, fused);
     let st = run(&p, &b).unwrap();
     let get = |n: &str| st[b.ids[n].index()].clone().unwrap();
-    let (q, kv) = if n == 2 {
-        ("128,128", "32,32")
+    let (q, kv, ff) = if n == 2 {
+        ("128,128", "32,32", "128,128")
     } else {
-        ("0,128,128", "0,32,32")
+        // F32 weights: the FFN splits to the element (256 = 85 + 85 + 86).
+        ("0,128,128", "0,32,32", "85,85,86")
     };
     let heads = |l: &str| {
         l.split(',')
@@ -317,16 +319,16 @@ fn check_block(n: usize, fused: bool) {
         ("fa", format!("A1({qh})")),
         ("fa_flat", format!("A0({q})")),
         ("h", "M".into()),
-        ("glu", format!("A0({q})")),
+        ("glu", format!("A0({ff})")),
         ("l_out", "M".into()),
     ];
     if fused {
         want.push(("qkv", format!("A0({q} | {kv} x2)")));
-        want.push(("gate_up", format!("A0({q} x2)")));
+        want.push(("gate_up", format!("A0({ff} x2)")));
     } else {
         want.push(("q_mm", format!("A0({q})")));
         want.push(("k_mm", format!("A0({kv})")));
-        want.push(("gate", format!("A0({q})")));
+        want.push(("gate", format!("A0({ff})")));
     }
     for (node, s) in want {
         let ns = get(node);

@@ -1,0 +1,205 @@
+//! The reference suite's models: small random-weight GGUF files of every supported architecture
+//! (F32 and quantized, grouped-query and single-KV-head attention), generated deterministically
+//! here and run by llama.cpp to record the logits Tessera is checked against
+//! (`tests/reference/make_references.sh`, `tests/reference/synthetic/`).
+//!
+//! Q and K projections are drawn with a standard deviation of [`QK_STD`], far above the
+//! variance-preserving default, so attention is peaked: a wrong RoPE pairing, mask or scale
+//! changes the logits a lot instead of being averaged away by near-uniform attention.
+
+use super::config::{Arch, LlamaConfig};
+use super::llama::LlamaModel;
+use super::weights::SplitMix;
+use crate::{DType, Result};
+
+/// Vocabulary of the reference models: room for the synthetic vocabulary's 256 byte tokens,
+/// which llama.cpp's SentencePiece loader needs (it looks up `<0x0A>`).
+pub const REFERENCE_VOCAB: usize = 384;
+
+/// Standard deviation of the reference models' Q and K weights.
+pub const QK_STD: f32 = 0.15;
+
+/// Tokens of each reference prompt (BOS included).
+pub const PROMPT_LEN: usize = 16;
+
+/// One model of the reference suite.
+#[derive(Clone, Debug)]
+pub struct ReferenceModel {
+    /// File stem: `{arch}-{dtype}-{attention}` plus a variant suffix.
+    pub name: String,
+    /// Hyper-parameters.
+    pub config: LlamaConfig,
+    /// Weight seed.
+    pub seed: u64,
+}
+
+impl ReferenceModel {
+    /// The model with its peaked Q/K weights.
+    ///
+    /// # Errors
+    /// As [`LlamaModel::new`].
+    pub fn model(&self) -> Result<LlamaModel> {
+        LlamaModel::new(self.config.clone(), self.seed)?.with_qk_std(QK_STD)
+    }
+
+    /// The GGUF file of the model.
+    ///
+    /// # Errors
+    /// As [`LlamaModel::to_gguf`].
+    pub fn gguf_bytes(&self) -> Result<Vec<u8>> {
+        Ok(self.model()?.to_gguf()?.to_bytes())
+    }
+
+    /// The prompt: BOS (1), then [`PROMPT_LEN`]` - 1` ids drawn from the name, past the three
+    /// special tokens.
+    pub fn prompt(&self) -> Vec<i32> {
+        let mut draws = vec![0f32; PROMPT_LEN - 1];
+        SplitMix::for_tensor(self.seed, &self.name).fill_uniform(&mut draws, 0.5, 0.5);
+        let span = (self.config.n_vocab - 3) as f32;
+        std::iter::once(1)
+            .chain(
+                draws
+                    .iter()
+                    .map(|u| 3 + ((u * span) as i32).min(span as i32 - 1)),
+            )
+            .collect()
+    }
+
+    /// Whether the weights are F32 (held to NMSE ≤ 1e-6 against llama.cpp) rather than quantized.
+    pub fn is_f32(&self) -> bool {
+        self.config.weight_dtype == DType::F32
+    }
+}
+
+/// Every model of the suite, in a fixed order.
+pub fn reference_models() -> Vec<ReferenceModel> {
+    let mut out = Vec::new();
+    for arch in Arch::ALL {
+        let base = base_config(arch);
+        // F32 with a feed-forward width (704) that no 128-element granularity divides.
+        for (tag, kv) in [("gqa", 2), ("mqa", 1)] {
+            out.push(variant(
+                format!("{}-f32-{tag}", arch.name()),
+                LlamaConfig {
+                    n_head_kv: kv,
+                    ..base.clone()
+                },
+            ));
+        }
+        out.push(variant(
+            format!("{}-q8_0-gqa", arch.name()),
+            LlamaConfig {
+                weight_dtype: DType::Q8_0,
+                n_ff: 768,
+                ..base.clone()
+            },
+        ));
+    }
+    // K-quant weights quantize activations to Q8_K blocks of 256.
+    for arch in [Arch::Llama, Arch::Qwen3] {
+        out.push(variant(
+            format!("{}-q4_k-gqa", arch.name()),
+            LlamaConfig {
+                weight_dtype: DType::Q4_K,
+                n_ff: 768,
+                ..base_config(arch)
+            },
+        ));
+    }
+    // Linear RoPE scaling (`rope.scaling.factor` 4) and final-logit soft-capping.
+    out.push(variant(
+        "llama-f32-gqa-linear4".into(),
+        LlamaConfig {
+            rope_freq_scale: 0.25,
+            ..base_config(Arch::Llama)
+        },
+    ));
+    out.push(variant(
+        "gemma3-f32-gqa-softcap".into(),
+        LlamaConfig {
+            logit_softcap: 8.0,
+            ..base_config(Arch::Gemma3)
+        },
+    ));
+    out
+}
+
+fn variant(name: String, config: LlamaConfig) -> ReferenceModel {
+    ReferenceModel {
+        name,
+        config,
+        seed: 0x7e55_e7a0,
+    }
+}
+
+fn base_config(arch: Arch) -> LlamaConfig {
+    let mut c = LlamaConfig {
+        n_vocab: REFERENCE_VOCAB,
+        n_embd: 256,
+        n_layer: 2,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_ff: 704,
+        n_ctx: 64,
+        rope_base: 10000.0,
+        norm_eps: 1e-5,
+        weight_dtype: DType::F32,
+        arch,
+        n_swa: 0,
+        swa_period: 0,
+        rope_base_swa: 10000.0,
+        tied_output: false,
+        n_rot: 64,
+        rope_freq_scale: 1.0,
+        logit_softcap: 0.0,
+    };
+    match arch {
+        Arch::Llama => {}
+        Arch::Qwen2 | Arch::Qwen3 => {
+            c.rope_base = 1_000_000.0;
+            c.norm_eps = 1e-6;
+        }
+        Arch::Gemma3 => {
+            // Layer 0 local with a 4-token window, layer 1 global; tied output.
+            c.rope_base = 1_000_000.0;
+            c.norm_eps = 1e-6;
+            c.n_swa = 4;
+            c.swa_period = 2;
+            c.tied_output = true;
+        }
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suite_is_valid_and_named_uniquely() {
+        let models = reference_models();
+        let mut names: Vec<_> = models.iter().map(|m| m.name.clone()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), models.len());
+        for m in &models {
+            m.config.validate().unwrap();
+            let p = m.prompt();
+            assert_eq!(p.len(), PROMPT_LEN);
+            assert_eq!(p[0], 1);
+            assert!(
+                p[1..]
+                    .iter()
+                    .all(|&t| (3..REFERENCE_VOCAB as i32).contains(&t))
+            );
+        }
+        // Every architecture has F32 GQA and MQA and a quantized model.
+        for arch in Arch::ALL {
+            for tag in ["f32-gqa", "f32-mqa", "q8_0-gqa"] {
+                let name = format!("{}-{tag}", arch.name());
+                assert!(names.contains(&name), "{name}");
+            }
+        }
+    }
+}

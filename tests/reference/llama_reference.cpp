@@ -1,0 +1,161 @@
+// Records llama.cpp's logits for Tessera's reference suite (tests/reference/README.md): every
+// prompt position and a greedy continuation, computed with flash attention on, plus how far
+// llama.cpp's own flash-attention-off run is from it (the tolerance quantized models are held
+// to). Built and run by make_references.sh against a llama.cpp build; not part of Tessera's build.
+//
+// usage: llama_reference MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) TOP_K N_GREEDY
+//   TOP_K = 0 writes whole rows (small vocabularies); otherwise the TOP_K largest logits and the
+//   row's sum and sum of squares.
+// output:
+//   tokens ID ...                          prompt ids (BOS and specials as llama.cpp adds them)
+//   row I fa_nmse=X [top_nmse=Y sum=S sumsq=Q] V ... | ID:V ...
+//       one per position: the prompt's, then one per greedy token fed back; fa_nmse is the NMSE
+//       of the flash-attention-off logits against these, top_nmse the same over the top-K ids
+//   greedy ID:GAP ...                      greedy tokens, GAP = lead over the runner-up
+#include "llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+static void die(const char * what) {
+    std::fprintf(stderr, "error: %s\n", what);
+    std::exit(1);
+}
+
+static llama_context * make_ctx(llama_model * model, bool flash) {
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 256;
+    cp.n_batch = 256;
+    cp.n_ubatch = 256;
+    cp.n_threads = 2;
+    cp.n_threads_batch = 2;
+    cp.flash_attn_type = flash ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    llama_context * ctx = llama_init_from_model(model, cp);
+    if (!ctx) die("context");
+    return ctx;
+}
+
+// Feeds `toks` at positions `pos0..` and returns the logits of each, n_vocab per token.
+static std::vector<float> eval(llama_context * ctx, const std::vector<llama_token> & toks, int pos0,
+                               int n_vocab) {
+    const int n = (int) toks.size();
+    llama_batch b = llama_batch_init(n, 0, 1);
+    b.n_tokens = n;
+    for (int i = 0; i < n; i++) {
+        b.token[i] = toks[i];
+        b.pos[i] = pos0 + i;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = 0;
+        b.logits[i] = 1;
+    }
+    if (llama_decode(ctx, b) != 0) die("decode");
+    std::vector<float> out((size_t) n * n_vocab);
+    for (int i = 0; i < n; i++) {
+        std::memcpy(&out[(size_t) i * n_vocab], llama_get_logits_ith(ctx, i), sizeof(float) * n_vocab);
+    }
+    llama_batch_free(b);
+    return out;
+}
+
+static double nmse(const float * a, const float * ref, const std::vector<int> & ids) {
+    double err = 0, norm = 0;
+    for (int v : ids) {
+        err += (double(a[v]) - ref[v]) * (double(a[v]) - ref[v]);
+        norm += double(ref[v]) * ref[v];
+    }
+    return err == 0 ? 0 : err / norm;
+}
+
+int main(int argc, char ** argv) {
+    if (argc != 6) die("usage: llama_reference MODEL (--tokens IDS | --prompt TEXT) TOP_K N_GREEDY");
+    const int top_k = std::atoi(argv[4]);
+    const int n_greedy = std::atoi(argv[5]);
+    llama_backend_init();
+    llama_model_params mp = llama_model_default_params();
+    llama_model * model = llama_model_load_from_file(argv[1], mp);
+    if (!model) die("load model");
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+
+    std::vector<llama_token> prompt;
+    if (std::strcmp(argv[2], "--tokens") == 0) {
+        std::string s = argv[3];
+        size_t at = 0;
+        while (at < s.size()) {
+            size_t end = s.find(',', at);
+            if (end == std::string::npos) end = s.size();
+            prompt.push_back(std::atoi(s.substr(at, end - at).c_str()));
+            at = end + 1;
+        }
+    } else {
+        std::string text = argv[3];
+        prompt.resize(text.size() + 16);
+        int n = llama_tokenize(vocab, text.c_str(), (int) text.size(), prompt.data(), (int) prompt.size(),
+                               /*add_special*/ true, /*parse_special*/ true);
+        if (n < 0) die("tokenize");
+        prompt.resize(n);
+    }
+
+    llama_context * on = make_ctx(model, true);
+    llama_context * off = make_ctx(model, false);
+    const int n = (int) prompt.size();
+    std::vector<float> rows_on = eval(on, prompt, 0, n_vocab);
+    std::vector<float> rows_off = eval(off, prompt, 0, n_vocab);
+    std::vector<llama_token> greedy;
+    std::vector<float> gaps;
+    for (int g = 0; g < n_greedy; g++) {
+        const float * l = &rows_on[rows_on.size() - n_vocab];
+        llama_token best = (llama_token) (std::max_element(l, l + n_vocab) - l);
+        float second = -INFINITY;
+        for (int v = 0; v < n_vocab; v++) {
+            if (v != best) second = std::max(second, l[v]);
+        }
+        greedy.push_back(best);
+        gaps.push_back(l[best] - second);
+        std::vector<float> a = eval(on, {best}, n + g, n_vocab);
+        std::vector<float> b = eval(off, {best}, n + g, n_vocab);
+        rows_on.insert(rows_on.end(), a.begin(), a.end());
+        rows_off.insert(rows_off.end(), b.begin(), b.end());
+    }
+
+    std::printf("tokens");
+    for (int t : prompt) std::printf(" %d", t);
+    std::printf("\n");
+    std::vector<int> all(n_vocab);
+    std::iota(all.begin(), all.end(), 0);
+    const int n_rows = (int) (rows_on.size() / n_vocab);
+    for (int i = 0; i < n_rows; i++) {
+        const float * l = &rows_on[(size_t) i * n_vocab];
+        const float * o = &rows_off[(size_t) i * n_vocab];
+        std::printf("row %d fa_nmse=%.3e", i, nmse(o, l, all));
+        if (top_k == 0) {
+            for (int v = 0; v < n_vocab; v++) std::printf(" %.7g", l[v]);
+        } else {
+            std::vector<int> idx = all;
+            std::partial_sort(idx.begin(), idx.begin() + top_k, idx.end(),
+                              [&](int a, int c) { return l[a] > l[c]; });
+            idx.resize(top_k);
+            double sum = 0, sumsq = 0;
+            for (int v = 0; v < n_vocab; v++) {
+                sum += l[v];
+                sumsq += double(l[v]) * l[v];
+            }
+            std::printf(" top_nmse=%.3e sum=%.6e sumsq=%.6e", nmse(o, l, idx), sum, sumsq);
+            for (int v : idx) std::printf(" %d:%.7g", v, l[v]);
+        }
+        std::printf("\n");
+    }
+    std::printf("greedy");
+    for (size_t g = 0; g < greedy.size(); g++) std::printf(" %d:%.4f", greedy[g], gaps[g]);
+    std::printf("\n");
+    llama_free(on);
+    llama_free(off);
+    llama_model_free(model);
+    return 0;
+}
