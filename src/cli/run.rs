@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use tessera::gguf::GgufFile;
+use tessera::model::tokenizer::{ChatTemplate, user_turn};
 use tessera::model::{LlamaModel, Tokenizer, argmax};
 
 /// Arguments of `tessera run`.
@@ -50,6 +51,17 @@ pub struct RunArgs {
     /// Parse special-token text (e.g. `<start_of_turn>`) in the prompt.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub parse_special: bool,
+    /// Wrap the prompt as one user turn with the file's chat template (as llama.cpp's
+    /// `llama_chat_apply_template`: built-in ChatML where it detects ChatML, else the Jinja
+    /// template), opening the assistant's turn.
+    #[arg(long)]
+    pub chat: bool,
+    /// With `--chat`: a system turn before the prompt.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// With `--chat`: always render the Jinja template (as llama.cpp's `--jinja`).
+    #[arg(long, requires = "chat")]
+    pub jinja: bool,
 }
 
 /// A small seeded generator for sampling (xorshift64*).
@@ -111,7 +123,20 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
     );
     let tok = Tokenizer::from_gguf(&file).context("reading the tokenizer")?;
-    let prompt = tok.encode(&args.prompt, tok.adds_bos(), args.parse_special);
+    let text = if args.chat {
+        let tmpl = ChatTemplate::from_metadata(file.metadata(), &tok)?;
+        let msgs = user_turn(args.system.as_deref(), &args.prompt);
+        let text = if args.jinja {
+            tmpl.render_jinja(&msgs, true)?
+        } else {
+            tmpl.render(&msgs, true)?
+        };
+        tracing::info!("chat prompt: {text:?}");
+        text
+    } else {
+        args.prompt.clone()
+    };
+    let prompt = tok.encode(&text, tok.adds_bos(), args.parse_special || args.chat);
     if prompt.is_empty() {
         anyhow::bail!("the prompt encodes to no tokens");
     }

@@ -157,17 +157,31 @@ impl PartialOrd for Pair {
     }
 }
 
-/// Tokens of one pre-tokenized, byte-mapped word. With `ignore_merges`, a word that is itself a
-/// token is taken whole. Symbols left that are not tokens fall back to one token per char, or
-/// the unknown token, or are dropped when the vocabulary has neither.
+/// How [`tokenize_word`] treats a word (llama.cpp's per-pre-tokenizer switches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct WordOpts {
+    /// A word that is itself a token is taken whole.
+    pub ignore_merges: bool,
+    /// Words are GPT-2 byte chars (else raw UTF-8, with `<0xXX>` byte tokens).
+    pub byte_encode: bool,
+    /// A word of newlines only that is a token is taken whole (Gemma 4).
+    pub whole_newlines: bool,
+}
+
+/// Tokens of one pre-tokenized (and, with `byte_encode`, byte-mapped) word. Symbols left that
+/// are not tokens fall back, as in llama.cpp, to a token per byte: the one-byte token text
+/// (`byte_encode`) or `<0xXX>`; bytes without one are dropped.
 pub(super) fn tokenize_word(
     vocab: &Vocab,
     merges: &Merges,
     word: &str,
-    ignore_merges: bool,
+    opts: WordOpts,
     out: &mut Vec<Token>,
 ) {
-    if ignore_merges && let Some(id) = vocab.id(word) {
+    let newlines = opts.whole_newlines && word.bytes().all(|b| b == b'\n');
+    if (opts.ignore_merges || newlines)
+        && let Some(id) = vocab.id(word)
+    {
         out.push(id);
         return;
     }
@@ -213,10 +227,16 @@ pub(super) fn tokenize_word(
         match vocab.id(s) {
             Some(id) => out.push(id),
             None => {
-                for c in s.chars() {
-                    if let Some(id) = vocab.id(c.encode_utf8(&mut [0; 4])).or(vocab.unk) {
-                        out.push(id);
-                    }
+                for b in s.bytes() {
+                    let id = if opts.byte_encode {
+                        // A lone byte of a multi-byte char is no valid token text.
+                        b.is_ascii()
+                            .then(|| vocab.id(char::from(b).encode_utf8(&mut [0; 4])))
+                            .flatten()
+                    } else {
+                        vocab.id(&format!("<0x{b:02X}>"))
+                    };
+                    out.extend(id);
                 }
             }
         }

@@ -7,7 +7,8 @@
 //!   `<0xXX>` byte tokens. (`spm.rs`)
 //! - `gpt2`: byte-level BPE: text is split into words by the pre-tokenizer named by
 //!   `tokenizer.ggml.pre` ([`PreTokenizer`]), each word's bytes are mapped to GPT-2's printable
-//!   chars and merged by the ranks of `tokenizer.ggml.merges`. (`bpe.rs`)
+//!   chars and merged by the ranks of `tokenizer.ggml.merges`. (`bpe.rs`) `gemma4` is the same
+//!   over raw UTF-8 with spaces as `▁`.
 //!
 //! Token types come from `tokenizer.ggml.token_type` (all normal if absent). Special tokens
 //! (control, user-defined, unknown) are matched as whole strings in the input, longest first:
@@ -16,21 +17,29 @@
 //! and the pieces are joined as bytes before UTF-8 decoding, so characters split over byte
 //! tokens come back whole.
 //!
-//! BOS / EOS: `tokenizer.ggml.bos_token_id` / `eos_token_id` (for `llama`, 1 and 2 when absent),
-//! added by `encode` with `add_special` per `tokenizer.ggml.add_bos_token` (default on for
-//! `llama` and the LLaMA 3 pre-tokenizer) / `add_eos_token` (default off).
+//! BOS / EOS: `tokenizer.ggml.bos_token_id` / `eos_token_id` (when absent: 1 and 2 for `llama`,
+//! 11 for `gpt2`), added by `encode` with `add_special` per `tokenizer.ggml.add_bos_token`
+//! (default on for `llama` and the pre-tokenizers llama.cpp turns it on for) / `add_eos_token`
+//! (default off).
 //!
-//! Not implemented: the `default` pre-tokenizer's extra punctuation and digit splits (it runs as
-//! `gpt2`), other pre-tokenizers and vocabulary models (WPM, UGM, RWKV: an error naming them),
-//! llama.cpp's `clean_spaces` decoding and the lstrip/rstrip attributes of special tokens.
+//! Every `tokenizer.ggml.pre` name llama.cpp accepts for BPE is implemented as llama.cpp runs it
+//! (`pretok/`); tested against llama.cpp's own outputs (`tests_llama.rs`). Chat templates:
+//! `chat.rs`.
+//!
+//! Not implemented: other vocabulary models (WPM, UGM, RWKV: an error naming them), llama.cpp's
+//! `clean_spaces` decoding and the lstrip/rstrip attributes of special tokens.
 
 mod bpe;
+mod chat;
 mod pretok;
 mod spm;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_llama;
 
-pub use pretok::PreTokenizer;
+pub use chat::{ChatError, ChatMessage, ChatTemplate, KEY_CHAT_TEMPLATE, user_turn};
+pub use pretok::{KnownNames, PreSplitter, PreTokenizer};
 
 use crate::gguf::{GgufError, GgufFile, Metadata};
 use std::collections::HashMap;
@@ -130,7 +139,7 @@ pub enum TokenizerError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
     /// `tokenizer.ggml.model` names a model this tokenizer does not implement.
-    #[error("{file}: unsupported tokenizer model {model:?} (supported: llama, gpt2)")]
+    #[error("{file}: unsupported tokenizer model {model:?} (supported: llama, gpt2, gemma4)")]
     UnsupportedModel {
         /// The file.
         file: String,
@@ -140,7 +149,7 @@ pub enum TokenizerError {
     /// `tokenizer.ggml.pre` names a pre-tokenizer this tokenizer does not implement.
     #[error(
         "{file}: unsupported pre-tokenizer {pre:?} (supported: {})",
-        PreTokenizer::SUPPORTED
+        PreTokenizer::KNOWN
     )]
     UnsupportedPreTokenizer {
         /// The file.
@@ -193,8 +202,10 @@ enum Model {
     Spm,
     Bpe {
         merges: bpe::Merges,
-        pre: PreTokenizer,
-        ignore_merges: bool,
+        pre: PreSplitter,
+        opts: bpe::WordOpts,
+        /// Spaces become `▁` before splitting (SentencePiece-style BPE).
+        escape_whitespaces: bool,
     },
 }
 
@@ -276,6 +287,13 @@ impl Tokenizer {
                 .collect::<Result<Vec<_>, _>>()?,
         };
         check_len(KEY_TOKEN_TYPE, types.len())?;
+        // llama.cpp marks end-of-generation tokens found by text as control tokens.
+        let mut types = types;
+        for (t, ty) in tokens.iter().zip(types.iter_mut()) {
+            if EOG_TEXTS.contains(&t.as_str()) {
+                *ty = TokenType::Control;
+            }
+        }
         let id_of = |key: &str| -> Result<Option<Token>, TokenizerError> {
             if !md.contains(key) {
                 return Ok(None);
@@ -306,31 +324,42 @@ impl Tokenizer {
                 flag(KEY_ADD_BOS, true)?,
                 flag(KEY_ADD_SPACE_PREFIX, true)?,
             ),
-            "gpt2" => {
+            "gpt2" | "gemma4" => {
                 let merges = bpe::Merges::parse(md.get_str_array(KEY_MERGES)?)
                     .map_err(|r| invalid(KEY_MERGES, r))?;
-                let pre_name = if md.contains(KEY_PRE) {
+                let pre_name = if model_name == "gemma4" {
+                    "gemma4"
+                } else if md.contains(KEY_PRE) {
                     md.get_str(KEY_PRE)?
                 } else {
                     "default"
                 };
-                let pre = PreTokenizer::from_gguf_name(pre_name).ok_or_else(|| {
+                let (pre, quirks) = PreTokenizer::lookup(pre_name).ok_or_else(|| {
                     TokenizerError::UnsupportedPreTokenizer {
                         file: md.source().to_string(),
                         pre: pre_name.to_string(),
                     }
                 })?;
-                let llama3 = pre == PreTokenizer::Llama3;
+                let splitter = pre.splitter().map_err(|r| invalid(KEY_PRE, r))?;
+                // llama.cpp's defaults: BOS = EOS = 11 for `gpt2`, none for `gemma4` or where
+                // the pre-tokenizer clears BOS; Gemma 4 always adds BOS.
+                let default_special = (model_name == "gpt2").then(|| in_vocab(11)).flatten();
+                let bos = id_of(KEY_BOS)?.or(default_special.filter(|_| !quirks.no_bos));
+                let add_bos = flag(KEY_ADD_BOS, quirks.add_bos)? || pre == PreTokenizer::Gemma4;
                 let model = Model::Bpe {
                     merges,
-                    pre,
-                    ignore_merges: llama3,
+                    pre: splitter,
+                    opts: bpe::WordOpts {
+                        ignore_merges: quirks.ignore_merges,
+                        byte_encode: pre.byte_encode(),
+                        whole_newlines: pre == PreTokenizer::Gemma4,
+                    },
+                    escape_whitespaces: quirks.escape_whitespaces,
                 };
-                let add_bos = flag(KEY_ADD_BOS, llama3)?;
                 (
                     model,
-                    id_of(KEY_BOS)?,
-                    id_of(KEY_EOS)?,
+                    bos,
+                    id_of(KEY_EOS)?.or(default_special),
                     id_of(KEY_UNK)?,
                     add_bos,
                     false,
@@ -404,7 +433,7 @@ impl Tokenizer {
         self.vocab.tokens.len()
     }
 
-    /// The vocabulary model name (`llama` or `gpt2`).
+    /// The vocabulary model (`llama` or `gpt2`; Gemma 4's `gemma4` BPE reports `gpt2`).
     pub fn model_name(&self) -> &'static str {
         match self.model {
             Model::Spm => "llama",
@@ -420,11 +449,11 @@ impl Tokenizer {
         }
     }
 
-    /// The pre-tokenizer of a `gpt2` vocabulary.
+    /// The pre-tokenizer of a BPE vocabulary.
     pub fn pre_tokenizer(&self) -> Option<PreTokenizer> {
-        match self.model {
+        match &self.model {
             Model::Spm => None,
-            Model::Bpe { pre, .. } => Some(pre),
+            Model::Bpe { pre, .. } => Some(pre.kind()),
         }
     }
 
@@ -510,20 +539,28 @@ impl Tokenizer {
             Model::Bpe {
                 merges,
                 pre,
-                ignore_merges,
+                opts,
+                escape_whitespaces,
             } => {
                 for f in fragments {
                     match f {
                         Fragment::Text(t) => {
+                            let escaped;
+                            let t = if *escape_whitespaces {
+                                escaped = t.replace(' ', "\u{2581}");
+                                escaped.as_str()
+                            } else {
+                                t
+                            };
                             for word in pre.split(t) {
-                                let mapped = bpe::encode_bytes(word);
-                                bpe::tokenize_word(
-                                    &self.vocab,
-                                    merges,
-                                    &mapped,
-                                    *ignore_merges,
-                                    &mut out,
-                                );
+                                let mapped;
+                                let word = if opts.byte_encode {
+                                    mapped = bpe::encode_bytes(word);
+                                    mapped.as_str()
+                                } else {
+                                    word
+                                };
+                                bpe::tokenize_word(&self.vocab, merges, word, *opts, &mut out);
                             }
                         }
                         Fragment::Special(id) => out.push(id),
@@ -597,7 +634,10 @@ impl Tokenizer {
                         out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
                     }
                 }
-                Model::Bpe { .. } => bpe::decode_bytes(text, out),
+                Model::Bpe { opts, .. } if opts.byte_encode => bpe::decode_bytes(text, out),
+                Model::Bpe { .. } => {
+                    out.extend_from_slice(text.replace('\u{2581}', " ").as_bytes());
+                }
             },
             TokenType::UserDefined => out.extend_from_slice(text.as_bytes()),
             TokenType::Control | TokenType::Unknown => {
@@ -660,6 +700,33 @@ impl Tokenizer {
         frags
     }
 }
+
+/// Texts llama.cpp takes for end-of-generation tokens and makes control tokens, whatever
+/// their stored type (`llama_vocab::impl::load`).
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+];
 
 /// The byte of a `<0xXX>` token text.
 fn parse_byte_token(text: &str) -> Option<u8> {

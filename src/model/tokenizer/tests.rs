@@ -189,7 +189,7 @@ fn bpe(pre: &str) -> Tokenizer {
 
 #[test]
 fn bpe_merges_by_rank() {
-    let t = bpe("gpt2");
+    let t = bpe("gpt-2");
     assert_eq!(
         (t.n_vocab(), t.merge_count(), t.model_name()),
         (265, 7, "gpt2")
@@ -223,7 +223,17 @@ fn bpe_llama3_takes_whole_word_tokens_and_adds_bos() {
 
 #[test]
 fn bpe_round_trips_and_specials() {
-    for pre in ["gpt2", "llama3", "qwen2", "default"] {
+    for pre in [
+        "gpt-2",
+        "llama3",
+        "qwen2",
+        "default",
+        "smollm",
+        "falcon",
+        "deepseek-llm",
+        "tekken",
+        "bloom",
+    ] {
         let t = bpe(pre);
         for text in [
             "hello the world",
@@ -292,7 +302,10 @@ fn random_texts() -> Vec<String> {
 #[test]
 fn random_texts_round_trip() {
     let spm = spm();
-    let bpes = ["gpt2", "llama3", "qwen2"].map(bpe);
+    let bpes = [
+        "gpt-2", "llama3", "qwen2", "smollm", "gpt-4o", "kimi-k2", "afmoe",
+    ]
+    .map(bpe);
     for text in random_texts() {
         let ids = spm.encode(&text, true, false);
         assert_eq!(spm.decode(&ids, false).unwrap(), text, "spm {ids:?}");
@@ -323,12 +336,20 @@ fn vocabulary_errors_are_typed() {
     md.set(KEY_MODEL, "bert");
     assert!(matches!(err(&md), TokenizerError::UnsupportedModel { model, .. } if model == "bert"));
 
-    let mut md = bpe_metadata("falcon");
-    assert!(matches!(
-        err(&md),
-        TokenizerError::UnsupportedPreTokenizer { .. }
-    ));
-    md.set(KEY_PRE, "gpt2");
+    let mut md = bpe_metadata("no-such-pre");
+    let e = err(&md);
+    assert!(
+        matches!(e, TokenizerError::UnsupportedPreTokenizer { ref pre, .. } if pre == "no-such-pre")
+    );
+    // The message names the value and lists every name llama.cpp accepts.
+    let msg = e.to_string();
+    assert!(msg.contains("\"no-such-pre\"") && msg.contains("smollm") && msg.contains("llama-bpe"));
+    assert_eq!(PreTokenizer::names().count(), 91);
+    for name in PreTokenizer::names() {
+        let splitter = PreTokenizer::from_gguf_name(name).unwrap().splitter();
+        assert!(splitter.is_ok(), "{name}: {:?}", splitter.err());
+    }
+    md.set(KEY_PRE, "gpt-2");
     md.set(KEY_MERGES, vec!["nospace"]);
     assert!(matches!(err(&md), TokenizerError::InvalidVocab { key, .. } if key == KEY_MERGES));
 
@@ -364,7 +385,7 @@ fn vocabulary_errors_are_typed() {
         e => panic!("{e}"),
     }
 
-    let mut md = bpe_metadata("gpt2");
+    let mut md = bpe_metadata("gpt-2");
     md.set(KEY_ADD_BOS, true);
     md.set(KEY_BOS, Value::from("x"));
     assert!(matches!(err(&md), TokenizerError::Gguf(_)));
