@@ -1,6 +1,8 @@
 //! `tessera test-tp`: the tensor-parallel equivalence check. A small llama model (F32 and Q8_0
-//! weights) runs on one CPU device and on a meta device over the chosen devices; the logits of a
-//! prompt and of two decode steps are compared by NMSE.
+//! weights) runs unsplit on the first of the chosen devices and split over all of them (the meta
+//! device); the logits of a prompt and of two decode steps are compared by NMSE. The split is
+//! held to [`SPLIT_TOLERANCE`] against the same backend unsplit; the backend's difference from
+//! the CPU backend is reported separately, against that backend's own tolerance.
 
 use anyhow::Context as _;
 use std::sync::Arc;
@@ -11,11 +13,16 @@ use tessera::{BackendOptions, DType, Device, registry};
 const SEED: u64 = 0x7e57;
 const PROMPT: [i32; 12] = [1, 17, 200, 3, 255, 9, 64, 128, 31, 32, 33, 7];
 
-/// NMSE bound for F32 weights (the criterion).
-pub const F32_TOLERANCE: f64 = 1e-6;
-/// NMSE bound for Q8_0 weights: llama.cpp's bound on logits. Activations are quantized to Q8_0
-/// per block, so a last-bit difference in a partial sum can move a value to the next step.
-pub const Q8_TOLERANCE: f64 = 1e-4;
+/// NMSE bound of a split against the same backend unsplit: only the order of partial sums
+/// differs (measured 0–1e-10 on the CPU and SYCL devices).
+pub const SPLIT_TOLERANCE: f64 = 1e-5;
+
+/// NMSE bound of a backend (unsplit) against the CPU backend for `dtype` weights: F32 agrees to
+/// float rounding; with quantized weights the CPU quantizes activations to Q8_0 / Q8_K as ggml
+/// does while the GPU kernels (CUDA, HIP, SYCL) multiply f32 activations (measured 2e-4 on SYCL).
+pub fn backend_tolerance(dtype: DType) -> f64 {
+    if dtype.is_quantized() { 1e-3 } else { 1e-6 }
+}
 
 /// One compared output.
 pub struct Row {
@@ -47,16 +54,32 @@ pub fn run(devices: &[Arc<dyn Device>], ratios: &[f32], generic: bool) -> anyhow
     );
     let mut ok = true;
     let mut path = String::new();
-    for (dtype, tol) in [(DType::F32, F32_TOLERANCE), (DType::Q8_0, Q8_TOLERANCE)] {
+    let first = devices
+        .first()
+        .cloned()
+        .context("test-tp needs at least one device")?;
+    let on_cpu = first.kind() == tessera::DeviceType::Cpu;
+    for dtype in [DType::F32, DType::Q8_0] {
         let config = LlamaConfig {
             weight_dtype: dtype,
             n_layer: 3,
             ..LlamaConfig::tiny()
         };
         let model = LlamaModel::new(config, SEED)?;
-        let reference = registry().select("cpu:1")?;
         let ld = layer_devices(model.config().n_layer, &[], 1)?;
-        let mut single = LlamaSession::new(&model, &reference, &ld, SchedOptions::default())?;
+        let mut unsplit =
+            LlamaSession::new(&model, &[first.clone()], &ld, SchedOptions::default())?;
+        let mut cpu = if on_cpu {
+            None
+        } else {
+            let cpu = registry().select("cpu:1")?;
+            Some(LlamaSession::new(
+                &model,
+                &cpu,
+                &ld,
+                SchedOptions::default(),
+            )?)
+        };
         let meta = model
             .meta_device(devices, ratios)
             .context("making the meta device")?
@@ -65,29 +88,39 @@ pub fn run(devices: &[Arc<dyn Device>], ratios: &[f32], generic: bool) -> anyhow
             .context("splitting the model")?;
         path = tp.backend().comm_path().to_string();
         for (i, chunk) in [&PROMPT[..], &[5], &[6]].iter().enumerate() {
-            let want = single.eval(chunk)?;
+            let want = unsplit.eval(chunk)?;
             let got = tp.eval(chunk)?;
-            let e = nmse(&got, &want);
-            let row = Row {
-                dtype,
-                output: if i == 0 {
-                    format!("prompt logits ({} tokens)", chunk.len())
-                } else {
-                    format!("decode {i} logits")
-                },
-                nmse: e,
-                tolerance: tol,
+            let output = if i == 0 {
+                format!("prompt logits ({} tokens)", chunk.len())
+            } else {
+                format!("decode {i} logits")
             };
-            let pass = row.nmse <= row.tolerance;
-            ok &= pass;
-            println!(
-                "  {:<5} {:<26} NMSE {:>10.3e} (≤ {:.0e})  {}",
-                row.dtype.to_string(),
-                row.output,
-                row.nmse,
-                row.tolerance,
-                if pass { "ok" } else { "FAIL" }
-            );
+            let mut rows = vec![Row {
+                dtype,
+                output: format!("{output}, split vs {}", first.name()),
+                nmse: nmse(&got, &want),
+                tolerance: SPLIT_TOLERANCE,
+            }];
+            if let Some(cpu) = cpu.as_mut() {
+                rows.push(Row {
+                    dtype,
+                    output: format!("{output}, {} vs CPU", first.name()),
+                    nmse: nmse(&want, &cpu.eval(chunk)?),
+                    tolerance: backend_tolerance(dtype),
+                });
+            }
+            for row in rows {
+                let pass = row.nmse <= row.tolerance;
+                ok &= pass;
+                println!(
+                    "  {:<5} {:<44} NMSE {:>10.3e} (≤ {:.0e})  {}",
+                    row.dtype.to_string(),
+                    row.output,
+                    row.nmse,
+                    row.tolerance,
+                    if pass { "ok" } else { "FAIL" }
+                );
+            }
         }
         let per_dev: Vec<String> = tp
             .weight_bytes_per_device()
