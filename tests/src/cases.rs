@@ -289,13 +289,15 @@ impl Case {
 
 /// The dtypes the GPU kernels (CUDA, HIP, SYCL: `kernels/cuda`) implement; conformance cases with
 /// other dtypes (the K-quants, Q5_0) are outside their coverage.
-pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 6] = [
+pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 8] = [
     tessera_core::DType::F32,
     tessera_core::DType::F16,
     tessera_core::DType::BF16,
     tessera_core::DType::I32,
     tessera_core::DType::Q8_0,
     tessera_core::DType::Q4_0,
+    tessera_core::DType::Q4_1,
+    tessera_core::DType::Q5_1,
 ];
 
 // ===== Sources with layouts =====
