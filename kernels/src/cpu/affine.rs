@@ -116,7 +116,11 @@ pub fn quantize_row_q5_1(src: &[f32], dst: &mut [u8]) {
 /// Level `j` (0..32) of a Q4_1 (`qh == 0`) or Q5_1 block's nibbles `qs` and fifth bits `qh`.
 #[inline]
 pub(crate) fn affine_level(qs: &[u8], qh: u32, j: usize) -> i32 {
-    let nib = if j < 16 { qs[j] & 0x0F } else { qs[j - 16] >> 4 };
+    let nib = if j < 16 {
+        qs[j] & 0x0F
+    } else {
+        qs[j - 16] >> 4
+    };
     i32::from(nib) | ((((qh >> j) & 1) << 4) as i32)
 }
 

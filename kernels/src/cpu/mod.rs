@@ -35,9 +35,9 @@ pub use affine::{
 };
 pub use convert::{bf16_to_f32_row, f16_to_f32_row, f32_to_bf16_row, f32_to_f16_row};
 pub use dot::{
-    dot_f32, dot_f32_with_isa, vec_dot_q4_0_q8_0, vec_dot_q4_1_q8_1, vec_dot_q4_1_q8_1_with_isa,
-    vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_with_isa, vec_dot_q4_0_q8_0_with_isa, vec_dot_q4_k_q8_k,
-    vec_dot_q4_k_q8_k_with_isa, vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_with_isa, vec_dot_q5_k_q8_k,
+    dot_f32, dot_f32_with_isa, vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_with_isa, vec_dot_q4_1_q8_1,
+    vec_dot_q4_1_q8_1_with_isa, vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_with_isa, vec_dot_q5_0_q8_0,
+    vec_dot_q5_0_q8_0_with_isa, vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_with_isa, vec_dot_q5_k_q8_k,
     vec_dot_q5_k_q8_k_with_isa, vec_dot_q6_k_q8_k, vec_dot_q6_k_q8_k_with_isa, vec_dot_q8_0_q8_0,
     vec_dot_q8_0_q8_0_with_isa,
 };

@@ -313,7 +313,8 @@ pub(crate) unsafe fn q_tile<const KIND: u8, const S: usize, const C: usize>(
                     acc[s][c] =
                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw[s], d), acc[s][c]);
                     if kind_affine(KIND) {
-                        acc[s][c] = _mm512_fmadd_ps(mw[s], _mm512_set1_ps(*sy[c].add(b)), acc[s][c]);
+                        acc[s][c] =
+                            _mm512_fmadd_ps(mw[s], _mm512_set1_ps(*sy[c].add(b)), acc[s][c]);
                     }
                 }
             }
