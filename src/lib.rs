@@ -106,6 +106,8 @@ pub fn encode_f32(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
         DType::Q8_0 => k::quantize_row_q8_0(values, &mut out),
         DType::Q4_0 => k::quantize_row_q4_0(values, &mut out),
         DType::Q5_0 => k::quantize_row_q5_0(values, &mut out),
+        DType::Q4_1 => k::quantize_row_q4_1(values, &mut out),
+        DType::Q5_1 => k::quantize_row_q5_1(values, &mut out),
         DType::Q4_K => k::quantize_row_q4_k(values, &mut out),
         DType::Q5_K => k::quantize_row_q5_k(values, &mut out),
         DType::Q6_K => k::quantize_row_q6_k(values, &mut out),
@@ -149,6 +151,8 @@ pub fn decode_to_f32(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
         DType::Q8_0 => k::dequantize_row_q8_0(bytes, &mut out),
         DType::Q4_0 => k::dequantize_row_q4_0(bytes, &mut out),
         DType::Q5_0 => k::dequantize_row_q5_0(bytes, &mut out),
+        DType::Q4_1 => k::dequantize_row_q4_1(bytes, &mut out),
+        DType::Q5_1 => k::dequantize_row_q5_1(bytes, &mut out),
         DType::Q4_K => k::dequantize_row_q4_k(bytes, &mut out),
         DType::Q5_K => k::dequantize_row_q5_k(bytes, &mut out),
         DType::Q6_K => k::dequantize_row_q6_k(bytes, &mut out),
@@ -172,6 +176,8 @@ mod tests {
             DType::Q8_0,
             DType::Q4_0,
             DType::Q5_0,
+            DType::Q4_1,
+            DType::Q5_1,
             DType::Q4_K,
             DType::Q5_K,
             DType::Q6_K,
@@ -184,8 +190,8 @@ mod tests {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
             let tol = match d {
-                DType::Q4_0 | DType::Q4_K => 0.3,
-                DType::Q5_0 | DType::Q5_K => 0.15,
+                DType::Q4_0 | DType::Q4_1 | DType::Q4_K => 0.3,
+                DType::Q5_0 | DType::Q5_1 | DType::Q5_K => 0.15,
                 DType::Q6_K | DType::Q8_K => 0.05,
                 _ => 0.02,
             };

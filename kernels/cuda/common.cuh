@@ -27,10 +27,14 @@ typedef long long i64;
 #define T_I32 3
 #define T_Q8_0 4
 #define T_Q4_0 5
+#define T_Q4_1 6
+#define T_Q5_1 7
 
 #define QK 32
 #define Q8_0_BYTES 34
 #define Q4_0_BYTES 18
+#define Q4_1_BYTES 20
+#define Q5_1_BYTES 24
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -140,15 +144,43 @@ __device__ __forceinline__ float block_scale(const char* blk) {
     return h2f((u16)(b[0] | (b[1] << 8)));
 }
 
+__device__ __forceinline__ bool is_quant(int type) {
+    return type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_1;
+}
+
+__device__ __forceinline__ int quant_block_bytes(int type) {
+    switch (type) {
+    case T_Q8_0: return Q8_0_BYTES;
+    case T_Q4_1: return Q4_1_BYTES;
+    case T_Q5_1: return Q5_1_BYTES;
+    default: return Q4_0_BYTES;
+    }
+}
+
+// Level j (0..31, unsigned) of a Q4_1 / Q5_1 block: f16 d, f16 m, [Q5_1: u32 fifth bits], 16
+// nibble bytes (element j: low nibble of byte j, or high nibble of byte j - 16). x = level*d + m.
+__device__ __forceinline__ int affine_level(const char* blk, int type, int j) {
+    const u8* b = (const u8*)blk;
+    u8 q = b[(type == T_Q5_1 ? 8 : 4) + (j & 15)];
+    int level = j < 16 ? (q & 15) : (q >> 4);
+    if (type == T_Q5_1) {
+        u32 qh = (u32)b[4] | ((u32)b[5] << 8) | ((u32)b[6] << 16) | ((u32)b[7] << 24);
+        level |= (int)((qh >> j) & 1u) << 4;
+    }
+    return level;
+}
+
 // Element i0 of a quantized row.
 __device__ __forceinline__ float ld_quant(const char* row, int type, i64 i0) {
     i64 blk = i0 / QK;
     int j = (int)(i0 % QK);
+    const char* b = row + blk * quant_block_bytes(type);
     if (type == T_Q8_0) {
-        const char* b = row + blk * Q8_0_BYTES;
         return (float)((signed char)b[2 + j]) * block_scale(b);
     }
-    const char* b = row + blk * Q4_0_BYTES;
+    if (type == T_Q4_1 || type == T_Q5_1) {
+        return (float)affine_level(b, type, j) * block_scale(b) + block_scale(b + 2);
+    }
     u8 q = (u8)b[2 + (j & 15)];
     int nib = j < 16 ? (q & 15) : (q >> 4);
     return (float)(nib - 8) * block_scale(b);
@@ -160,7 +192,7 @@ __device__ __forceinline__ const char* row_ptr(const Tensor& t, i64 i1, i64 i2, 
 
 __device__ __forceinline__ float ld(const Tensor& t, i64 i0, i64 i1, i64 i2, i64 i3) {
     const char* row = row_ptr(t, i1, i2, i3);
-    if (t.type == T_Q8_0 || t.type == T_Q4_0) {
+    if (is_quant(t.type)) {
         return ld_quant(row, t.type, i0);
     }
     return ld_scalar(row + i0 * t.nb[0], t.type);

@@ -32,11 +32,59 @@ extern "C" __global__ void k_copy_rows(Tensor dst, Tensor src, i64 row_bytes, i6
     }
 }
 
+// Stores f32 `v` as the f16 at `y` (little-endian).
+__device__ __forceinline__ void put_h(u8* y, float v) {
+    u16 h = f2h(v);
+    y[0] = (u8)(h & 0xff);
+    y[1] = (u8)(h >> 8);
+}
+
+// Quantizes 32 values into one Q4_1 / Q5_1 block as ggml's quantize_row_q4_1_ref /
+// quantize_row_q5_1_ref: levels above the block minimum, d = (max - min) / (2^bits - 1).
+__device__ __forceinline__ void quantize_affine_block(const float* x, u8* y, int type) {
+    float lo = 3.402823466e+38f, hi = -3.402823466e+38f;
+    for (int j = 0; j < QK; j++) {
+        if (x[j] < lo) {
+            lo = x[j];
+        }
+        if (x[j] > hi) {
+            hi = x[j];
+        }
+    }
+    bool q5 = type == T_Q5_1;
+    float d = (hi - lo) / (q5 ? 31.0f : 15.0f);
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    put_h(y, d);
+    put_h(y + 2, lo);
+    u8* qs = y + (q5 ? 8 : 4);
+    u32 qh = 0;
+    for (int j = 0; j < QK / 2; j++) {
+        // Clamped only so the float-to-int conversion is defined; in-range values are as in C.
+        int q0 = (int)fminf(fmaxf((x[j] - lo) * id + 0.5f, 0.0f), 255.0f);
+        int q1 = (int)fminf(fmaxf((x[j + QK / 2] - lo) * id + 0.5f, 0.0f), 255.0f);
+        if (!q5) {
+            q0 = min(q0, 15);
+            q1 = min(q1, 15);
+        }
+        qs[j] = (u8)((q0 & 15) | ((q1 & 15) << 4));
+        qh |= (u32)((q0 & 0x10) >> 4) << j;
+        qh |= (u32)((q1 & 0x10) >> 4) << (j + QK / 2);
+    }
+    if (q5) {
+        y[4] = (u8)(qh & 0xff);
+        y[5] = (u8)((qh >> 8) & 0xff);
+        y[6] = (u8)((qh >> 16) & 0xff);
+        y[7] = (u8)(qh >> 24);
+    }
+}
+
 // Quantizes the 32 values read by `get` into one block at `out`, bit-exactly as ggml's
-// quantize_row_q8_0_ref / quantize_row_q4_0_ref.
+// quantize_row_q8_0_ref / quantize_row_q4_0_ref (Q4_1 / Q5_1: quantize_affine_block).
 __device__ __forceinline__ void quantize_block(const float* x, char* out, int type) {
     u8* y = (u8*)out;
-    if (type == T_Q8_0) {
+    if (type == T_Q4_1 || type == T_Q5_1) {
+        quantize_affine_block(x, y, type);
+    } else if (type == T_Q8_0) {
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) {
             float a = fabsf(x[j]);
@@ -75,10 +123,6 @@ __device__ __forceinline__ void quantize_block(const float* x, char* out, int ty
     }
 }
 
-__device__ __forceinline__ int block_bytes(int type) {
-    return type == T_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
-}
-
 // One thread per block of a quantized dst (same shape as src, rows contiguous).
 extern "C" __global__ void k_quantize(Tensor dst, Tensor src, i64 n_blocks) {
     i64 per_row = dst.ne[0] / QK;
@@ -91,7 +135,7 @@ extern "C" __global__ void k_quantize(Tensor dst, Tensor src, i64 n_blocks) {
         for (int j = 0; j < QK; j++) {
             x[j] = ld(src, blk * QK + j, i[1], i[2], i[3]);
         }
-        quantize_block(x, (char*)row_ptr(dst, i[1], i[2], i[3]) + blk * block_bytes(dst.type), dst.type);
+        quantize_block(x, (char*)row_ptr(dst, i[1], i[2], i[3]) + blk * quant_block_bytes(dst.type), dst.type);
     }
 }
 
@@ -151,7 +195,7 @@ extern "C" __global__ void k_set_rows_q(Tensor dst, Tensor src, Tensor ids, int*
             for (int j = 0; j < QK; j++) {
                 x[j] = ld(src, blk * QK + j, i1, i2, i3);
             }
-            quantize_block(x, (char*)row_ptr(dst, idx, i2, i3) + blk * block_bytes(dst.type), dst.type);
+            quantize_block(x, (char*)row_ptr(dst, idx, i2, i3) + blk * quant_block_bytes(dst.type), dst.type);
         }
     }
 }

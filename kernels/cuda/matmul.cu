@@ -1,6 +1,6 @@
 // MUL_MAT: dst[m, n, b2, b3] (f32) = w[k, m, w2, w3]^T · x[k, n, b2, b3], weights broadcast over
 // the batch axes (plane (i2, i3) of dst uses weight plane (i2 / r2, i3 / r3)).
-// Weights: F32, F16, BF16 (any row stride), Q8_0, Q4_0; activations: any float type and strides.
+// Weights: F32, F16, BF16 (any row stride), Q8_0, Q4_0, Q4_1, Q5_1; activations: any float type and strides.
 #include "common.cuh"
 
 // Plane bookkeeping shared by the kernels.
@@ -39,7 +39,7 @@ extern "C" __global__ void k_mul_mat_vec_f(Tensor dst, Tensor w, Tensor x, i64 r
     }
 }
 
-// Dequantising GEMV for Q8_0 / Q4_0 weights: one warp per (row, column, plane); each lane takes
+// Dequantising GEMV for Q8_0 / Q4_0 / Q4_1 / Q5_1 weights: one warp per (row, column, plane); each lane takes
 // whole blocks, so a warp reads 32 consecutive blocks per step.
 extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -64,7 +64,7 @@ extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r
                 part += (float)((signed char)blk[2 + j]) * ld(x, k0 + j, col, i2, i3);
             }
             s += part * block_scale(blk);
-        } else {
+        } else if (w.type == T_Q4_0) {
             const char* blk = wr + b * Q4_0_BYTES;
             for (int j = 0; j < QK / 2; j++) {
                 u8 q = (u8)blk[2 + j];
@@ -72,6 +72,16 @@ extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r
                 part += (float)((int)(q >> 4) - 8) * ld(x, k0 + j + QK / 2, col, i2, i3);
             }
             s += part * block_scale(blk);
+        } else {
+            // Affine blocks: d * sum(level * x) + m * sum(x).
+            const char* blk = wr + b * quant_block_bytes(w.type);
+            float xsum = 0.0f;
+            for (int j = 0; j < QK; j++) {
+                float xv = ld(x, k0 + j, col, i2, i3);
+                part += (float)affine_level(blk, w.type, j) * xv;
+                xsum += xv;
+            }
+            s += part * block_scale(blk) + xsum * block_scale(blk + 2);
         }
     }
     s = warp_sum(s);

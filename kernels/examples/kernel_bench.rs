@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use tessera_kernels::cpu::{
     Isa, WeightType, act_row_bytes, act_type, active_isa, mul_mat_tile_with_isa, prepare_act,
-    quantize_row_q4_0, quantize_row_q4_k, quantize_row_q5_0, quantize_row_q5_k, quantize_row_q6_k,
-    quantize_row_q8_0,
+    quantize_row_q4_0, quantize_row_q4_1, quantize_row_q4_k, quantize_row_q5_0, quantize_row_q5_1,
+    quantize_row_q5_k, quantize_row_q6_k, quantize_row_q8_0,
 };
 
 fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -53,6 +53,8 @@ fn encode(wt: WeightType, vals: &[f32], k: usize) -> Vec<u8> {
             WeightType::Q8_0 => quantize_row_q8_0(src, dst),
             WeightType::Q4_0 => quantize_row_q4_0(src, dst),
             WeightType::Q5_0 => quantize_row_q5_0(src, dst),
+            WeightType::Q4_1 => quantize_row_q4_1(src, dst),
+            WeightType::Q5_1 => quantize_row_q5_1(src, dst),
             WeightType::Q4_K => quantize_row_q4_k(src, dst),
             WeightType::Q5_K => quantize_row_q5_k(src, dst),
             WeightType::Q6_K => quantize_row_q6_k(src, dst),

@@ -1,6 +1,7 @@
 // Prints the golden values of kernels/src/cpu/kquant_golden.rs from ggml itself: FNV-1a 64 hashes
 // of ggml's reference quantizers' output (and of ggml's dequantizers applied to it) for
-// deterministic inputs, plus ggml's CPU vec_dot results on those bytes.
+// deterministic inputs, plus ggml's CPU vec_dot results on those bytes. Q8_1 (the activation form
+// of the Q4_1 / Q5_1 dots) has no ggml dequantizer: only its quantized bytes are hashed.
 //
 // The input generator is mirrored exactly in the Rust test (xorshift32; every float operation is
 // exact or done in the same order). Build against a ggml build (ggml-base is compiled without
@@ -16,12 +17,17 @@
 #include "ggml-cpu.h"
 
 void quantize_row_q5_0_ref(const float * x, void * y, int64_t k);
+void quantize_row_q4_1_ref(const float * x, void * y, int64_t k);
+void quantize_row_q5_1_ref(const float * x, void * y, int64_t k);
+void quantize_row_q8_1_ref(const float * x, void * y, int64_t k);
 void quantize_row_q8_0_ref(const float * x, void * y, int64_t k);
 void quantize_row_q4_K_ref(const float * x, void * y, int64_t k);
 void quantize_row_q5_K_ref(const float * x, void * y, int64_t k);
 void quantize_row_q6_K_ref(const float * x, void * y, int64_t k);
 void quantize_row_q8_K_ref(const float * x, void * y, int64_t k);
 void dequantize_row_q5_0(const void * x, float * y, int64_t k);
+void dequantize_row_q4_1(const void * x, float * y, int64_t k);
+void dequantize_row_q5_1(const void * x, float * y, int64_t k);
 void dequantize_row_q4_K(const void * x, float * y, int64_t k);
 void dequantize_row_q5_K(const void * x, float * y, int64_t k);
 void dequantize_row_q6_K(const void * x, float * y, int64_t k);
@@ -70,13 +76,16 @@ int main(void) {
         {"q5_K", quantize_row_q5_K_ref, dequantize_row_q5_K, 176, 256},
         {"q6_K", quantize_row_q6_K_ref, dequantize_row_q6_K, 210, 256},
         {"q8_K", quantize_row_q8_K_ref, dequantize_row_q8_K, 292, 256},
+        {"q4_1", quantize_row_q4_1_ref, dequantize_row_q4_1, 20, 32},
+        {"q5_1", quantize_row_q5_1_ref, dequantize_row_q5_1, 24, 32},
     };
+    const int ncodec = sizeof t / sizeof t[0];
     static float x[N], y[N];
-    static uint8_t q[N / 32 * 34 + N / 256 * 300];
+    static uint8_t q[N / 32 * 36 + N / 256 * 300];
     printf("// (dtype, distribution, hash of the quantized bytes, hash of their dequantized f32)\n");
     for (int d = 0; d < NDIST; d++) {
         gen(d, x);
-        for (int k = 0; k < 5; k++) {
+        for (int k = 0; k < ncodec; k++) {
             size_t nbytes = N / t[k].qk * t[k].bs;
             memset(q, 0, sizeof q);
             t[k].q(x, q, N);
@@ -85,14 +94,23 @@ int main(void) {
                    (unsigned long long) fnv(q, nbytes), (unsigned long long) fnv(y, sizeof y));
         }
     }
+    printf("// (distribution, hash of ggml's Q8_1 bytes)\n");
+    for (int d = 0; d < NDIST; d++) {
+        gen(d, x);
+        memset(q, 0, sizeof q);
+        quantize_row_q8_1_ref(x, q, N);
+        printf("(%d, 0x%016llx),\n", d, (unsigned long long) fnv(q, N / 32 * 36));
+    }
     // vec_dot through ggml's CPU backend: weights from distribution dw, activations from da.
     printf("// (weight dtype, weight distribution, activation distribution, ggml's vec_dot bits)\n");
-    enum ggml_type wt[] = {GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
-    quant_fn wq[] = {quantize_row_q5_0_ref, quantize_row_q4_K_ref, quantize_row_q5_K_ref, quantize_row_q6_K_ref};
-    const char * wn[] = {"q5_0", "q4_K", "q5_K", "q6_K"};
-    static uint8_t qa[N / 256 * 292 + N / 32 * 34];
+    enum ggml_type wt[] = {GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+                           GGML_TYPE_Q4_1, GGML_TYPE_Q5_1};
+    quant_fn wq[] = {quantize_row_q5_0_ref, quantize_row_q4_K_ref, quantize_row_q5_K_ref, quantize_row_q6_K_ref,
+                     quantize_row_q4_1_ref, quantize_row_q5_1_ref};
+    const char * wn[] = {"q5_0", "q4_K", "q5_K", "q6_K", "q4_1", "q5_1"};
+    static uint8_t qa[N / 256 * 292 + N / 32 * 36];
     static float xa[N];
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 6; k++) {
         for (int dw = 0; dw < 2; dw++) {
             for (int da = 0; da < 3; da++) {
                 gen(dw, x);
@@ -100,7 +118,9 @@ int main(void) {
                 memset(q, 0, sizeof q);
                 memset(qa, 0, sizeof qa);
                 wq[k](x, q, N);
-                if (k == 0) quantize_row_q8_0_ref(xa, qa, N); else quantize_row_q8_K_ref(xa, qa, N);
+                if (k == 0) quantize_row_q8_0_ref(xa, qa, N);
+                else if (k >= 4) quantize_row_q8_1_ref(xa, qa, N);
+                else quantize_row_q8_K_ref(xa, qa, N);
                 float r = 0;
                 ggml_get_type_traits_cpu(wt[k])->vec_dot(N, &r, 0, q, 0, qa, 0, 1);
                 uint32_t bits; memcpy(&bits, &r, 4);

@@ -27,6 +27,8 @@ fn cases(k: usize) -> Vec<BenchCase> {
         DType::Q8_0,
         DType::Q4_0,
         DType::Q5_0,
+        DType::Q4_1,
+        DType::Q5_1,
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,

@@ -12,7 +12,8 @@
 //! - [`NMSE_F16`] 5e-4: F16 (or BF16) outputs or inputs: half precision is ~1e-3 relative, so
 //!   rounding alone gives an NMSE of ~1e-6..1e-4 after a few rounded intermediates.
 //! - [`NMSE_MUL_MAT_QUANT`] 5e-4: MUL_MAT with quantized weights, where the backend quantizes
-//!   the activations (to Q8_0, or Q8_K for the K-quants, as ggml) while the reference uses the
+//!   the activations (to Q8_0, Q8_1 for Q4_1 / Q5_1, or Q8_K for the K-quants, as ggml) while
+//!   the reference uses the
 //!   f32 activations.
 //! - [`NMSE_MUL_MAT_F16`] 1e-5 and [`NMSE_MUL_MAT_BF16`] 5e-4: half-precision weights, with
 //!   activations possibly converted to the weight type by the backend.
@@ -30,7 +31,7 @@ pub const NMSE_F32: f64 = 1e-7;
 pub const NMSE_F32_MATH: f64 = 1e-6;
 /// Anything with F16 or BF16 inputs or outputs.
 pub const NMSE_F16: f64 = 5e-4;
-/// MUL_MAT with quantized weights (activations quantized to Q8_0 / Q8_K by the backend).
+/// MUL_MAT with quantized weights (activations quantized to Q8_0 / Q8_1 / Q8_K by the backend).
 pub const NMSE_MUL_MAT_QUANT: f64 = 5e-4;
 /// MUL_MAT with F16 weights.
 pub const NMSE_MUL_MAT_F16: f64 = 1e-5;
@@ -288,13 +289,15 @@ impl Case {
 
 /// The dtypes the GPU kernels (CUDA, HIP, SYCL: `kernels/cuda`) implement; conformance cases with
 /// other dtypes (the K-quants, Q5_0) are outside their coverage.
-pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 6] = [
+pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 8] = [
     tessera_core::DType::F32,
     tessera_core::DType::F16,
     tessera_core::DType::BF16,
     tessera_core::DType::I32,
     tessera_core::DType::Q8_0,
     tessera_core::DType::Q4_0,
+    tessera_core::DType::Q4_1,
+    tessera_core::DType::Q5_1,
 ];
 
 // ===== Sources with layouts =====
@@ -904,6 +907,8 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
         DType::Q8_0,
         DType::Q4_0,
         DType::Q5_0,
+        DType::Q4_1,
+        DType::Q5_1,
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
@@ -1100,6 +1105,8 @@ fn get_rows_cases(v: &mut Vec<Case>) {
         DType::Q8_0,
         DType::Q4_0,
         DType::Q5_0,
+        DType::Q4_1,
+        DType::Q5_1,
     ] {
         all.extend(shapes.iter().map(|&(ne, n)| (t, ne, n)));
     }
@@ -1166,6 +1173,8 @@ fn set_rows_cases(v: &mut Vec<Case>) {
     all.push((DType::F32, DType::BF16, [64, 10, 1, 1], 4, 1, 1));
     all.push((DType::F32, DType::Q4_0, [64, 10, 1, 1], 4, 1, 1));
     all.push((DType::F32, DType::Q5_0, [64, 10, 1, 1], 4, 1, 1));
+    all.push((DType::F32, DType::Q4_1, [64, 10, 1, 1], 4, 1, 1));
+    all.push((DType::F32, DType::Q5_1, [64, 10, 1, 1], 4, 1, 1));
     all.push((DType::F32, DType::Q4_K, [256, 6, 1, 1], 3, 1, 1));
     all.push((DType::F32, DType::Q6_K, [256, 8, 3, 2], 3, 3, 2));
     all.push((DType::F16, DType::F32, [64, 10, 1, 1], 4, 1, 1));
@@ -1204,9 +1213,12 @@ fn cpy_cases(v: &mut Vec<Case>) {
             pairs.push((src, dst, [64, 6, 1, 1], [96, 4, 1, 1], Layout::Contiguous));
         }
     }
-    // Q5_0 and the K-quants both ways (the K-quants need rows of whole 256-element super-blocks).
+    // Q5_0, Q4_1, Q5_1 and the K-quants both ways (the K-quants need rows of whole 256-element
+    // super-blocks).
     for q in [
         DType::Q5_0,
+        DType::Q4_1,
+        DType::Q5_1,
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,

@@ -8,7 +8,7 @@
 //! SET_ROWS (views of their destination) write into the destination's storage as on a device.
 //!
 //! The Q8_0 / Q4_0 quantizers and every dequantizer here are independent of the kernels under
-//! test on purpose. Q5_0 and the K-quants encode through `tessera-kernels`' quantizers instead:
+//! test on purpose. Q5_0, Q4_1, Q5_1 and the K-quants encode through `tessera-kernels`' quantizers instead:
 //! those are checked bit for bit against ggml's own output (the golden test in
 //! `kernels/src/cpu/kquant_golden.rs`), and a second copy of ggml's iterative scale search here
 //! would test nothing more; decoding, which is what MUL_MAT / GET_ROWS results depend on, stays
@@ -141,7 +141,13 @@ pub fn encode_into(dtype: DType, vals: &[f64], out: &mut Vec<u8>) -> RefResult<(
                 out.extend_from_slice(&block);
             }
         }
-        DType::Q5_0 | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
+        DType::Q5_0
+        | DType::Q4_1
+        | DType::Q5_1
+        | DType::Q4_K
+        | DType::Q5_K
+        | DType::Q6_K
+        | DType::Q8_K => {
             use tessera_kernels::cpu as k;
             let row = dtype
                 .row_size(vals.len())
@@ -150,6 +156,8 @@ pub fn encode_into(dtype: DType, vals: &[f64], out: &mut Vec<u8>) -> RefResult<(
             let mut bytes = vec![0u8; row];
             match dtype {
                 DType::Q5_0 => k::quantize_row_q5_0(&x, &mut bytes),
+                DType::Q4_1 => k::quantize_row_q4_1(&x, &mut bytes),
+                DType::Q5_1 => k::quantize_row_q5_1(&x, &mut bytes),
                 DType::Q4_K => k::quantize_row_q4_k(&x, &mut bytes),
                 DType::Q5_K => k::quantize_row_q5_k(&x, &mut bytes),
                 DType::Q6_K => k::quantize_row_q6_k(&x, &mut bytes),
@@ -220,6 +228,10 @@ pub fn decode(dtype: DType, bytes: &[u8], n: usize) -> RefResult<Vec<f64>> {
             .chunks_exact(22)
             .flat_map(dequantize_q5_0_block)
             .collect(),
+        DType::Q4_1 | DType::Q5_1 => bytes
+            .chunks_exact(dtype.type_size())
+            .flat_map(|b| dequantize_q_1_block(b, dtype == DType::Q5_1))
+            .collect(),
         DType::Q4_K | DType::Q5_K => bytes
             .chunks_exact(dtype.type_size())
             .flat_map(|b| dequantize_qk_affine_block(b, dtype == DType::Q5_K))
@@ -247,15 +259,29 @@ fn dequantize_q5_0_block(b: &[u8]) -> Vec<f64> {
     let d = f16::from_le_bytes([b[0], b[1]]).to_f64();
     let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
     (0..32)
-        .map(|j| {
-            let nib = if j < 16 {
-                b[6 + j] & 0xF
-            } else {
-                b[6 + j - 16] >> 4
-            };
-            let q = i32::from(nib) + 16 * ((qh >> j) & 1) as i32 - 16;
-            f64::from(q) * d
-        })
+        .map(|j| f64::from(level_32(&b[6..22], qh, j) - 16) * d)
+        .collect()
+}
+
+/// Level `j` of a 32-element block from its 16 nibble bytes `qs` (element `j` is the low nibble
+/// of byte `j` or, for `j >= 16`, the high nibble of byte `j − 16`) plus 16 × bit `j` of `qh`.
+fn level_32(qs: &[u8], qh: u32, j: usize) -> i32 {
+    let nib = if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 };
+    i32::from(nib) + 16 * ((qh >> j) & 1) as i32
+}
+
+/// Decodes one Q4_1 (20 bytes: f16 `d`, f16 `m`, 16 bytes of nibbles) or Q5_1 block (24 bytes:
+/// `d`, `m`, u32 fifth bits, nibbles): element = level × `d` + `m`.
+fn dequantize_q_1_block(b: &[u8], q5: bool) -> Vec<f64> {
+    let d = f16::from_le_bytes([b[0], b[1]]).to_f64();
+    let m = f16::from_le_bytes([b[2], b[3]]).to_f64();
+    let (qh, qs) = if q5 {
+        (u32::from_le_bytes([b[4], b[5], b[6], b[7]]), &b[8..24])
+    } else {
+        (0, &b[4..20])
+    };
+    (0..32)
+        .map(|j| f64::from(level_32(qs, qh, j)) * d + m)
         .collect()
 }
 

@@ -25,6 +25,10 @@ pub enum DType {
     Q4_0,
     /// Blocks of 32: f16 scale + 4 bytes of fifth bits + 16 bytes of nibbles, values offset by 16.
     Q5_0,
+    /// Blocks of 32: f16 scale `d`, f16 min `m`, 16 bytes of 4-bit values; `x = d·q + m`.
+    Q4_1,
+    /// Blocks of 32: f16 `d`, f16 `m`, 4 bytes of fifth bits, 16 bytes of nibbles; `x = d·q + m`.
+    Q5_1,
     /// Super-blocks of 256: f16 `d`, f16 `dmin`, 12 bytes of 6-bit scales and mins for eight
     /// sub-blocks of 32, 128 bytes of 4-bit values; `x = d·sc·q − dmin·m`.
     Q4_K,
@@ -40,11 +44,13 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in ggml id order.
-    pub const ALL: [DType; 11] = [
+    pub const ALL: [DType; 13] = [
         DType::F32,
         DType::F16,
         DType::Q4_0,
+        DType::Q4_1,
         DType::Q5_0,
+        DType::Q5_1,
         DType::Q8_0,
         DType::Q4_K,
         DType::Q5_K,
@@ -61,7 +67,7 @@ impl DType {
     pub const fn block_size(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 | DType::I32 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => 32,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 32,
             DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => DType::QK_K,
         }
     }
@@ -73,7 +79,9 @@ impl DType {
             DType::F16 | DType::BF16 => 2,
             DType::Q8_0 => 34,
             DType::Q4_0 => 18,
+            DType::Q4_1 => 20,
             DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
             DType::Q4_K => 144,
             DType::Q5_K => 176,
             DType::Q6_K => 210,
@@ -87,7 +95,9 @@ impl DType {
             self,
             DType::Q8_0
                 | DType::Q4_0
+                | DType::Q4_1
                 | DType::Q5_0
+                | DType::Q5_1
                 | DType::Q4_K
                 | DType::Q5_K
                 | DType::Q6_K
@@ -114,7 +124,9 @@ impl DType {
             DType::F32 => 0,
             DType::F16 => 1,
             DType::Q4_0 => 2,
+            DType::Q4_1 => 3,
             DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
             DType::Q8_0 => 8,
             DType::Q4_K => 12,
             DType::Q5_K => 13,
@@ -149,7 +161,9 @@ impl DType {
             DType::I32 => "i32",
             DType::Q8_0 => "q8_0",
             DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
             DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
             DType::Q4_K => "q4_K",
             DType::Q5_K => "q5_K",
             DType::Q6_K => "q6_K",
@@ -199,6 +213,8 @@ mod tests {
         assert_eq!(DType::F16.row_size(3), Some(6));
         // K-quants: super-blocks of 256 (ggml-common.h static_asserts).
         assert_eq!(DType::Q5_0.row_size(64), Some(44));
+        assert_eq!(DType::Q4_1.row_size(64), Some(40));
+        assert_eq!(DType::Q5_1.row_size(64), Some(48));
         assert_eq!(DType::Q4_K.row_size(4096), Some(16 * 144));
         assert_eq!(DType::Q5_K.row_size(512), Some(2 * 176));
         assert_eq!(DType::Q6_K.row_size(256), Some(210));
@@ -210,7 +226,9 @@ mod tests {
     #[test]
     fn ggml_ids_and_names() {
         for (d, id, name) in [
+            (DType::Q4_1, 3, "q4_1"),
             (DType::Q5_0, 6, "q5_0"),
+            (DType::Q5_1, 7, "q5_1"),
             (DType::Q4_K, 12, "q4_K"),
             (DType::Q5_K, 13, "q5_K"),
             (DType::Q6_K, 14, "q6_K"),

@@ -4,6 +4,7 @@
 //! `_with_isa` variants take an explicit level (lowered to what the CPU
 //! supports) so tests can compare every path.
 
+use super::affine::{BLOCK_Q4_1_BYTES, BLOCK_Q5_1_BYTES, BLOCK_Q8_1_BYTES};
 use super::features::{Isa, active_isa};
 use super::kquant::{
     BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES,
@@ -125,15 +126,62 @@ pub fn vec_dot_q5_0_q8_0_with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
     }
 }
 
-/// Checks that `x` and `y` are whole super-blocks of the same count.
-fn check_k_lengths(what: &str, x: &[u8], xblk: usize, y: &[u8]) {
+/// Checks that `x` and `y` are whole blocks (of `xblk` and `yblk` bytes) of the same count.
+fn check_block_lengths(what: &str, x: &[u8], xblk: usize, y: &[u8], yblk: usize) {
     assert!(
         x.len().is_multiple_of(xblk)
-            && y.len().is_multiple_of(BLOCK_Q8_K_BYTES)
-            && x.len() / xblk == y.len() / BLOCK_Q8_K_BYTES,
+            && y.len().is_multiple_of(yblk)
+            && x.len() / xblk == y.len() / yblk,
         "{what}: lengths"
     );
 }
+
+/// Generates a public Q4_1 / Q5_1 x Q8_1 dot product and its `_with_isa` twin.
+macro_rules! affine_dot {
+    ($name:ident, $with_isa:ident, $ty:literal, $blk:ident, $kind:ident, $q5:literal) => {
+        #[doc = concat!("Dot product of a ", $ty, " row with a Q8_1 row of the same element count.")]
+        ///
+        /// # Panics
+        /// If the lengths are not whole blocks of the same count.
+        pub fn $name(x: &[u8], y: &[u8]) -> f32 {
+            $with_isa(active_isa(), x, y)
+        }
+
+        #[doc = concat!("[`", stringify!($name), "`] with an explicit instruction set.")]
+        ///
+        /// # Panics
+        #[doc = concat!("As [`", stringify!($name), "`].")]
+        pub fn $with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
+            check_block_lengths(stringify!($name), x, $blk, y, BLOCK_Q8_1_BYTES);
+            #[cfg(target_arch = "x86_64")]
+            {
+                super::x86::vec_dot_q::<{ super::x86::$kind }>(isa, x, y)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = isa;
+                super::generic::vec_dot_affine_q8_1::<$q5>(x, y)
+            }
+        }
+    };
+}
+
+affine_dot!(
+    vec_dot_q4_1_q8_1,
+    vec_dot_q4_1_q8_1_with_isa,
+    "Q4_1",
+    BLOCK_Q4_1_BYTES,
+    KIND_Q4_1,
+    false
+);
+affine_dot!(
+    vec_dot_q5_1_q8_1,
+    vec_dot_q5_1_q8_1_with_isa,
+    "Q5_1",
+    BLOCK_Q5_1_BYTES,
+    KIND_Q5_1,
+    true
+);
 
 /// Generates a public K-quant x Q8_K dot product and its `_with_isa` twin.
 macro_rules! k_dot {
@@ -151,7 +199,7 @@ macro_rules! k_dot {
         /// # Panics
         #[doc = concat!("As [`", stringify!($name), "`].")]
         pub fn $with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
-            check_k_lengths(stringify!($name), x, $blk, y);
+            check_block_lengths(stringify!($name), x, $blk, y, BLOCK_Q8_K_BYTES);
             #[cfg(target_arch = "x86_64")]
             {
                 super::x86::vec_dot_k::<{ super::x86::$kind }>(isa, x, y)
@@ -300,6 +348,74 @@ mod tests {
                     assert!(
                         (v as f64 - exact).abs() <= 1e-4 * mag,
                         "{isa} q4={q4} nb={nb}: {v} vs {exact}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn affine_dots_paths_agree() {
+        use crate::cpu::affine::*;
+        for nb in [1usize, 2, 3, 4, 5, 7, 8, 9, 33] {
+            let n = nb * 32;
+            // Offset weights, so the minimum term matters.
+            let xf: Vec<f32> = rand_vec(n, nb as u64 * 5 + 3)
+                .iter()
+                .map(|v| v + 0.7)
+                .collect();
+            let yf = rand_vec(n, nb as u64 * 11 + 4);
+            let mut y = vec![0u8; 1 + nb * 36];
+            quantize_row_q8_1(&yf, &mut y[1..]);
+            let y = &y[1..];
+            let mut dy = vec![0.0f32; n];
+            dequantize_row_q8_1(y, &mut dy);
+            type Codec = (QuantFn, DequantFn, fn(Isa, &[u8], &[u8]) -> f32, usize);
+            type QuantFn = fn(&[f32], &mut [u8]);
+            type DequantFn = fn(&[u8], &mut [f32]);
+            let codecs: [(&str, Codec); 2] = [
+                (
+                    "q4_1",
+                    (
+                        quantize_row_q4_1,
+                        dequantize_row_q4_1,
+                        vec_dot_q4_1_q8_1_with_isa,
+                        20,
+                    ),
+                ),
+                (
+                    "q5_1",
+                    (
+                        quantize_row_q5_1,
+                        dequantize_row_q5_1,
+                        vec_dot_q5_1_q8_1_with_isa,
+                        24,
+                    ),
+                ),
+            ];
+            for (name, (q, dq, dot, bs)) in codecs {
+                let mut x = vec![0u8; 1 + nb * bs];
+                q(&xf, &mut x[1..]);
+                let x = &x[1..];
+                let mut dx = vec![0.0f32; n];
+                dq(x, &mut dx);
+                let exact: f64 = dx.iter().zip(&dy).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let mag: f64 = dx
+                    .iter()
+                    .zip(&dy)
+                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                    .sum();
+                let scalar = dot(Isa::Scalar, x, y);
+                for isa in supported_isas() {
+                    let v = dot(isa, x, y);
+                    assert!(
+                        ((v - scalar) as f64).abs() <= 1e-5 * mag,
+                        "{isa} {name} nb={nb}: {v} vs {scalar}"
+                    );
+                    // Q8_1's `s` is `d·Σq` rounded to f16: the minimum term is ~1e-3 off exact.
+                    assert!(
+                        (v as f64 - exact).abs() <= 3e-3 * mag,
+                        "{isa} {name} nb={nb}: {v} vs {exact}"
                     );
                 }
             }

@@ -1,6 +1,7 @@
 //! Portable scalar implementations (the reference the SIMD paths are tested
 //! against, and the fallback on CPUs without AVX2).
 
+use super::affine::{BLOCK_Q4_1_BYTES, BLOCK_Q5_1_BYTES, BLOCK_Q8_1_BYTES, affine_level};
 use super::kquant::{
     BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES, QK_K,
     scale_min_k4,
@@ -89,6 +90,33 @@ pub(crate) fn vec_dot_q5_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
             isum += lo * (by[2 + j] as i8 as i32) + hi * (by[2 + j + 16] as i8 as i32);
         }
         sum += isum as f32 * (block_scale(bx) * block_scale(by));
+    }
+    sum
+}
+
+/// Q4_1 (`Q5 == false`) or Q5_1 x Q8_1 dot product over whole blocks, as ggml's generic kernel:
+/// the integer sum times both scales, plus the weight minimum times the activation's `s`.
+pub(crate) fn vec_dot_affine_q8_1<const Q5: bool>(x: &[u8], y: &[u8]) -> f32 {
+    let (blk, qs_at) = if Q5 {
+        (BLOCK_Q5_1_BYTES, 8)
+    } else {
+        (BLOCK_Q4_1_BYTES, 4)
+    };
+    let mut sum = 0.0f32;
+    for (bx, by) in x.chunks_exact(blk).zip(y.chunks_exact(BLOCK_Q8_1_BYTES)) {
+        let qh = if Q5 {
+            u32::from_le_bytes([bx[4], bx[5], bx[6], bx[7]])
+        } else {
+            0
+        };
+        let qs = &bx[qs_at..qs_at + 16];
+        let mut isum = 0i32;
+        for (j, &q8) in by[4..].iter().enumerate() {
+            isum += affine_level(qs, qh, j) * i32::from(q8 as i8);
+        }
+        let m = f16_bits_to_f32(u16::from_le_bytes([bx[2], bx[3]]));
+        let s = f16_bits_to_f32(u16::from_le_bytes([by[2], by[3]]));
+        sum += (block_scale(bx) * block_scale(by)) * isum as f32 + m * s;
     }
     sum
 }
@@ -238,6 +266,8 @@ pub(crate) fn mul_mat_tile(
         WeightType::Q8_0
         | WeightType::Q4_0
         | WeightType::Q5_0
+        | WeightType::Q4_1
+        | WeightType::Q5_1
         | WeightType::Q4_K
         | WeightType::Q5_K
         | WeightType::Q6_K => {
@@ -246,6 +276,8 @@ pub(crate) fn mul_mat_tile(
                 WeightType::Q8_0 => vec_dot_q8_0_q8_0,
                 WeightType::Q4_0 => vec_dot_q4_0_q8_0,
                 WeightType::Q5_0 => vec_dot_q5_0_q8_0,
+                WeightType::Q4_1 => vec_dot_affine_q8_1::<false>,
+                WeightType::Q5_1 => vec_dot_affine_q8_1::<true>,
                 WeightType::Q4_K => vec_dot_qk_affine_q8_k::<false>,
                 WeightType::Q5_K => vec_dot_qk_affine_q8_k::<true>,
                 _ => vec_dot_q6_k_q8_k,

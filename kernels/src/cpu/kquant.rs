@@ -40,12 +40,12 @@ pub const BLOCK_Q8_K_BYTES: usize = 292;
 const GROUP_MAX_EPS: f32 = 1e-15;
 
 #[inline]
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
 #[inline]
-fn put_f16(b: &mut [u8], at: usize, v: f32) {
+pub(crate) fn put_f16(b: &mut [u8], at: usize, v: f32) {
     b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
 }
 
@@ -73,7 +73,7 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-fn check_lengths(what: &str, n: usize, bytes: usize, qk: usize, block: usize) {
+pub(crate) fn check_lengths(what: &str, n: usize, bytes: usize, qk: usize, block: usize) {
     assert!(
         n.is_multiple_of(qk),
         "{what}: {n} elements are not a multiple of {qk}"

@@ -1,11 +1,12 @@
 //! Golden values from ggml itself (`kernels/tools/ggml_golden.c` run against llama.cpp's ggml
-//! 0.25.3 build): the quantizers and dequantizers here must reproduce ggml's reference output bit
-//! for bit, and the vec_dot kernels must agree with ggml's CPU `vec_dot` on the same bytes up to
-//! f32 summation order.
+//! 0.25.3 build): the quantizers and dequantizers here (Q5_0, the K-quants, Q4_1, Q5_1, Q8_1) must
+//! reproduce ggml's reference output bit for bit, and the vec_dot kernels must agree with ggml's
+//! CPU `vec_dot` on the same bytes up to f32 summation order.
 
+use super::affine::*;
 use super::dot::{
-    vec_dot_q4_k_q8_k_with_isa, vec_dot_q5_0_q8_0_with_isa, vec_dot_q5_k_q8_k_with_isa,
-    vec_dot_q6_k_q8_k_with_isa,
+    vec_dot_q4_1_q8_1_with_isa, vec_dot_q4_k_q8_k_with_isa, vec_dot_q5_0_q8_0_with_isa,
+    vec_dot_q5_1_q8_1_with_isa, vec_dot_q5_k_q8_k_with_isa, vec_dot_q6_k_q8_k_with_isa,
 };
 use super::features::Isa;
 use super::kquant::*;
@@ -69,6 +70,18 @@ fn codec(name: &str) -> (QuantFn, DequantFn, usize, usize) {
             dequantize_row_q5_0,
             BLOCK_Q5_0_BYTES,
             QK5_0,
+        ),
+        "q4_1" => (
+            quantize_row_q4_1,
+            dequantize_row_q4_1,
+            BLOCK_Q4_1_BYTES,
+            QK4_1,
+        ),
+        "q5_1" => (
+            quantize_row_q5_1,
+            dequantize_row_q5_1,
+            BLOCK_Q5_1_BYTES,
+            QK5_1,
         ),
         "q4_K" => (
             quantize_row_q4_k,
@@ -139,6 +152,34 @@ const GOLDEN_QUANT: &[(&str, u32, u64, u64)] = &[
     ("q5_K", 7, 0x95ef3e250232d858, 0x6f32b41c5dd25427),
     ("q6_K", 7, 0x9712bdd124d835b3, 0x074a384c8f73b9ee),
     ("q8_K", 7, 0x758dc103db4f28ba, 0xeb39eb61556c1c59),
+    ("q4_1", 0, 0x9febb4e7a8ed544f, 0x38c1407fb7a0d4fd),
+    ("q5_1", 0, 0xb3a4a44d8ccbc0d4, 0x80027033ca0dd3f5),
+    ("q4_1", 1, 0x7bdfa505b33e4eda, 0xb6c1631a8be9f48e),
+    ("q5_1", 1, 0xb7eda825baab72cf, 0x2036fc4d7dce232c),
+    ("q4_1", 2, 0x342a13bfb0e58401, 0xcebbbe02480aae3f),
+    ("q5_1", 2, 0xa1335826b22dcf8b, 0x62861cece957faa3),
+    ("q4_1", 3, 0x7771ab4c68046b36, 0xbd67c4cd02270afd),
+    ("q5_1", 3, 0xefd62c72f60b209b, 0x2e12546dbef2e4c4),
+    ("q4_1", 4, 0xe1848fb8fa874c90, 0x9348e1ff911cf99b),
+    ("q5_1", 4, 0x7b6e392510cfe2e3, 0x26bfbbef47219838),
+    ("q4_1", 5, 0x40b73213fbd867e0, 0x703cd2f306439103),
+    ("q5_1", 5, 0x4768fdf5d3d02b63, 0x6a3c17af164b068a),
+    ("q4_1", 6, 0xabd44ecd161fc4a1, 0xdd47eb4f67757867),
+    ("q5_1", 6, 0xaa31f1c5c9610d9c, 0x68d3a492133f8442),
+    ("q4_1", 7, 0xd2b629cb653dc945, 0xddac9a4474f2dd6b),
+    ("q5_1", 7, 0xf99eba960db13ca0, 0x88d4cd809fa7c183),
+];
+
+/// (distribution, FNV-1a of ggml's Q8_1 bytes).
+const GOLDEN_Q8_1: &[(u32, u64)] = &[
+    (0, 0x2d50f8abd3bdf1df),
+    (1, 0x5a5e00889a9276c6),
+    (2, 0x37e096d09411cb8f),
+    (3, 0x39036ebf8d9f428c),
+    (4, 0xd9aa96901adb0248),
+    (5, 0x2ac2febd9ed1b44a),
+    (6, 0x9817ac755e782ec9),
+    (7, 0x8729bf7d596c34c2),
 ];
 
 /// (weight dtype, weight distribution, activation distribution, bits of ggml's vec_dot result).
@@ -167,6 +208,18 @@ const GOLDEN_DOT: &[(&str, u32, u32, u32)] = &[
     ("q6_K", 1, 1, 0x46a1675e),
     ("q6_K", 1, 2, 0x43209e68),
     ("q6_K", 1, 3, 0xbdb42b26),
+    ("q4_1", 0, 1, 0x40b64200),
+    ("q4_1", 0, 2, 0xc19a6500),
+    ("q4_1", 0, 3, 0x3b43a69c),
+    ("q4_1", 1, 1, 0x46a21f62),
+    ("q4_1", 1, 2, 0x431ba780),
+    ("q4_1", 1, 3, 0xbdbe4eb8),
+    ("q5_1", 0, 1, 0x40a3e520),
+    ("q5_1", 0, 2, 0xc183b280),
+    ("q5_1", 0, 3, 0x3b632fdc),
+    ("q5_1", 1, 1, 0x46a189b0),
+    ("q5_1", 1, 2, 0x4313f680),
+    ("q5_1", 1, 3, 0xbdb4d2d0),
 ];
 
 #[test]
@@ -191,6 +244,15 @@ fn quantizers_and_dequantizers_are_bit_exact_with_ggml() {
 }
 
 #[test]
+fn q8_1_is_bit_exact_with_ggml() {
+    for &(dist, want) in GOLDEN_Q8_1 {
+        let mut bytes = vec![0u8; N / QK8_1 * BLOCK_Q8_1_BYTES];
+        quantize_row_q8_1(&golden_input(dist), &mut bytes);
+        assert_eq!(fnv(&bytes), want, "q8_1 dist {dist}");
+    }
+}
+
+#[test]
 fn vec_dots_agree_with_ggml() {
     for &(name, dw, da, bits) in GOLDEN_DOT {
         let want = f32::from_bits(bits);
@@ -205,6 +267,12 @@ fn vec_dots_agree_with_ggml() {
             quantize_row_q8_0(&a, &mut ab);
             let mut af = vec![0.0f32; N];
             super::quant::dequantize_row_q8_0(&ab, &mut af);
+            (ab, af)
+        } else if name.ends_with("_1") {
+            let mut ab = vec![0u8; N / QK8_1 * BLOCK_Q8_1_BYTES];
+            quantize_row_q8_1(&a, &mut ab);
+            let mut af = vec![0.0f32; N];
+            dequantize_row_q8_1(&ab, &mut af);
             (ab, af)
         } else {
             let mut ab = vec![0u8; N / QK_K * BLOCK_Q8_K_BYTES];
@@ -224,6 +292,8 @@ fn vec_dots_agree_with_ggml() {
                 "q5_0" => vec_dot_q5_0_q8_0_with_isa(isa, &wb, &ab),
                 "q4_K" => vec_dot_q4_k_q8_k_with_isa(isa, &wb, &ab),
                 "q5_K" => vec_dot_q5_k_q8_k_with_isa(isa, &wb, &ab),
+                "q4_1" => vec_dot_q4_1_q8_1_with_isa(isa, &wb, &ab),
+                "q5_1" => vec_dot_q5_1_q8_1_with_isa(isa, &wb, &ab),
                 _ => vec_dot_q6_k_q8_k_with_isa(isa, &wb, &ab),
             };
             assert!(

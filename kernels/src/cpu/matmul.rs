@@ -5,6 +5,9 @@
 //! runs them on its worker threads. Activations are first brought into the
 //! form [`act_type`] of the weight type asks for, with [`prepare_act`].
 
+use super::affine::{
+    BLOCK_Q4_1_BYTES, BLOCK_Q5_1_BYTES, BLOCK_Q8_1_BYTES, QK4_1, QK5_1, QK8_1, quantize_row_q8_1,
+};
 use super::features::{Isa, active_isa};
 use super::kquant::{
     BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES, QK_K,
@@ -29,6 +32,10 @@ pub enum WeightType {
     Q4_0,
     /// ggml Q5_0 blocks (32 elements, 22 bytes).
     Q5_0,
+    /// ggml Q4_1 blocks (32 elements, 20 bytes).
+    Q4_1,
+    /// ggml Q5_1 blocks (32 elements, 24 bytes).
+    Q5_1,
     /// ggml Q4_K super-blocks (256 elements, 144 bytes).
     Q4_K,
     /// ggml Q5_K super-blocks (256 elements, 176 bytes).
@@ -39,13 +46,15 @@ pub enum WeightType {
 
 impl WeightType {
     /// All weight types.
-    pub const ALL: [WeightType; 9] = [
+    pub const ALL: [WeightType; 11] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::BF16,
         WeightType::Q8_0,
         WeightType::Q4_0,
         WeightType::Q5_0,
+        WeightType::Q4_1,
+        WeightType::Q5_1,
         WeightType::Q4_K,
         WeightType::Q5_K,
         WeightType::Q6_K,
@@ -58,6 +67,8 @@ impl WeightType {
             WeightType::Q8_0 => QK8_0,
             WeightType::Q4_0 => QK4_0,
             WeightType::Q5_0 => QK5_0,
+            WeightType::Q4_1 => QK4_1,
+            WeightType::Q5_1 => QK5_1,
             WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => QK_K,
         }
     }
@@ -80,6 +91,8 @@ impl WeightType {
             WeightType::Q8_0 => k / QK8_0 * BLOCK_Q8_0_BYTES,
             WeightType::Q4_0 => k / QK4_0 * BLOCK_Q4_0_BYTES,
             WeightType::Q5_0 => k / QK5_0 * BLOCK_Q5_0_BYTES,
+            WeightType::Q4_1 => k / QK4_1 * BLOCK_Q4_1_BYTES,
+            WeightType::Q5_1 => k / QK5_1 * BLOCK_Q5_1_BYTES,
             WeightType::Q4_K => k / QK_K * BLOCK_Q4_K_BYTES,
             WeightType::Q5_K => k / QK_K * BLOCK_Q5_K_BYTES,
             WeightType::Q6_K => k / QK_K * BLOCK_Q6_K_BYTES,
@@ -93,8 +106,8 @@ impl WeightType {
 }
 
 /// The form the activations must be in for a weight type: F32 for
-/// F32/F16/BF16 weights, Q8_0 for Q8_0/Q4_0/Q5_0, Q8_K for the K-quants (as
-/// ggml's `vec_dot_type`).
+/// F32/F16/BF16 weights, Q8_0 for Q8_0/Q4_0/Q5_0, Q8_1 for Q4_1/Q5_1, Q8_K for
+/// the K-quants (as ggml's `vec_dot_type`).
 // ggml's spelling (`Q8_K`), so names match GGUF and test-backend-ops.
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +116,8 @@ pub enum ActType {
     F32,
     /// Q8_0 blocks.
     Q8_0,
+    /// Q8_1 blocks (Q8_0 plus the scaled block sum the affine weights' minimum multiplies).
+    Q8_1,
     /// Q8_K super-blocks.
     Q8_K,
 }
@@ -112,28 +127,30 @@ pub fn act_type(w: WeightType) -> ActType {
     match w {
         WeightType::F32 | WeightType::F16 | WeightType::BF16 => ActType::F32,
         WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q5_0 => ActType::Q8_0,
+        WeightType::Q4_1 | WeightType::Q5_1 => ActType::Q8_1,
         WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => ActType::Q8_K,
     }
 }
 
 /// Bytes of one activation column of `k` elements in form `a`
-/// (`k * 4`, `k / 32 * 34`, or `k / 256 * 292`).
+/// (`k * 4`, `k / 32 * 34`, `k / 32 * 36`, or `k / 256 * 292`).
 pub fn act_row_bytes(a: ActType, k: usize) -> usize {
     match a {
         ActType::F32 => k * 4,
         ActType::Q8_0 => k / QK8_0 * BLOCK_Q8_0_BYTES,
+        ActType::Q8_1 => k / QK8_1 * BLOCK_Q8_1_BYTES,
         ActType::Q8_K => k / QK_K * BLOCK_Q8_K_BYTES,
     }
 }
 
 /// Converts one activation column (`src`, f32, `k` elements) into form `a`
-/// in `dst` (length [`act_row_bytes`]). Q8_0 and Q8_K use the reference
+/// in `dst` (length [`act_row_bytes`]). Q8_0, Q8_1 and Q8_K use the reference
 /// quantizers (bit-exact with ggml's `quantize_row_q8_0_ref` /
-/// `quantize_row_q8_K_ref`).
+/// `quantize_row_q8_1_ref` / `quantize_row_q8_K_ref`).
 ///
 /// # Panics
-/// If `dst.len() != act_row_bytes(a, src.len())`, or for Q8_0 / Q8_K if
-/// `src.len()` is not a multiple of 32 / 256.
+/// If `dst.len() != act_row_bytes(a, src.len())`, or for Q8_0 / Q8_1 / Q8_K if
+/// `src.len()` is not a multiple of 32 / 32 / 256.
 pub fn prepare_act(a: ActType, src: &[f32], dst: &mut [u8]) {
     match a {
         ActType::F32 => {
@@ -143,6 +160,7 @@ pub fn prepare_act(a: ActType, src: &[f32], dst: &mut [u8]) {
             }
         }
         ActType::Q8_0 => quantize_row_q8_0(src, dst),
+        ActType::Q8_1 => quantize_row_q8_1(src, dst),
         ActType::Q8_K => quantize_row_q8_k(src, dst),
     }
 }
@@ -298,6 +316,7 @@ pub fn mul_mat_tile_with_isa(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::affine::*;
     use crate::cpu::kquant::*;
     use crate::cpu::quant::{dequantize_row_q4_0, dequantize_row_q8_0, quantize_row_q4_0};
 
@@ -351,6 +370,14 @@ mod tests {
             WeightType::Q5_0 => {
                 quantize_row_q5_0(vals, &mut bytes);
                 dequantize_row_q5_0(&bytes, &mut dec);
+            }
+            WeightType::Q4_1 => {
+                quantize_row_q4_1(vals, &mut bytes);
+                dequantize_row_q4_1(&bytes, &mut dec);
+            }
+            WeightType::Q5_1 => {
+                quantize_row_q5_1(vals, &mut bytes);
+                dequantize_row_q5_1(&bytes, &mut dec);
             }
             WeightType::Q4_K => {
                 quantize_row_q4_k(vals, &mut bytes);
@@ -409,6 +436,7 @@ mod tests {
             match at {
                 ActType::F32 => xdec[c * k..(c + 1) * k].copy_from_slice(&vals),
                 ActType::Q8_0 => dequantize_row_q8_0(dst, &mut xdec[c * k..(c + 1) * k]),
+                ActType::Q8_1 => dequantize_row_q8_1(dst, &mut xdec[c * k..(c + 1) * k]),
                 ActType::Q8_K => dequantize_row_q8_k(dst, &mut xdec[c * k..(c + 1) * k]),
             }
         }
@@ -436,14 +464,44 @@ mod tests {
                     assert!(v.is_nan(), "out[{c}*ldo+{r}] outside the tile was written");
                     continue;
                 }
+                let wr = &w[w_off + r * w_stride..];
+                let xc = &x[x_off + c * x_stride..];
                 let reference: f64 = (0..k)
                     .map(|i| wdec[r * k + i] as f64 * xdec[c * k + i] as f64)
-                    .sum();
+                    .sum::<f64>()
+                    + q8_1_sum_correction(wt, wr, xc, k);
                 err += (v as f64 - reference).powi(2);
                 norm += reference * reference;
             }
         }
         err / norm.max(1e-300)
+    }
+
+    /// NMSE bound against the f64 reference: the float types only differ by f32 accumulation
+    /// order; the quantized types compute exact integer block sums, scaled and accumulated in f32.
+    fn tolerance(wt: WeightType) -> f64 {
+        if wt.is_quantized() { 1e-8 } else { 1e-10 }
+    }
+
+    /// What Q4_1 / Q5_1 dots add beyond the decoded operands' product: they take each activation
+    /// block's sum from Q8_1's `s` (`d·Σq` rounded to f16, as ggml does), not from the decoded
+    /// quants, so the reference does too: `Σ_b m_b·(s_b − d_b·Σq_b)`. Zero for other types.
+    fn q8_1_sum_correction(wt: WeightType, w: &[u8], x: &[u8], k: usize) -> f64 {
+        if act_type(wt) != ActType::Q8_1 {
+            return 0.0;
+        }
+        let f16_at = |b: &[u8], at: usize| {
+            half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f64()
+        };
+        let wb = wt.row_bytes(32);
+        (0..k / 32)
+            .map(|b| {
+                let xb = &x[b * BLOCK_Q8_1_BYTES..(b + 1) * BLOCK_Q8_1_BYTES];
+                let isum: i32 = xb[4..].iter().map(|&q| i32::from(q as i8)).sum();
+                let s = f16_at(xb, 2) - f16_at(xb, 0) * f64::from(isum);
+                f16_at(&w[b * wb..], 2) * s
+            })
+            .sum()
     }
 
     #[test]
@@ -454,11 +512,7 @@ mod tests {
                 continue;
             }
             for wt in WeightType::ALL {
-                // Tolerances (NMSE vs an f64 loop over the decoded operands): the
-                // float types only differ by f32 accumulation order (<= 1e-10);
-                // the quantized types compute exact integer block sums, scaled
-                // and accumulated in f32 (<= 1e-8).
-                let tol = if wt.is_quantized() { 1e-8 } else { 1e-10 };
+                let tol = tolerance(wt);
                 let ks: &[usize] = if wt.block_elems() == QK_K {
                     &[256, 512, 768]
                 } else {
@@ -500,7 +554,7 @@ mod tests {
         for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
             for wt in WeightType::ALL {
                 let nmse = run_case(isa, wt, 9, 1, 4096, 0, 0, 0);
-                let tol = if wt.is_quantized() { 1e-8 } else { 1e-10 };
+                let tol = tolerance(wt);
                 assert!(nmse <= tol, "{isa} {wt:?}: {nmse:e}");
             }
         }

@@ -2,6 +2,8 @@
 //!
 //! * [`quant`]: Q8_0 / Q4_0 block formats with reference (ggml bit-exact)
 //!   quantization and dequantization;
+//! * [`affine`]: Q4_1 / Q5_1 and their activation form Q8_1, likewise
+//!   bit-exact with ggml's reference quantizers;
 //! * [`kquant`]: Q5_0 and the K-quants (Q4_K, Q5_K, Q6_K, and Q8_K for
 //!   activations), likewise bit-exact with ggml's reference quantizers;
 //! * [`convert`]: f16 / bf16 <-> f32 row conversions;
@@ -12,6 +14,7 @@
 //!
 //! The main items are re-exported here.
 
+pub mod affine;
 pub mod convert;
 pub mod dot;
 pub mod features;
@@ -25,10 +28,16 @@ mod kquant_golden;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use affine::{
+    BLOCK_Q4_1_BYTES, BLOCK_Q5_1_BYTES, BLOCK_Q8_1_BYTES, QK4_1, QK5_1, QK8_1, dequantize_row_q4_1,
+    dequantize_row_q5_1, dequantize_row_q8_1, quantize_row_q4_1, quantize_row_q5_1,
+    quantize_row_q8_1,
+};
 pub use convert::{bf16_to_f32_row, f16_to_f32_row, f32_to_bf16_row, f32_to_f16_row};
 pub use dot::{
-    dot_f32, dot_f32_with_isa, vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_with_isa, vec_dot_q4_k_q8_k,
-    vec_dot_q4_k_q8_k_with_isa, vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_with_isa, vec_dot_q5_k_q8_k,
+    dot_f32, dot_f32_with_isa, vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_with_isa, vec_dot_q4_1_q8_1,
+    vec_dot_q4_1_q8_1_with_isa, vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_with_isa, vec_dot_q5_0_q8_0,
+    vec_dot_q5_0_q8_0_with_isa, vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_with_isa, vec_dot_q5_k_q8_k,
     vec_dot_q5_k_q8_k_with_isa, vec_dot_q6_k_q8_k, vec_dot_q6_k_q8_k_with_isa, vec_dot_q8_0_q8_0,
     vec_dot_q8_0_q8_0_with_isa,
 };

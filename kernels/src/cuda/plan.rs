@@ -195,6 +195,8 @@ fn type_code(d: DType) -> i32 {
         DType::I32 => 3,
         DType::Q8_0 => 4,
         DType::Q4_0 => 5,
+        DType::Q4_1 => 6,
+        DType::Q5_1 => 7,
         _ => -1,
     }
 }

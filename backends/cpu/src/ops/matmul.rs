@@ -1,5 +1,5 @@
 //! MUL_MAT: activations are converted once per node into the form the weight type wants (f32,
-//! Q8_0 blocks, or Q8_K super-blocks for the K-quants) in shared scratch; then threads take (plane × row-block × column-block) chunks
+//! Q8_0 blocks, Q8_1 blocks for Q4_1 / Q5_1, or Q8_K super-blocks for the K-quants) in shared scratch; then threads take (plane × row-block × column-block) chunks
 //! from a shared counter and run the kernels crate's tile function on each.
 
 use super::{Exec, ThreadScratch, row_index, split_range};
@@ -24,6 +24,8 @@ pub(crate) fn weight_type(d: DType) -> Option<WeightType> {
         DType::Q8_0 => WeightType::Q8_0,
         DType::Q4_0 => WeightType::Q4_0,
         DType::Q5_0 => WeightType::Q5_0,
+        DType::Q4_1 => WeightType::Q4_1,
+        DType::Q5_1 => WeightType::Q5_1,
         DType::Q4_K => WeightType::Q4_K,
         DType::Q5_K => WeightType::Q5_K,
         DType::Q6_K => WeightType::Q6_K,
@@ -82,7 +84,7 @@ pub(crate) fn mul_mat(
                     o.copy_from_slice(&v.to_le_bytes());
                 }
             }
-            ActType::Q8_0 | ActType::Q8_K => k::prepare_act(act, row, out),
+            ActType::Q8_0 | ActType::Q8_1 | ActType::Q8_K => k::prepare_act(act, row, out),
         }
     }
     if ith == 0 {

@@ -280,6 +280,8 @@ mod tests {
         for (dtype, ok) in [
             (DType::Q4_K, true),
             (DType::Q5_0, true),
+            (DType::Q4_1, true),
+            (DType::Q5_1, true),
             (DType::Q6_K, true),
             (DType::Q8_K, false),
         ] {

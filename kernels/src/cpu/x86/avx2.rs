@@ -7,7 +7,8 @@
 use std::arch::x86_64::*;
 
 use super::{
-    KIND_Q4_0, KIND_Q5_0, KQ_Q5_K, KQ_Q6_K, WT_BF16, WT_F16, WT_F32, kind_block_bytes,
+    KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KQ_Q5_K, KQ_Q6_K, WT_BF16, WT_F16, WT_F32,
+    kind_act_bytes, kind_act_qs_at, kind_affine, kind_block_bytes, kind_qh_at, kind_qs_at,
     kq_block_bytes, kq_scales_mins,
 };
 use crate::cpu::kquant::{BLOCK_Q8_K_BYTES, QK_K};
@@ -210,29 +211,35 @@ unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
     _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1))
 }
 
-/// Loads one Q8_0, Q4_0 or Q5_0 block's 32 quants (`KIND`) as signed i8.
+/// Loads one block's 32 quants (`KIND`): Q8_0, Q4_0 or Q5_0 as signed i8, Q4_1 or Q5_1 as their
+/// unsigned levels.
 ///
 /// # Safety
 /// `p` must point to a whole readable block.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn load_q<const KIND: u8>(p: *const u8) -> __m256i {
-    // SAFETY: a Q4_0 block has 16 quant bytes after the scale, Q5_0 4 bit bytes and 16 quant
-    // bytes, Q8_0 32 quant bytes.
+    // SAFETY: the nibbles (16 bytes at `kind_qs_at`) and fifth bits (4 bytes at `kind_qh_at`)
+    // lie inside the block, as do Q8_0's 32 quant bytes.
     unsafe {
         match KIND {
-            KIND_Q4_0 | KIND_Q5_0 => {
-                let off = if KIND == KIND_Q5_0 { 6 } else { 2 };
-                let q = _mm_loadu_si128(p.add(off) as *const __m128i);
+            KIND_Q4_0 | KIND_Q5_0 | KIND_Q4_1 | KIND_Q5_1 => {
+                let q = _mm_loadu_si128(p.add(kind_qs_at(KIND)) as *const __m128i);
                 let v = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
                 let v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-                if KIND == KIND_Q5_0 {
+                match KIND {
                     // q − 16 = nibble when the fifth bit is set, nibble − 16 (= nibble | 0xF0
                     // as i8) when it is clear.
-                    let hb = bytes_from_bits_32(p.add(2));
-                    _mm256_or_si256(v, _mm256_andnot_si256(hb, _mm256_set1_epi8(-16)))
-                } else {
-                    _mm256_sub_epi8(v, _mm256_set1_epi8(8))
+                    KIND_Q5_0 => {
+                        let hb = bytes_from_bits_32(p.add(kind_qh_at(KIND)));
+                        _mm256_or_si256(v, _mm256_andnot_si256(hb, _mm256_set1_epi8(-16)))
+                    }
+                    KIND_Q5_1 => {
+                        let hb = bytes_from_bits_32(p.add(kind_qh_at(KIND)));
+                        _mm256_or_si256(v, _mm256_and_si256(hb, _mm256_set1_epi8(16)))
+                    }
+                    KIND_Q4_1 => v,
+                    _ => _mm256_sub_epi8(v, _mm256_set1_epi8(8)),
                 }
             }
             _ => _mm256_loadu_si256(p.add(2) as *const __m256i),
@@ -241,39 +248,63 @@ unsafe fn load_q<const KIND: u8>(p: *const u8) -> __m256i {
 }
 
 /// `R` quantized weight rows (Q8_0, Q4_0 or Q5_0 by `KIND`) times `C` Q8_0
-/// columns of `nb` blocks: `res[r][c] = dot(w[r], x[c])`.
+/// columns of `nb` blocks, or Q4_1 / Q5_1 rows times Q8_1 columns:
+/// `res[r][c] = dot(w[r], x[c])`.
 ///
 /// # Safety
 /// AVX2/FMA/F16C must be available; every `wp[r]` must be valid for reading
-/// `nb` weight blocks and every `xp[c]` for reading `nb` Q8_0 blocks.
+/// `nb` weight blocks and every `xp[c]` for reading `nb` activation blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q_tile<const KIND: u8, const R: usize, const C: usize>(
     wp: &[*const u8; R],
     xp: &[*const u8; C],
     nb: usize,
 ) -> [[f32; C]; R] {
-    let blk = kind_block_bytes(KIND);
+    let (blk, ab, aq) = (
+        kind_block_bytes(KIND),
+        kind_act_bytes(KIND),
+        kind_act_qs_at(KIND),
+    );
     // SAFETY: every block read is below `nb` blocks of its row/column.
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); C]; R];
+        // The affine kinds' `m·s` per block, summed apart as ggml's `summs`.
+        let mut summs = [[0.0f32; C]; R];
         for b in 0..nb {
             let mut wv = [_mm256_setzero_si256(); R];
             let mut ax = [_mm256_setzero_si256(); R];
             let mut dw = [0.0f32; R];
+            let mut mw = [0.0f32; R];
             for r in 0..R {
                 let p = wp[r].add(b * blk);
                 dw[r] = scale_at(p);
                 wv[r] = load_q::<KIND>(p);
-                ax[r] = _mm256_abs_epi8(wv[r]);
+                if kind_affine(KIND) {
+                    mw[r] = scale_at(p.add(2));
+                } else {
+                    ax[r] = _mm256_abs_epi8(wv[r]);
+                }
             }
             for c in 0..C {
-                let p = xp[c].add(b * 34);
+                let p = xp[c].add(b * ab);
                 let dy = scale_at(p);
-                let y = _mm256_loadu_si256(p.add(2) as *const __m256i);
+                let y = _mm256_loadu_si256(p.add(aq) as *const __m256i);
+                let sy = if kind_affine(KIND) {
+                    scale_at(p.add(2))
+                } else {
+                    0.0
+                };
                 for r in 0..R {
-                    let sy = _mm256_sign_epi8(y, wv[r]);
-                    let s = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[r], sy), ones);
+                    // maddubs takes unsigned × signed: the affine levels are unsigned already,
+                    // signed quants move their sign onto the activations.
+                    let p16 = if kind_affine(KIND) {
+                        summs[r][c] += mw[r] * sy;
+                        _mm256_maddubs_epi16(wv[r], y)
+                    } else {
+                        _mm256_maddubs_epi16(ax[r], _mm256_sign_epi8(y, wv[r]))
+                    };
+                    let s = _mm256_madd_epi16(p16, ones);
                     acc[r][c] = _mm256_fmadd_ps(
                         _mm256_cvtepi32_ps(s),
                         _mm256_set1_ps(dw[r] * dy),
@@ -285,7 +316,7 @@ pub(crate) unsafe fn q_tile<const KIND: u8, const R: usize, const C: usize>(
         let mut res = [[0.0f32; C]; R];
         for r in 0..R {
             for c in 0..C {
-                res[r][c] = hsum(acc[r][c]);
+                res[r][c] = hsum(acc[r][c]) + summs[r][c];
             }
         }
         res

@@ -9,12 +9,15 @@
 //! into unsigned bytes (Q8_0: `q + 128`; Q4_0: the raw nibble, i.e. `q + 8`; Q5_0: nibble
 //! plus fifth bit, `q + 16`)
 //! and the activations stay signed; the offset is removed with a per-block
-//! compensation `off * sum(y)` computed from the activations.
+//! compensation `off * sum(y)` computed from the activations. Q4_1 / Q5_1
+//! levels are unsigned already (offset 0); their minimum adds `m * s` per block
+//! with Q8_1's `s`.
 
 use std::arch::x86_64::*;
 
 use super::{
-    KIND_Q4_0, KIND_Q5_0, KQ_Q5_K, KQ_Q6_K, WT_F16, WT_F32, kind_block_bytes, kind_offset,
+    KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KQ_Q5_K, KQ_Q6_K, WT_F16, WT_F32, kind_act_bytes,
+    kind_act_qs_at, kind_affine, kind_block_bytes, kind_offset, kind_qh_at, kind_qs_at,
     kq_block_bytes, kq_scales_mins,
 };
 use crate::cpu::kquant::{BLOCK_Q8_K_BYTES, QK_K};
@@ -186,32 +189,33 @@ unsafe fn load_scales_4(p: &[*const u8; 4], off: usize) -> __m512 {
 
 /// Loads one block (at `p[i] + off`) from each of four rows as unsigned
 /// bytes: returns (elements 0..16, elements 16..32), 128-bit lane `i` from
-/// row `i`. Q8_0: `q + 128`; Q4_0: the nibble (`q + 8`); Q5_0: nibble and
-/// fifth bit (`q + 16`).
+/// row `i`. Q8_0: `q + 128`; Q4_0 / Q4_1: the nibble (`q + 8` / the level);
+/// Q5_0 / Q5_1: nibble and fifth bit (`q + 16` / the level).
 ///
 /// # Safety
 /// Each `p[i] + off` must point to a whole readable block.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn load_wq_4<const KIND: u8>(p: &[*const u8; 4], off: usize) -> (__m512i, __m512i) {
-    // SAFETY: Q4_0 blocks have 16 quant bytes after the scale, Q5_0 blocks 4 bit bytes and 16
-    // quant bytes, Q8_0 blocks 32 quant bytes.
+    // SAFETY: the nibbles (16 bytes at `kind_qs_at`) and fifth bits (4 bytes at `kind_qh_at`)
+    // lie inside the block, as do Q8_0's 32 quant bytes.
     unsafe {
         match KIND {
-            KIND_Q4_0 | KIND_Q5_0 => {
-                let qoff = if KIND == KIND_Q5_0 { 6 } else { 2 };
-                let z = load_4x128(p, off + qoff);
+            KIND_Q4_0 | KIND_Q5_0 | KIND_Q4_1 | KIND_Q5_1 => {
+                let z = load_4x128(p, off + kind_qs_at(KIND));
                 let m = _mm512_set1_epi8(0x0F);
                 let (lo, hi) = (
                     _mm512_and_si512(z, m),
                     _mm512_and_si512(_mm512_srli_epi16::<4>(z), m),
                 );
-                if KIND == KIND_Q5_0 {
+                if KIND == KIND_Q5_0 || KIND == KIND_Q5_1 {
                     // Fifth bits: bit j of row i's qh is element j; its 16-bit halves become the
                     // byte masks of 128-bit lane i.
                     let (mut klo, mut khi) = (0u64, 0u64);
                     for (i, pi) in p.iter().enumerate() {
-                        let qh = u64::from((pi.add(off + 2) as *const u32).read_unaligned());
+                        let qh = u64::from(
+                            (pi.add(off + kind_qh_at(KIND)) as *const u32).read_unaligned(),
+                        );
                         klo |= (qh & 0xFFFF) << (16 * i);
                         khi |= (qh >> 16) << (16 * i);
                     }
@@ -250,25 +254,32 @@ fn lane_sums(v: __m512) -> [f32; 4] {
 }
 
 /// `4 * S` quantized weight rows (Q8_0, Q4_0 or Q5_0 by `KIND`) times `C` Q8_0
-/// columns of `nb` blocks: `res[s][c][i] = dot(w[s][i], x[c])`.
+/// columns of `nb` blocks, or Q4_1 / Q5_1 rows times Q8_1 columns:
+/// `res[s][c][i] = dot(w[s][i], x[c])`.
 ///
 /// `comp[c]` points to `4 * nb` i32 (per block, the negated offset
-/// compensation of each dword position, see `x86::act_tables`) and `dy[c]`
-/// to `nb` f32 (the column's block scales).
+/// compensation of each dword position, see `x86::act_tables`; unread for the
+/// affine kinds), `dy[c]` to `nb` f32 (the column's block scales) and `sy[c]`
+/// to `nb` f32 (Q8_1's `s`; read for the affine kinds only).
 ///
 /// # Safety
 /// AVX-512 must be available; every `wp[s][i]` must be valid for reading
-/// `nb` weight blocks, every `xp[c]` for reading `nb` Q8_0 blocks, every
-/// `comp[c]` for reading `4 * nb` i32 and every `dy[c]` for `nb` f32.
+/// `nb` weight blocks, every `xp[c]` for reading `nb` activation blocks, every
+/// `comp[c]` for reading `4 * nb` i32 and every `dy[c]` and `sy[c]` for `nb` f32.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn q_tile<const KIND: u8, const S: usize, const C: usize>(
     wp: &[[*const u8; 4]; S],
     xp: &[*const u8; C],
     comp: &[*const i32; C],
     dy: &[*const f32; C],
+    sy: &[*const f32; C],
     nb: usize,
 ) -> [[[f32; 4]; C]; S] {
-    let blk = kind_block_bytes(KIND);
+    let (blk, ab, aq) = (
+        kind_block_bytes(KIND),
+        kind_act_bytes(KIND),
+        kind_act_qs_at(KIND),
+    );
     // SAFETY: every read is within the first `nb` blocks of its row/column
     // and the first `nb` entries of its table.
     unsafe {
@@ -277,22 +288,34 @@ pub(crate) unsafe fn q_tile<const KIND: u8, const S: usize, const C: usize>(
             let mut wlo = [_mm512_setzero_si512(); S];
             let mut whi = [_mm512_setzero_si512(); S];
             let mut dw = [_mm512_setzero_ps(); S];
+            let mut mw = [_mm512_setzero_ps(); S];
             for s in 0..S {
                 (wlo[s], whi[s]) = load_wq_4::<KIND>(&wp[s], b * blk);
                 dw[s] = load_scales_4(&wp[s], b * blk);
+                if kind_affine(KIND) {
+                    // Row i's `m` in one element of lane i: `lane_sums` adds it once.
+                    mw[s] = _mm512_maskz_mov_ps(0x1111, load_scales_4(&wp[s], b * blk + 2));
+                }
             }
             for c in 0..C {
-                let yp = xp[c].add(b * 34 + 2);
+                let yp = xp[c].add(b * ab + aq);
                 let ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(yp as *const __m128i));
                 let yhi = _mm512_broadcast_i32x4(_mm_loadu_si128(yp.add(16) as *const __m128i));
-                let cmp =
-                    _mm512_broadcast_i32x4(_mm_loadu_si128(comp[c].add(b * 4) as *const __m128i));
+                let cmp = if kind_affine(KIND) {
+                    _mm512_setzero_si512()
+                } else {
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(comp[c].add(b * 4) as *const __m128i))
+                };
                 let d = _mm512_set1_ps(*dy[c].add(b));
                 for s in 0..S {
                     let t = _mm512_dpbusd_epi32(cmp, wlo[s], ylo);
                     let t = _mm512_dpbusd_epi32(t, whi[s], yhi);
                     acc[s][c] =
                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw[s], d), acc[s][c]);
+                    if kind_affine(KIND) {
+                        acc[s][c] =
+                            _mm512_fmadd_ps(mw[s], _mm512_set1_ps(*sy[c].add(b)), acc[s][c]);
+                    }
                 }
             }
         }
@@ -307,15 +330,19 @@ pub(crate) unsafe fn q_tile<const KIND: u8, const S: usize, const C: usize>(
 }
 
 /// Dot product of one quantized row (Q8_0, Q4_0 or Q5_0 by `KIND`) with one
-/// Q8_0 row, `nb` blocks each. Four consecutive blocks are processed per
-/// step, one per 128-bit lane.
+/// Q8_0 row, or of a Q4_1 / Q5_1 row with a Q8_1 row, `nb` blocks each. Four
+/// consecutive blocks are processed per step, one per 128-bit lane.
 ///
 /// # Safety
 /// AVX-512 must be available; `x` must be valid for reading `nb` weight
-/// blocks and `y` for reading `nb` Q8_0 blocks.
+/// blocks and `y` for reading `nb` activation blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn vec_dot_q<const KIND: u8>(x: *const u8, y: *const u8, nb: usize) -> f32 {
-    let blk = kind_block_bytes(KIND);
+    let (blk, ab, aq) = (
+        kind_block_bytes(KIND),
+        kind_act_bytes(KIND),
+        kind_act_qs_at(KIND),
+    );
     // SAFETY: lanes past the end re-read the last valid block group's first
     // block (their contribution is masked to zero); all reads are within `nb`
     // blocks.
@@ -332,10 +359,10 @@ pub(crate) unsafe fn vec_dot_q<const KIND: u8>(x: *const u8, y: *const u8, nb: u
                 b + 3usize.min(n - 1),
             ];
             let xp = blocks.map(|i| x.add(i * blk));
-            let yp = blocks.map(|i| y.add(i * 34));
+            let yp = blocks.map(|i| y.add(i * ab));
             let (wlo, whi) = load_wq_4::<KIND>(&xp, 0);
-            let ylo = load_4x128(&yp, 2);
-            let yhi = load_4x128(&yp, 18);
+            let ylo = load_4x128(&yp, aq);
+            let yhi = load_4x128(&yp, aq + 16);
             let zero = _mm512_setzero_si512();
             let cmp = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, off, ylo), off, yhi);
             let t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, wlo, ylo), whi, yhi);
@@ -343,6 +370,15 @@ pub(crate) unsafe fn vec_dot_q<const KIND: u8>(x: *const u8, y: *const u8, nb: u
             let lanes: __mmask16 = ((1u32 << (4 * n)) - 1) as u16;
             let sc = _mm512_maskz_mul_ps(lanes, load_scales_4(&xp, 0), load_scales_4(&yp, 0));
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), sc, acc);
+            if kind_affine(KIND) {
+                // m·s once per valid block: one element of each lane.
+                let ms = _mm512_maskz_mul_ps(
+                    lanes & 0x1111,
+                    load_scales_4(&xp, 2),
+                    load_scales_4(&yp, 2),
+                );
+                acc = _mm512_add_ps(acc, ms);
+            }
             b += 4;
         }
         _mm512_reduce_add_ps(acc)

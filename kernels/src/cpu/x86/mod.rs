@@ -9,6 +9,7 @@
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 
+use super::affine::{BLOCK_Q4_1_BYTES, BLOCK_Q5_1_BYTES, BLOCK_Q8_1_BYTES};
 use super::features::Isa;
 use super::generic::{self, scratch_f32};
 use super::kquant::{
@@ -31,20 +32,64 @@ pub(crate) const KIND_Q4_0: u8 = 1;
 /// Block kind of the 32-element kernels: Q5_0 weights.
 pub(crate) const KIND_Q5_0: u8 = 2;
 
+/// Block kind of the 32-element kernels: Q4_1 weights (Q8_1 activations).
+pub(crate) const KIND_Q4_1: u8 = 3;
+/// Block kind of the 32-element kernels: Q5_1 weights (Q8_1 activations).
+pub(crate) const KIND_Q5_1: u8 = 4;
+
 /// Bytes per weight block of a 32-element kind.
 pub(crate) const fn kind_block_bytes(kind: u8) -> usize {
     match kind {
         KIND_Q4_0 => BLOCK_Q4_0_BYTES,
         KIND_Q5_0 => BLOCK_Q5_0_BYTES,
+        KIND_Q4_1 => BLOCK_Q4_1_BYTES,
+        KIND_Q5_1 => BLOCK_Q5_1_BYTES,
         _ => BLOCK_Q8_0_BYTES,
     }
 }
 
-/// The offset that turns a kind's signed quants into the unsigned bytes `vpdpbusd` takes.
+/// Whether a kind is affine (unsigned levels times `d` plus a minimum `m` at bytes 2..4), so its
+/// activations are Q8_1 and each block adds `m·s`.
+pub(crate) const fn kind_affine(kind: u8) -> bool {
+    matches!(kind, KIND_Q4_1 | KIND_Q5_1)
+}
+
+/// Byte offset of the nibbles (Q8_0: the quants) in a weight block of a kind.
+pub(crate) const fn kind_qs_at(kind: u8) -> usize {
+    match kind {
+        KIND_Q5_0 => 6,
+        KIND_Q4_1 => 4,
+        KIND_Q5_1 => 8,
+        _ => 2,
+    }
+}
+
+/// Byte offset of the fifth bits in a Q5_0 / Q5_1 block.
+pub(crate) const fn kind_qh_at(kind: u8) -> usize {
+    if kind == KIND_Q5_1 { 4 } else { 2 }
+}
+
+/// Bytes per activation block of a kind (Q8_1 for the affine kinds, else Q8_0).
+pub(crate) const fn kind_act_bytes(kind: u8) -> usize {
+    if kind_affine(kind) {
+        BLOCK_Q8_1_BYTES
+    } else {
+        BLOCK_Q8_0_BYTES
+    }
+}
+
+/// Byte offset of the quants in an activation block of a kind (after Q8_1's `d` and `s`).
+pub(crate) const fn kind_act_qs_at(kind: u8) -> usize {
+    if kind_affine(kind) { 4 } else { 2 }
+}
+
+/// The offset that turns a kind's signed quants into the unsigned bytes `vpdpbusd` takes (the
+/// affine kinds' levels are unsigned already).
 pub(crate) const fn kind_offset(kind: u8) -> i32 {
     match kind {
         KIND_Q4_0 => 8,
         KIND_Q5_0 => 16,
+        KIND_Q4_1 | KIND_Q5_1 => 0,
         _ => 128,
     }
 }
@@ -68,11 +113,11 @@ pub(crate) fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
-/// Dot product of a Q8_0, Q4_0 or Q5_0 row (by `KIND`) with a Q8_0 row, over
-/// the whole blocks both hold.
+/// Dot product of a Q8_0, Q4_0 or Q5_0 row (by `KIND`) with a Q8_0 row, or of a Q4_1 or Q5_1
+/// row with a Q8_1 row, over the whole blocks both hold.
 pub(crate) fn vec_dot_q<const KIND: u8>(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
     let blk = kind_block_bytes(KIND);
-    let nb = (x.len() / blk).min(y.len() / BLOCK_Q8_0_BYTES);
+    let nb = (x.len() / blk).min(y.len() / kind_act_bytes(KIND));
     match isa.clamp_to_supported() {
         Isa::Avx512 => {
             // SAFETY: AVX-512 is supported; `x` and `y` hold `nb` blocks each.
@@ -85,6 +130,8 @@ pub(crate) fn vec_dot_q<const KIND: u8>(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
         Isa::Scalar => match KIND {
             KIND_Q4_0 => generic::vec_dot_q4_0_q8_0(x, y),
             KIND_Q5_0 => generic::vec_dot_q5_0_q8_0(x, y),
+            KIND_Q4_1 => generic::vec_dot_affine_q8_1::<false>(x, y),
+            KIND_Q5_1 => generic::vec_dot_affine_q8_1::<true>(x, y),
             _ => generic::vec_dot_q8_0_q8_0(x, y),
         },
     }
@@ -211,6 +258,12 @@ pub(crate) fn mul_mat_tile(
         WeightType::Q5_0 => quant_tile::<KIND_Q5_0>(
             isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
         ),
+        WeightType::Q4_1 => quant_tile::<KIND_Q4_1>(
+            isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
+        ),
+        WeightType::Q5_1 => quant_tile::<KIND_Q5_1>(
+            isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
+        ),
         WeightType::Q4_K => {
             kquant_tile::<KQ_Q4_K>(isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo)
         }
@@ -283,25 +336,31 @@ fn float_small<const WT: u8>(
     }
 }
 
-/// Per-column activation tables for the AVX-512 quantized kernel: for
-/// column `c` and block `b`, `comp[(c * nb + b) * 4 + t]` is
-/// `-off * (sum of y[4t..4t + 4] and y[16 + 4t..16 + 4t + 4])` and
-/// `dy[c * nb + b]` the block scale.
-fn act_tables<'a>(
-    off: i32,
+/// Per-column activation tables for the AVX-512 quantized kernel (by `KIND`):
+/// for column `c` and block `b`, `comp[(c * nb + b) * 4 + t]` is
+/// `-off * (sum of y[4t..4t + 4] and y[16 + 4t..16 + 4t + 4])`, `dy[c * nb + b]`
+/// the block scale and, for the affine kinds, `sy[c * nb + b]` Q8_1's `s`.
+#[allow(clippy::type_complexity)]
+fn act_tables<'a, const KIND: u8>(
     x: &[u8],
     x_stride: usize,
     cols: usize,
     nb: usize,
     scratch: &'a mut Vec<u8>,
-) -> (&'a [i32], &'a [f32]) {
-    let buf = scratch_f32(scratch, cols * nb * 5);
-    let (cbuf, dbuf) = buf.split_at_mut(cols * nb * 4);
+) -> (&'a [i32], &'a [f32], &'a [f32]) {
+    let (off, ab) = (kind_offset(KIND), kind_act_bytes(KIND));
+    let buf = scratch_f32(scratch, cols * nb * 6);
+    let (cbuf, rest) = buf.split_at_mut(cols * nb * 4);
+    let (dbuf, sbuf) = rest.split_at_mut(cols * nb);
     let cbuf: &mut [i32] = bytemuck::cast_slice_mut(cbuf);
     for c in 0..cols {
-        let col = &x[c * x_stride..c * x_stride + nb * BLOCK_Q8_0_BYTES];
-        for (b, blk) in col.chunks_exact(BLOCK_Q8_0_BYTES).enumerate() {
+        let col = &x[c * x_stride..c * x_stride + nb * ab];
+        for (b, blk) in col.chunks_exact(ab).enumerate() {
             dbuf[c * nb + b] = block_scale(blk);
+            if kind_affine(KIND) {
+                sbuf[c * nb + b] = block_scale(&blk[2..]);
+                continue;
+            }
             let q = &blk[2..];
             for t in 0..4 {
                 let mut s = 0i32;
@@ -312,10 +371,11 @@ fn act_tables<'a>(
             }
         }
     }
-    (cbuf, dbuf)
+    (cbuf, dbuf, sbuf)
 }
 
-/// Quantized weights (Q8_0, Q4_0 or Q5_0 by `KIND`) times Q8_0 activations.
+/// Quantized weights (Q8_0, Q4_0 or Q5_0 by `KIND`) times Q8_0 activations, or Q4_1 / Q5_1
+/// times Q8_1.
 /// Arguments were checked by `check_tile_args`; `isa` is a supported SIMD level.
 #[allow(clippy::too_many_arguments)]
 fn quant_tile<const KIND: u8>(
@@ -344,7 +404,7 @@ fn quant_tile<const KIND: u8>(
             store(out, ldo, rows, r0, 0, &t);
         }
     } else if isa == Isa::Avx512 {
-        let (comp, dy) = act_tables(kind_offset(KIND), x, x_stride, cols, nb, scratch);
+        let (comp, dy, sy) = act_tables::<KIND>(x, x_stride, cols, nb, scratch);
         for r0 in (0..rows).step_by(8) {
             let wp = [
                 row_ptrs::<4>(w, w_stride, rows, r0),
@@ -355,10 +415,11 @@ fn quant_tile<const KIND: u8>(
                     let xp = col_ptrs::<C>(x, x_stride, c0);
                     let cp: [*const i32; C] = std::array::from_fn(|j| comp[(c0 + j) * nb * 4..].as_ptr());
                     let dp: [*const f32; C] = std::array::from_fn(|j| dy[(c0 + j) * nb..].as_ptr());
+                    let sp: [*const f32; C] = std::array::from_fn(|j| sy[(c0 + j) * nb..].as_ptr());
                     // SAFETY: AVX-512 is supported; rows hold `nb` weight blocks and
-                    // columns `nb` Q8_0 blocks (check_tile_args); the tables hold
-                    // `4 * nb` and `nb` entries per column.
-                    let res = unsafe { avx512::q_tile::<KIND, 2, C>(&wp, &xp, &cp, &dp, nb) };
+                    // columns `nb` activation blocks (check_tile_args); the tables hold
+                    // `4 * nb`, `nb` and `nb` entries per column.
+                    let res = unsafe { avx512::q_tile::<KIND, 2, C>(&wp, &xp, &cp, &dp, &sp, nb) };
                     for (s, rs) in res.iter().enumerate() {
                         let t: [[f32; C]; 4] = std::array::from_fn(|i| std::array::from_fn(|j| rs[j][i]));
                         store(out, ldo, rows, r0 + 4 * s, c0, &t);
@@ -371,7 +432,7 @@ fn quant_tile<const KIND: u8>(
         for r0 in (0..rows).step_by(4) {
             let wp = row_ptrs::<4>(w, w_stride, rows, r0);
             // SAFETY: AVX2 is supported; rows hold `nb` weight blocks and the
-            // column `nb` Q8_0 blocks (check_tile_args).
+            // column `nb` activation blocks (check_tile_args).
             let res = unsafe { avx2::q_tile::<KIND, 4, 1>(&wp, &xp, nb) };
             store(out, ldo, rows, r0, 0, &res);
         }
