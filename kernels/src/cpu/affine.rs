@@ -13,6 +13,7 @@
 //!   instead of summing the activations again (ggml does the same, so results match its bytes).
 
 use super::kquant::{check_lengths, f16_at, put_f16};
+use super::quant::quantize_q8_block;
 
 /// Elements per Q4_1 block.
 pub const QK4_1: usize = 32;
@@ -191,22 +192,9 @@ pub fn quantize_row_q8_1(src: &[f32], dst: &mut [u8]) {
         .chunks_exact(QK8_1)
         .zip(dst.chunks_exact_mut(BLOCK_Q8_1_BYTES))
     {
-        let mut amax = 0.0f32;
-        for &v in x {
-            // ggml: MAX(amax, fabsf(v)) == (amax > |v| ? amax : |v|)
-            let a = v.abs();
-            amax = if amax > a { amax } else { a };
-        }
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let d = quantize_q8_block(x, &mut y[4..]);
         put_f16(y, 0, d);
-        let mut sum = 0i32;
-        for (q, &v) in y[4..].iter_mut().zip(x) {
-            // roundf: half away from zero; the float-to-int cast saturates.
-            let qi = (v * id).round() as i8;
-            *q = qi as u8;
-            sum += i32::from(qi);
-        }
+        let sum: i32 = y[4..].iter().map(|&q| i32::from(q as i8)).sum();
         // The unrounded f32 `d`, as ggml's `sum*d`.
         put_f16(y, 2, sum as f32 * d);
     }

@@ -136,10 +136,12 @@ fn check_block_lengths(what: &str, x: &[u8], xblk: usize, y: &[u8], yblk: usize)
     );
 }
 
-/// Generates a public Q4_1 / Q5_1 x Q8_1 dot product and its `_with_isa` twin.
-macro_rules! affine_dot {
-    ($name:ident, $with_isa:ident, $ty:literal, $blk:ident, $kind:ident, $q5:literal) => {
-        #[doc = concat!("Dot product of a ", $ty, " row with a Q8_1 row of the same element count.")]
+/// Generates a public weight-row x activation-row dot product (`$act` activations in blocks of
+/// `$act_blk` bytes, through `x86::$x86` or `$generic`) and its `_with_isa` twin.
+macro_rules! block_dot {
+    ($name:ident, $with_isa:ident, $ty:literal, $blk:ident, $act:literal, $act_blk:ident,
+     $x86:ident, $kind:ident, $generic:expr) => {
+        #[doc = concat!("Dot product of a ", $ty, " row with a ", $act, " row of the same element count.")]
         ///
         /// # Panics
         /// If the lengths are not whole blocks of the same count.
@@ -152,57 +154,10 @@ macro_rules! affine_dot {
         /// # Panics
         #[doc = concat!("As [`", stringify!($name), "`].")]
         pub fn $with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
-            check_block_lengths(stringify!($name), x, $blk, y, BLOCK_Q8_1_BYTES);
+            check_block_lengths(stringify!($name), x, $blk, y, $act_blk);
             #[cfg(target_arch = "x86_64")]
             {
-                super::x86::vec_dot_q::<{ super::x86::$kind }>(isa, x, y)
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                let _ = isa;
-                super::generic::vec_dot_affine_q8_1::<$q5>(x, y)
-            }
-        }
-    };
-}
-
-affine_dot!(
-    vec_dot_q4_1_q8_1,
-    vec_dot_q4_1_q8_1_with_isa,
-    "Q4_1",
-    BLOCK_Q4_1_BYTES,
-    KIND_Q4_1,
-    false
-);
-affine_dot!(
-    vec_dot_q5_1_q8_1,
-    vec_dot_q5_1_q8_1_with_isa,
-    "Q5_1",
-    BLOCK_Q5_1_BYTES,
-    KIND_Q5_1,
-    true
-);
-
-/// Generates a public K-quant x Q8_K dot product and its `_with_isa` twin.
-macro_rules! k_dot {
-    ($name:ident, $with_isa:ident, $ty:literal, $blk:ident, $kind:ident, $generic:expr) => {
-        #[doc = concat!("Dot product of a ", $ty, " row with a Q8_K row of the same element count.")]
-        ///
-        /// # Panics
-        /// If the lengths are not whole super-blocks of the same count.
-        pub fn $name(x: &[u8], y: &[u8]) -> f32 {
-            $with_isa(active_isa(), x, y)
-        }
-
-        #[doc = concat!("[`", stringify!($name), "`] with an explicit instruction set.")]
-        ///
-        /// # Panics
-        #[doc = concat!("As [`", stringify!($name), "`].")]
-        pub fn $with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
-            check_block_lengths(stringify!($name), x, $blk, y, BLOCK_Q8_K_BYTES);
-            #[cfg(target_arch = "x86_64")]
-            {
-                super::x86::vec_dot_k::<{ super::x86::$kind }>(isa, x, y)
+                super::x86::$x86::<{ super::x86::$kind }>(isa, x, y)
             }
             #[cfg(not(target_arch = "x86_64"))]
             {
@@ -213,27 +168,58 @@ macro_rules! k_dot {
     };
 }
 
-k_dot!(
+block_dot!(
+    vec_dot_q4_1_q8_1,
+    vec_dot_q4_1_q8_1_with_isa,
+    "Q4_1",
+    BLOCK_Q4_1_BYTES,
+    "Q8_1",
+    BLOCK_Q8_1_BYTES,
+    vec_dot_q,
+    KIND_Q4_1,
+    super::generic::vec_dot_affine_q8_1::<false>
+);
+block_dot!(
+    vec_dot_q5_1_q8_1,
+    vec_dot_q5_1_q8_1_with_isa,
+    "Q5_1",
+    BLOCK_Q5_1_BYTES,
+    "Q8_1",
+    BLOCK_Q8_1_BYTES,
+    vec_dot_q,
+    KIND_Q5_1,
+    super::generic::vec_dot_affine_q8_1::<true>
+);
+block_dot!(
     vec_dot_q4_k_q8_k,
     vec_dot_q4_k_q8_k_with_isa,
     "Q4_K",
     BLOCK_Q4_K_BYTES,
+    "Q8_K",
+    BLOCK_Q8_K_BYTES,
+    vec_dot_k,
     KQ_Q4_K,
     super::generic::vec_dot_qk_affine_q8_k::<false>
 );
-k_dot!(
+block_dot!(
     vec_dot_q5_k_q8_k,
     vec_dot_q5_k_q8_k_with_isa,
     "Q5_K",
     BLOCK_Q5_K_BYTES,
+    "Q8_K",
+    BLOCK_Q8_K_BYTES,
+    vec_dot_k,
     KQ_Q5_K,
     super::generic::vec_dot_qk_affine_q8_k::<true>
 );
-k_dot!(
+block_dot!(
     vec_dot_q6_k_q8_k,
     vec_dot_q6_k_q8_k_with_isa,
     "Q6_K",
     BLOCK_Q6_K_BYTES,
+    "Q8_K",
+    BLOCK_Q8_K_BYTES,
+    vec_dot_k,
     KQ_Q6_K,
     super::generic::vec_dot_q6_k_q8_k
 );
@@ -299,6 +285,37 @@ mod tests {
         }
     }
 
+    /// Checks every supported path of `f` against the scalar one (within `tol_scalar · mag`) and
+    /// against the f64 dot of the decoded operands `dx`, `dy` (within `tol_exact · mag`, where
+    /// `mag` is the sum of `|dx_i dy_i|`, the scale of the rounding errors).
+    fn check_paths(
+        what: &str,
+        f: impl Fn(Isa) -> f32,
+        dx: &[f32],
+        dy: &[f32],
+        tol_scalar: f64,
+        tol_exact: f64,
+    ) {
+        let exact: f64 = dx.iter().zip(dy).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let mag: f64 = dx
+            .iter()
+            .zip(dy)
+            .map(|(a, b)| (*a as f64 * *b as f64).abs())
+            .sum();
+        let scalar = f(Isa::Scalar);
+        for isa in supported_isas() {
+            let v = f(isa);
+            assert!(
+                ((v - scalar) as f64).abs() <= tol_scalar * mag,
+                "{isa} {what}: {v} vs {scalar}"
+            );
+            assert!(
+                (v as f64 - exact).abs() <= tol_exact * mag,
+                "{isa} {what}: {v} vs {exact}"
+            );
+        }
+    }
+
     #[test]
     fn quant_dots_paths_agree() {
         for nb in [1usize, 2, 3, 4, 5, 7, 8, 9, 33] {
@@ -323,12 +340,6 @@ mod tests {
             dequantize_row_q4_0(x4, &mut dx4);
             dequantize_row_q8_0(y8, &mut dy);
             for (x, dx, q4) in [(x8, &dx8, false), (x4, &dx4, true)] {
-                let exact: f64 = dx.iter().zip(&dy).map(|(a, b)| *a as f64 * *b as f64).sum();
-                let mag: f64 = dx
-                    .iter()
-                    .zip(&dy)
-                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                    .sum();
                 let f = |isa| {
                     if q4 {
                         vec_dot_q4_0_q8_0_with_isa(isa, x, y8)
@@ -336,20 +347,9 @@ mod tests {
                         vec_dot_q8_0_q8_0_with_isa(isa, x, y8)
                     }
                 };
-                let scalar = f(Isa::Scalar);
-                for isa in supported_isas() {
-                    let v = f(isa);
-                    // 1e-4 relative to sum |x_i y_i| (integer block sums are exact;
-                    // only the f32 scaling/accumulation order differs).
-                    assert!(
-                        ((v - scalar) as f64).abs() <= 1e-4 * mag,
-                        "{isa} q4={q4} nb={nb}: {v} vs {scalar}"
-                    );
-                    assert!(
-                        (v as f64 - exact).abs() <= 1e-4 * mag,
-                        "{isa} q4={q4} nb={nb}: {v} vs {exact}"
-                    );
-                }
+                // 1e-4 relative to sum |x_i y_i| (integer block sums are exact;
+                // only the f32 scaling/accumulation order differs).
+                check_paths(&format!("q4={q4} nb={nb}"), f, dx, &dy, 1e-4, 1e-4);
             }
         }
     }
@@ -399,25 +399,9 @@ mod tests {
                 let x = &x[1..];
                 let mut dx = vec![0.0f32; n];
                 dq(x, &mut dx);
-                let exact: f64 = dx.iter().zip(&dy).map(|(a, b)| *a as f64 * *b as f64).sum();
-                let mag: f64 = dx
-                    .iter()
-                    .zip(&dy)
-                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                    .sum();
-                let scalar = dot(Isa::Scalar, x, y);
-                for isa in supported_isas() {
-                    let v = dot(isa, x, y);
-                    assert!(
-                        ((v - scalar) as f64).abs() <= 1e-5 * mag,
-                        "{isa} {name} nb={nb}: {v} vs {scalar}"
-                    );
-                    // Q8_1's `s` is `d·Σq` rounded to f16: the minimum term is ~1e-3 off exact.
-                    assert!(
-                        (v as f64 - exact).abs() <= 3e-3 * mag,
-                        "{isa} {name} nb={nb}: {v} vs {exact}"
-                    );
-                }
+                // Q8_1's `s` is `d·Σq` rounded to f16: the minimum term is ~1e-3 off exact.
+                let f = |isa| dot(isa, x, y);
+                check_paths(&format!("{name} nb={nb}"), f, &dx, &dy, 1e-5, 3e-3);
             }
         }
     }

@@ -48,20 +48,27 @@ pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) {
         .chunks_exact(QK8_0)
         .zip(dst.chunks_exact_mut(BLOCK_Q8_0_BYTES))
     {
-        let mut amax = 0.0f32;
-        for &v in x {
-            // ggml: MAX(amax, fabsf(v)) == (amax > |v| ? amax : |v|)
-            let a = v.abs();
-            amax = if amax > a { amax } else { a };
-        }
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let d = quantize_q8_block(x, &mut y[2..]);
         y[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
-        for (q, &v) in y[2..].iter_mut().zip(x) {
-            // roundf: half away from zero; the float-to-int cast saturates.
-            *q = ((v * id).round() as i8) as u8;
-        }
     }
+}
+
+/// The scale and quants of one Q8_0 / Q8_1 block, as ggml's reference quantizers compute them:
+/// writes the 32 quants to `qs` and returns the (f32, not yet f16-rounded) scale `d`.
+pub(crate) fn quantize_q8_block(x: &[f32], qs: &mut [u8]) -> f32 {
+    let mut amax = 0.0f32;
+    for &v in x {
+        // ggml: MAX(amax, fabsf(v)) == (amax > |v| ? amax : |v|)
+        let a = v.abs();
+        amax = if amax > a { amax } else { a };
+    }
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    for (q, &v) in qs.iter_mut().zip(x) {
+        // roundf: half away from zero; the float-to-int cast saturates.
+        *q = ((v * id).round() as i8) as u8;
+    }
+    d
 }
 
 /// Dequantizes a Q8_0 row.
