@@ -1,10 +1,12 @@
-// ROPE, normal (adjacent pairs) and NeoX (halves) modes, with ggml's theta schedule.
+// ROPE, normal (adjacent pairs) and NeoX (halves) modes, with ggml's theta schedule and optional
+// per-pair frequency factors (has_freqs: pair i turns by theta_i / freqs[i]).
 // One thread per slot of a row: slots below n_dims/2 rotate one pair (read both, then write
 // both, so in-place rows are safe); the remaining slots copy two elements of the unrotated tail.
 #include "common.cuh"
 
-extern "C" __global__ void k_rope(Tensor dst, Tensor a, Tensor pos, int n_dims, int neox,
-                                  double theta_scale, double freq_scale, i64 slots_per_row, i64 n) {
+extern "C" __global__ void k_rope(Tensor dst, Tensor a, Tensor pos, Tensor freqs, int has_freqs,
+                                  int n_dims, int neox, double theta_scale, double freq_scale,
+                                  i64 slots_per_row, i64 n) {
     GRID_STRIDE(e, n) {
         i64 slot = e % slots_per_row;
         i64 r[4];
@@ -13,6 +15,7 @@ extern "C" __global__ void k_rope(Tensor dst, Tensor a, Tensor pos, int n_dims, 
         if (slot < half) {
             int p = ld_i32(pos, r[2], 0, 0, 0);
             double theta = (double)p * freq_scale * pow(theta_scale, (double)slot);
+            if (has_freqs) theta /= (double)ld(freqs, slot, 0, 0, 0);
             float c = (float)cos(theta), s = (float)sin(theta);
             i64 j0 = neox ? slot : 2 * slot;
             i64 j1 = neox ? slot + half : 2 * slot + 1;

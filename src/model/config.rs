@@ -95,6 +95,15 @@ impl Arch {
         }
     }
 
+    /// The architecture applies `rope_freqs.weight` when a file has it (llama.cpp's
+    /// `get_rope_factors`).
+    pub fn uses_rope_freqs(self) -> bool {
+        match self {
+            Arch::Llama => true,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => false,
+        }
+    }
+
     /// The gated activation of the feed-forward block.
     pub fn glu(self) -> crate::GluOp {
         match self {
@@ -150,6 +159,10 @@ pub struct LlamaConfig {
     /// Final logits are soft-capped to `±cap · tanh(x / cap)` (0: no capping;
     /// `{arch}.final_logit_softcapping`).
     pub logit_softcap: f32,
+    /// RoPE frequency factors `rope_freqs.weight` (f32 `[n_rot / 2]`, Llama 3.1-style
+    /// long-context scaling) divide each pair's angle; architectures whose
+    /// [`Arch::uses_rope_freqs`] is false have none.
+    pub rope_freqs: bool,
 }
 
 impl LlamaConfig {
@@ -178,6 +191,7 @@ impl LlamaConfig {
             n_rot: 64,
             rope_freq_scale: 1.0,
             logit_softcap: 0.0,
+            rope_freqs: false,
         }
     }
 
@@ -204,6 +218,7 @@ impl LlamaConfig {
             n_rot: 16,
             rope_freq_scale: 1.0,
             logit_softcap: 0.0,
+            rope_freqs: false,
         }
     }
 
@@ -333,6 +348,12 @@ impl LlamaConfig {
         }
         if !(self.logit_softcap.is_finite() && self.logit_softcap >= 0.0) {
             return bad(format!("logit_softcap {} must be ≥ 0", self.logit_softcap));
+        }
+        if self.rope_freqs && !self.arch.uses_rope_freqs() {
+            return bad(format!(
+                "{} does not use RoPE frequency factors",
+                self.arch.name()
+            ));
         }
         if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0) {
             return bad(format!("norm_eps {} must be ≥ 0", self.norm_eps));

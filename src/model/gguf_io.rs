@@ -230,12 +230,11 @@ impl LlamaConfig {
             }
             _ => (0, 0),
         };
-        if let Ok(info) = file.tensor_info("rope_freqs.weight") {
+        let rope_freqs = file.tensor_info("rope_freqs.weight").is_ok();
+        if rope_freqs && !arch.uses_rope_freqs() {
             return Err(Error::InvalidArgument(format!(
-                "{}: RoPE frequency factors ({}, Llama 3.1-style long-context scaling) are not \
-                 supported yet",
-                file.source(),
-                info.name()
+                "{}: rope_freqs.weight in a {name} model, which llama.cpp does not apply either",
+                file.source()
             )));
         }
         let config = LlamaConfig {
@@ -258,6 +257,7 @@ impl LlamaConfig {
             n_rot,
             rope_freq_scale,
             logit_softcap: float_or("final_logit_softcapping", 0.0)?,
+            rope_freqs,
         };
         let mut check = config.clone();
         check.weight_dtype = crate::DType::F32;

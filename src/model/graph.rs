@@ -105,11 +105,11 @@ impl LlamaModel {
             let q = proj(ctx, l.wq, bq)?;
             let q = ctx.reshape(q, [hd, nh, t])?;
             let q = head_norm(ctx, q, 0)?;
-            let q = ctx.rope(q, positions, rope)?;
+            let q = ctx.rope_ext(q, positions, self.rope_freqs(), rope)?;
             let k = proj(ctx, l.wk, bk)?;
             let k = ctx.reshape(k, [hd, nkv, t])?;
             let k = head_norm(ctx, k, 1)?;
-            let k = ctx.rope(k, positions, rope)?;
+            let k = ctx.rope_ext(k, positions, self.rope_freqs(), rope)?;
             let k = ctx.reshape(k, [hd * nkv, t])?;
             let v = proj(ctx, l.wv, bv)?;
 

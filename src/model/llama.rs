@@ -18,6 +18,9 @@ enum Init {
     Uniform(f32),
     /// Uniform in `[0.9, 1.1)`: norm weights.
     Norm,
+    /// Rising geometrically from 1 to 8 along the tensor: RoPE frequency factors shaped like
+    /// Llama 3.1's (high-frequency pairs untouched, low-frequency pairs slowed).
+    RopeFactors,
     /// All zero: KV caches.
     Zero,
     /// The same values as another parameter (an untied copy of a tied output).
@@ -120,6 +123,7 @@ pub struct LlamaModel {
     layers: Vec<LayerTensors>,
     output_norm: TensorId,
     output: TensorId,
+    rope_freqs: Option<TensorId>,
     params: Vec<(TensorId, Init, Placement)>,
 }
 
@@ -167,7 +171,7 @@ impl LlamaModel {
                          place: Placement|
          -> Result<TensorId> {
             let dtype = match (&source, init) {
-                (Some(src), Init::Norm | Init::Uniform(_)) => {
+                (Some(src), Init::Norm | Init::Uniform(_) | Init::RopeFactors) => {
                     let (dt, ne) = src.describe(&name).ok_or_else(|| {
                         Error::InvalidArgument(format!(
                             "{}: tensor '{name}' is missing",
@@ -282,6 +286,18 @@ impl LlamaModel {
                 cache_v,
             });
         }
+        let rope_freqs = if c.rope_freqs {
+            Some(param(
+                &mut ctx,
+                "rope_freqs.weight".into(),
+                DType::F32,
+                [c.n_rot / 2, 1],
+                Init::RopeFactors,
+                Placement::Input,
+            )?)
+        } else {
+            None
+        };
         let output_norm = param(
             &mut ctx,
             "output_norm.weight".into(),
@@ -311,6 +327,7 @@ impl LlamaModel {
             layers,
             output_norm,
             output,
+            rope_freqs,
             params,
         })
     }
@@ -386,6 +403,11 @@ impl LlamaModel {
         Ok(m)
     }
 
+    /// `rope_freqs.weight`, the RoPE frequency factors (Llama 3.1-style files).
+    pub fn rope_freqs(&self) -> Option<TensorId> {
+        self.rope_freqs
+    }
+
     /// `output_norm.weight` and `output.weight` (the token embedding when the output is tied).
     pub fn output_tensors(&self) -> (TensorId, TensorId) {
         (self.output_norm, self.output)
@@ -458,6 +480,13 @@ impl LlamaModel {
         }
         let (center, half) = match init {
             Init::Zero | Init::Same(_) => return Ok(vec![0u8; t.nbytes()]),
+            Init::RopeFactors => {
+                let n = t.nelements();
+                let values: Vec<f32> = (0..n)
+                    .map(|i| 8f32.powf(i as f32 / (n.max(2) - 1) as f32))
+                    .collect();
+                return encode_f32(t.dtype(), &values);
+            }
             Init::Norm => (1.0, 0.1),
             Init::Uniform(a) => (0.0, a),
         };

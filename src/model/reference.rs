@@ -129,6 +129,13 @@ pub fn reference_models() -> Vec<ReferenceModel> {
         },
     ));
     out.push(variant(
+        "llama-f32-gqa-ropefreqs".into(),
+        LlamaConfig {
+            rope_freqs: true,
+            ..base_config(Arch::Llama)
+        },
+    ));
+    out.push(variant(
         "gemma3-f32-gqa-softcap".into(),
         LlamaConfig {
             logit_softcap: 8.0,
@@ -167,6 +174,7 @@ fn base_config(arch: Arch) -> LlamaConfig {
         n_rot: 64,
         rope_freq_scale: 1.0,
         logit_softcap: 0.0,
+        rope_freqs: false,
     };
     match arch {
         Arch::Llama => {}

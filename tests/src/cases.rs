@@ -883,6 +883,36 @@ fn rope_cases(v: &mut Vec<Case>) {
                     },
                 ));
             }
+            // Per-pair frequency factors (Llama 3.1's rope_freqs), factors in [1, 8).
+            let ne = [64, 4, 5, 1];
+            v.push(Case::new(
+                "ROPE",
+                format!(
+                    "type={dtype},ne={},n_dims=64,mode={},freq_base=500000,freq_factors",
+                    ne_str(ne),
+                    if mode == RopeMode::Normal { 0 } else { 2 }
+                ),
+                float_tol(&[dtype], NMSE_F32_MATH),
+                move |ctx| {
+                    let a = source(ctx, dtype, ne, Layout::Contiguous)?;
+                    let pos = ctx.new_tensor(DType::I32, [ne[2]])?;
+                    let freqs = ctx.new_tensor(DType::F32, [32])?;
+                    let y = ctx.rope_ext(
+                        a,
+                        pos,
+                        Some(freqs),
+                        RopeParams {
+                            n_dims: 64,
+                            mode,
+                            freq_base: 500000.0,
+                            freq_scale: 1.0,
+                        },
+                    )?;
+                    Ok(Built::out(y)
+                        .init(pos, Init::Ints { lo: 0, hi: 4000 })
+                        .init(freqs, Init::Uniform { lo: 1.0, hi: 8.0 }))
+                },
+            ));
         }
     }
 }

@@ -746,6 +746,10 @@ impl RefMemory {
                 let a = self.read(src(0)?)?;
                 let pos = self.read(src(1)?)?;
                 let half = p.n_dims / 2;
+                let factors = match t.src(2) {
+                    Some(f) => self.read(f)?,
+                    None => vec![1.0; half],
+                };
                 let mut out = a.clone();
                 for (r, row) in out.chunks_exact_mut(ne[0]).enumerate() {
                     let i2 = (r / ne[1]) % ne[2];
@@ -753,7 +757,8 @@ impl RefMemory {
                     for i in 0..half {
                         let theta = pos
                             * f64::from(p.freq_scale)
-                            * f64::from(p.freq_base).powf(-2.0 * i as f64 / p.n_dims as f64);
+                            * f64::from(p.freq_base).powf(-2.0 * i as f64 / p.n_dims as f64)
+                            / factors.get(i).copied().ok_or("too few frequency factors")?;
                         let (sin, cos) = theta.sin_cos();
                         let (j0, j1) = match p.mode {
                             RopeMode::Normal => (2 * i, 2 * i + 1),

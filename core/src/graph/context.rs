@@ -775,6 +775,22 @@ impl Context {
     /// [`Error::InvalidOp`] on non-float `a`, non-i32 positions, a position count other than `ne2`,
     /// or an odd / too large `n_dims`.
     pub fn rope(&mut self, a: TensorId, pos: TensorId, p: RopeParams) -> Result<TensorId> {
+        self.rope_ext(a, pos, None, p)
+    }
+
+    /// [`Context::rope`] with per-pair frequency factors (ggml's `ggml_rope_ext` `c` operand,
+    /// Llama 3.1's `rope_freqs.weight`): pair `i` turns by `θ_i / freqs[i]`. `freqs` is f32
+    /// `[n_dims / 2]`.
+    ///
+    /// # Errors
+    /// As [`Context::rope`]; [`Error::InvalidOp`] when `freqs` is not f32 `[n_dims / 2]`.
+    pub fn rope_ext(
+        &mut self,
+        a: TensorId,
+        pos: TensorId,
+        freqs: Option<TensorId>,
+        p: RopeParams,
+    ) -> Result<TensorId> {
         let op = Op::Rope(p);
         let t = self.check_float(&op, a)?;
         let tp = self.get(&op, pos)?;
@@ -800,8 +816,29 @@ impl Context {
                 )
             },
         )?;
+        if let Some(f) = freqs {
+            let tf = self.get(&op, f)?;
+            self.check(
+                &op,
+                f,
+                tf.dtype == DType::F32
+                    && tf.nelements() == p.n_dims / 2
+                    && tf.ne[0] == p.n_dims / 2,
+                || {
+                    format!(
+                        "frequency factors must be f32 [{}], got {} {:?}",
+                        p.n_dims / 2,
+                        tf.dtype,
+                        tf.ne
+                    )
+                },
+            )?;
+        }
         let (dtype, ne) = (t.dtype, t.ne);
-        self.node(op, dtype, ne, &[a, pos])
+        match freqs {
+            Some(f) => self.node(op, dtype, ne, &[a, pos, f]),
+            None => self.node(op, dtype, ne, &[a, pos]),
+        }
     }
 
     /// `aᵀ·b`: `a` `[k, m, a2, a3]` (any weight dtype), `b` `[k, n, b2, b3]` (float) → f32

@@ -114,6 +114,9 @@ pub(crate) fn rule(c: &NodeCtx<'_>) -> Result<SplitState> {
             if !c.st(1)?.is_mirrored() {
                 return Err(c.fail("positions must be MIRRORED"));
             }
+            if c.states.len() > 2 && !c.st(2)?.is_mirrored() {
+                return Err(c.fail("frequency factors must be MIRRORED"));
+            }
             match a0 {
                 Some(0) => Err(c.fail("ROPE rotates within a row, which A0 splits")),
                 Some(2) => Err(c.fail("positions are per ne2 index, which A2 splits")),

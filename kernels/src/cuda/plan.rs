@@ -467,9 +467,13 @@ impl Planner<'_> {
                 let slots = half + (t.ne()[0] - p.n_dims).div_ceil(2);
                 let total = slots * t.nrows();
                 let theta_scale = (p.freq_base as f64).powf(-2.0 / p.n_dims as f64);
+                // Without factors the positions stand in for them; the kernel never reads them.
+                let freqs = t.src(2).unwrap_or(self.src(node, 1));
                 args.push_bytes(&dst)
                     .push_bytes(&self.kt(self.src(node, 0)))
                     .push_bytes(&self.kt(self.src(node, 1)))
+                    .push_bytes(&self.kt(freqs))
+                    .i32(t.src(2).is_some() as i32)
                     .i32(p.n_dims as i32)
                     .i32((p.mode == RopeMode::Neox) as i32)
                     .f64(theta_scale)

@@ -1,4 +1,5 @@
-//! ROPE, normal (adjacent pairs) and NeoX (halves) modes, with ggml's θ schedule.
+//! ROPE, normal (adjacent pairs) and NeoX (halves) modes, with ggml's θ schedule and optional
+//! per-pair frequency factors (third source).
 
 use super::{Exec, ThreadScratch, my_rows};
 use tessera_core::{RopeMode, RopeParams, TensorId};
@@ -14,6 +15,15 @@ pub(crate) fn rope(
     let (dst, a, pos) = (exec.view(node), exec.src(node, 0), exec.src(node, 1));
     let n = dst.ne[0];
     let half = p.n_dims / 2;
+    // Checked at graph build: the factors are f32 [n_dims / 2].
+    let factors: Vec<f64> = match exec.desc(node).src(2) {
+        Some(_) => {
+            let mut f = vec![0f32; half];
+            exec.src(node, 2).read_row(0, 0, 0, &mut f);
+            f.iter().map(|&v| f64::from(v)).collect()
+        }
+        None => vec![1.0; half],
+    };
     let theta_scale = (p.freq_base as f64).powf(-2.0 / p.n_dims as f64);
     let mut cos_sin: Vec<(f32, f32)> = vec![(1.0, 0.0); half];
     let mut cached_pos: Option<i32> = None;
@@ -21,8 +31,9 @@ pub(crate) fn rope(
         let position = pos.get_i32([i2, 0, 0, 0]);
         if cached_pos != Some(position) {
             let mut theta = position as f64 * p.freq_scale as f64;
-            for cs in cos_sin.iter_mut() {
-                *cs = (theta.cos() as f32, theta.sin() as f32);
+            for (cs, f) in cos_sin.iter_mut().zip(&factors) {
+                let t = theta / f;
+                *cs = (t.cos() as f32, t.sin() as f32);
                 theta *= theta_scale;
             }
             cached_pos = Some(position);
