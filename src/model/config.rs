@@ -276,7 +276,8 @@ impl LlamaConfig {
             + if a.qk_norm() { 2 * self.head_dim } else { 0 }
             + if a.post_norms() { 2 * e } else { 0 };
         let embeddings = if self.tied_output { 1 } else { 2 };
-        embeddings * self.n_vocab * e + e + self.n_layer * per_layer
+        let rope_freqs = if self.rope_freqs { self.n_rot / 2 } else { 0 };
+        embeddings * self.n_vocab * e + e + self.n_layer * per_layer + rope_freqs
     }
 
     /// Checks that the shapes are consistent and that every matrix row is a whole number of
