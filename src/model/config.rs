@@ -163,6 +163,10 @@ pub struct LlamaConfig {
     /// long-context scaling) divide each pair's angle; architectures whose
     /// [`Arch::uses_rope_freqs`] is false have none.
     pub rope_freqs: bool,
+    /// YaRN context extension of the global layers (`{arch}.rope.scaling.type` `yarn`): the
+    /// trained context the factor extends (`rope.scaling.original_context_length`); 0 without
+    /// YaRN. With it, [`LlamaConfig::rope_freq_scale`] is `1 / factor`.
+    pub yarn_orig_ctx: usize,
 }
 
 impl LlamaConfig {
@@ -192,6 +196,7 @@ impl LlamaConfig {
             rope_freq_scale: 1.0,
             logit_softcap: 0.0,
             rope_freqs: false,
+            yarn_orig_ctx: 0,
         }
     }
 
@@ -219,6 +224,7 @@ impl LlamaConfig {
             rope_freq_scale: 1.0,
             logit_softcap: 0.0,
             rope_freqs: false,
+            yarn_orig_ctx: 0,
         }
     }
 
@@ -252,6 +258,43 @@ impl LlamaConfig {
             Arch::Gemma3 | Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => self.head_dim,
         };
         1.0 / (d as f32).sqrt()
+    }
+
+    /// YaRN's per-pair divisors of the rotation angle for the global layers (ggml's `rope_yarn`
+    /// with `ext_factor` 1 and β 32 / 1, as llama.cpp sets them): pair `i` turns by
+    /// `θ_i · (s·(1 − r_i) + r_i)` for the position scale `s` and the ramp `r_i` between the
+    /// correction dimensions, i.e. by `θ_i / f_i` with `f_i = 1 / (s·(1 − r_i) + r_i)`. `None`
+    /// without YaRN.
+    pub fn yarn_factors(&self) -> Option<Vec<f32>> {
+        if self.yarn_orig_ctx == 0 {
+            return None;
+        }
+        let (n_dims, base, s) = (self.n_rot as f32, self.rope_base, self.rope_freq_scale);
+        let corr_dim = |beta: f32| {
+            n_dims * (self.yarn_orig_ctx as f32 / (beta * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let low = corr_dim(32.0).floor().max(0.0);
+        let high = corr_dim(1.0).ceil().min(n_dims - 1.0);
+        Some(
+            (0..self.n_rot / 2)
+                .map(|i| {
+                    let y = (i as f32 - low) / (high - low).max(0.001);
+                    let ramp = 1.0 - y.clamp(0.0, 1.0);
+                    1.0 / (s * (1.0 - ramp) + ramp)
+                })
+                .collect(),
+        )
+    }
+
+    /// YaRN's magnitude scale of the rotated Q and K, `1 + 0.1·ln(1/s)` (1 without YaRN); it
+    /// multiplies attention scores by its square.
+    pub fn yarn_mscale(&self) -> f32 {
+        if self.yarn_orig_ctx == 0 {
+            1.0
+        } else {
+            1.0 + 0.1 * (1.0 / self.rope_freq_scale).ln()
+        }
     }
 
     /// Width of the attention output (`n_head · head_dim`).
@@ -349,6 +392,14 @@ impl LlamaConfig {
         }
         if !(self.logit_softcap.is_finite() && self.logit_softcap >= 0.0) {
             return bad(format!("logit_softcap {} must be ≥ 0", self.logit_softcap));
+        }
+        if self.yarn_orig_ctx > 0 && self.n_rot != self.head_dim {
+            // YaRN's magnitude scale applies to the rotated part only; it is folded into the
+            // attention scale, which is exact only when the whole head rotates.
+            return bad(format!(
+                "YaRN with partial rotation (n_rot {} < head_dim {}) is not supported",
+                self.n_rot, self.head_dim
+            ));
         }
         if self.rope_freqs && !self.arch.uses_rope_freqs() {
             return bad(format!(

@@ -104,11 +104,22 @@ impl LlamaModel {
             w.set(&format!("{arch}.rope.freq_base_swa"), c.rope_base_swa)?;
         }
         if c.rope_freq_scale != 1.0 {
-            w.set(&format!("{arch}.rope.scaling.type"), "linear")?;
+            let kind = if c.yarn_orig_ctx > 0 {
+                "yarn"
+            } else {
+                "linear"
+            };
+            w.set(&format!("{arch}.rope.scaling.type"), kind)?;
             w.set(
                 &format!("{arch}.rope.scaling.factor"),
                 1.0 / c.rope_freq_scale,
             )?;
+            if c.yarn_orig_ctx > 0 {
+                w.set(
+                    &format!("{arch}.rope.scaling.original_context_length"),
+                    u32_of("yarn_orig_ctx", c.yarn_orig_ctx)?,
+                )?;
+            }
         }
         if c.logit_softcap > 0.0 {
             w.set(&format!("{arch}.final_logit_softcapping"), c.logit_softcap)?;
@@ -126,7 +137,7 @@ impl LlamaModel {
         w.set(KEY_ADD_BOS, c.n_vocab > 1)?;
         w.set(KEY_ADD_EOS, false)?;
         for (id, _) in self.params() {
-            if self.is_cache(id) {
+            if self.is_cache(id) || self.is_derived(id) {
                 continue;
             }
             let t = self.context().tensor(id)?;
@@ -210,7 +221,8 @@ impl LlamaConfig {
             Some(_) => md.get_usize(&key("rope.dimension_count"))?,
             None => head_dim,
         };
-        let rope_freq_scale = rope_scaling(file, &key)?;
+        let n_ctx_train = md.get_usize(&key("context_length"))?;
+        let (rope_freq_scale, yarn_orig_ctx) = rope_scaling(file, &key, n_ctx_train)?;
         // llama.cpp reads the window only for architectures with sliding-window layers.
         let period = arch.default_swa_period();
         let (n_swa, swa_period) = match md.get(&key("attention.sliding_window")) {
@@ -245,7 +257,7 @@ impl LlamaConfig {
             n_head_kv,
             head_dim,
             n_ff: md.get_usize(&key("feed_forward_length"))?,
-            n_ctx: md.get_usize(&key("context_length"))?,
+            n_ctx: n_ctx_train,
             rope_base,
             norm_eps: md.get_float(&key("attention.layer_norm_rms_epsilon"))?,
             weight_dtype: file.tensor_info("blk.0.attn_q.weight")?.dtype()?,
@@ -258,6 +270,7 @@ impl LlamaConfig {
             rope_freq_scale,
             logit_softcap: float_or("final_logit_softcapping", 0.0)?,
             rope_freqs,
+            yarn_orig_ctx,
         };
         let mut check = config.clone();
         check.weight_dtype = crate::DType::F32;
@@ -266,10 +279,16 @@ impl LlamaConfig {
     }
 }
 
-/// The RoPE position scale a file asks for (`{arch}.rope.scaling.type`, default `linear`, and
-/// `{arch}.rope.scaling.factor` or the older `{arch}.rope.scale_linear`), as llama.cpp reads
-/// them: `1 / factor`, or 1 without a factor.
-fn rope_scaling(file: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<f32> {
+/// The RoPE scaling a file asks for (`{arch}.rope.scaling.type`, default `linear`;
+/// `{arch}.rope.scaling.factor` or the older `{arch}.rope.scale_linear`;
+/// `{arch}.rope.scaling.original_context_length` for YaRN, default the trained context), as
+/// llama.cpp reads them: the position scale `1 / factor` (1 without a factor) and YaRN's original
+/// context (0 for none and linear).
+fn rope_scaling(
+    file: &GgufFile,
+    key: &dyn Fn(&str) -> String,
+    n_ctx_train: usize,
+) -> Result<(f32, usize)> {
     let md = file.metadata();
     let kind = match md.get(&key("rope.scaling.type")) {
         Some(_) => md.get_str(&key("rope.scaling.type"))?.to_string(),
@@ -283,16 +302,44 @@ fn rope_scaling(file: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<f32> {
         (None, Some(_)) => md.get_float(&key("rope.scale_linear"))?,
         (None, None) => 0.0,
     };
+    if let Some(_) = md.get(&key("rope.scaling.attn_factor")) {
+        let a = md.get_float(&key("rope.scaling.attn_factor"))?;
+        if a != 1.0 {
+            return Err(Error::InvalidArgument(format!(
+                "{}: rope.scaling.attn_factor {a} is not supported yet (only 1)",
+                file.source()
+            )));
+        }
+    }
+    let scale = match factor {
+        0.0 => 1.0,
+        f if f.is_finite() && f > 0.0 => 1.0 / f,
+        f => {
+            return Err(Error::InvalidArgument(format!(
+                "{}: RoPE scaling factor {f} must be positive",
+                file.source()
+            )));
+        }
+    };
     match kind.as_str() {
-        "none" => Ok(1.0),
-        "linear" if factor == 0.0 => Ok(1.0),
-        "linear" if factor.is_finite() && factor > 0.0 => Ok(1.0 / factor),
-        "linear" => Err(Error::InvalidArgument(format!(
-            "{}: RoPE scaling factor {factor} must be positive",
-            file.source()
-        ))),
+        "none" => Ok((1.0, 0)),
+        "linear" => Ok((scale, 0)),
+        "yarn" if scale == 1.0 => Ok((1.0, 0)),
+        "yarn" => {
+            let orig = match md.get(&key("rope.scaling.original_context_length")) {
+                Some(_) => md.get_usize(&key("rope.scaling.original_context_length"))?,
+                None => n_ctx_train,
+            };
+            if orig == 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: YaRN needs a positive original context length",
+                    file.source()
+                )));
+            }
+            Ok((scale, orig))
+        }
         other => Err(Error::InvalidArgument(format!(
-            "{}: RoPE scaling type {other:?} is not supported yet (supported: none, linear)",
+            "{}: RoPE scaling type {other:?} is not supported yet (supported: none, linear, yarn)",
             file.source()
         ))),
     }

@@ -74,15 +74,29 @@ impl LlamaModel {
         }
         for (il, l) in self.layers().iter().enumerate() {
             let swa = c.is_swa(il);
-            // llama.cpp never scales the positions of sliding-window layers.
-            let rope = if swa {
-                RopeParams {
+            // llama.cpp never scales the positions of sliding-window layers. YaRN scales the
+            // global ones through per-pair divisors (times any file factors) and a magnitude
+            // scale on Q and K, folded into the attention scale.
+            let (rope, factors, layer_kq_scale) = if swa {
+                let rope = RopeParams {
                     freq_base: c.rope_base_swa,
                     freq_scale: 1.0,
                     ..rope
-                }
+                };
+                (rope, self.rope_freqs(), kq_scale)
+            } else if let Some(y) = self.yarn_factors() {
+                let f = match self.rope_freqs() {
+                    Some(file) => ctx.mul(file, y)?,
+                    None => y,
+                };
+                let m = c.yarn_mscale();
+                let rope = RopeParams {
+                    freq_scale: 1.0,
+                    ..rope
+                };
+                (rope, Some(f), kq_scale * m * m)
             } else {
-                rope
+                (rope, self.rope_freqs(), kq_scale)
             };
             let x = ctx.rms_norm(h, eps)?;
             let x = ctx.mul(x, l.attn_norm)?;
@@ -105,11 +119,11 @@ impl LlamaModel {
             let q = proj(ctx, l.wq, bq)?;
             let q = ctx.reshape(q, [hd, nh, t])?;
             let q = head_norm(ctx, q, 0)?;
-            let q = ctx.rope_ext(q, positions, self.rope_freqs(), rope)?;
+            let q = ctx.rope_ext(q, positions, factors, rope)?;
             let k = proj(ctx, l.wk, bk)?;
             let k = ctx.reshape(k, [hd, nkv, t])?;
             let k = head_norm(ctx, k, 1)?;
-            let k = ctx.rope_ext(k, positions, self.rope_freqs(), rope)?;
+            let k = ctx.rope_ext(k, positions, factors, rope)?;
             let k = ctx.reshape(k, [hd * nkv, t])?;
             let v = proj(ctx, l.wv, bv)?;
 
@@ -121,8 +135,15 @@ impl LlamaModel {
 
             let q = ctx.permute(q, [0, 2, 1, 3])?; // [hd, T, n_head]
             let layer_mask = if swa { mask_swa.unwrap_or(mask) } else { mask };
-            let attn =
-                ctx.flash_attn_ext(q, k_view, v_view, Some(layer_mask), kq_scale, 0.0, 0.0)?;
+            let attn = ctx.flash_attn_ext(
+                q,
+                k_view,
+                v_view,
+                Some(layer_mask),
+                layer_kq_scale,
+                0.0,
+                0.0,
+            )?;
             let attn = ctx.reshape(attn, [hd * nh, t])?;
             let mut o = ctx.mul_mat(l.wo, attn)?;
             ctx.set_name(o, format!("attn_out.{il}"))?;

@@ -21,6 +21,9 @@ enum Init {
     /// Rising geometrically from 1 to 8 along the tensor: RoPE frequency factors shaped like
     /// Llama 3.1's (high-frequency pairs untouched, low-frequency pairs slowed).
     RopeFactors,
+    /// YaRN's rotation divisors, computed from the config ([`LlamaConfig::yarn_factors`]); not
+    /// a file tensor.
+    Yarn,
     /// All zero: KV caches.
     Zero,
     /// The same values as another parameter (an untied copy of a tied output).
@@ -124,6 +127,7 @@ pub struct LlamaModel {
     output_norm: TensorId,
     output: TensorId,
     rope_freqs: Option<TensorId>,
+    yarn_factors: Option<TensorId>,
     params: Vec<(TensorId, Init, Placement)>,
 }
 
@@ -171,6 +175,7 @@ impl LlamaModel {
                          place: Placement|
          -> Result<TensorId> {
             let dtype = match (&source, init) {
+                (_, Init::Yarn) => dtype,
                 (Some(src), Init::Norm | Init::Uniform(_) | Init::RopeFactors) => {
                     let (dt, ne) = src.describe(&name).ok_or_else(|| {
                         Error::InvalidArgument(format!(
@@ -298,6 +303,18 @@ impl LlamaModel {
         } else {
             None
         };
+        let yarn_factors = if c.yarn_orig_ctx > 0 {
+            Some(param(
+                &mut ctx,
+                "rope_yarn_factors".into(),
+                DType::F32,
+                [c.n_rot / 2, 1],
+                Init::Yarn,
+                Placement::Input,
+            )?)
+        } else {
+            None
+        };
         let output_norm = param(
             &mut ctx,
             "output_norm.weight".into(),
@@ -328,6 +345,7 @@ impl LlamaModel {
             output_norm,
             output,
             rope_freqs,
+            yarn_factors,
             params,
         })
     }
@@ -408,6 +426,19 @@ impl LlamaModel {
         self.rope_freqs
     }
 
+    /// YaRN's rotation divisors (computed from the config, not stored in files).
+    pub fn yarn_factors(&self) -> Option<TensorId> {
+        self.yarn_factors
+    }
+
+    /// Whether `id` is computed from the config rather than stored in a file (YaRN's factors):
+    /// GGUF export leaves it out.
+    pub fn is_derived(&self, id: TensorId) -> bool {
+        self.params
+            .iter()
+            .any(|&(p, init, _)| p == id && init == Init::Yarn)
+    }
+
     /// `output_norm.weight` and `output.weight` (the token embedding when the output is tied).
     pub fn output_tensors(&self) -> (TensorId, TensorId) {
         (self.output_norm, self.output)
@@ -467,6 +498,10 @@ impl LlamaModel {
         if let Init::Same(of) = init {
             return self.weight_bytes(of);
         }
+        if init == Init::Yarn {
+            let values = self.config.yarn_factors().unwrap_or_default();
+            return encode_f32(t.dtype(), &values);
+        }
         if let (Some(src), false) = (&self.source, init == Init::Zero) {
             let bytes = src.read(t.name())?;
             if bytes.len() != t.nbytes() {
@@ -479,7 +514,7 @@ impl LlamaModel {
             return Ok(bytes);
         }
         let (center, half) = match init {
-            Init::Zero | Init::Same(_) => return Ok(vec![0u8; t.nbytes()]),
+            Init::Zero | Init::Same(_) | Init::Yarn => return Ok(vec![0u8; t.nbytes()]),
             Init::RopeFactors => {
                 let n = t.nelements();
                 let values: Vec<f32> = (0..n)

@@ -42,7 +42,7 @@ fn check_real_model(name: &str, path: PathBuf, reference: &str, prompt: &str) {
         "{name}: tokens differ from llama.cpp's"
     );
     let model = LlamaModel::from_gguf(file, Some(64)).unwrap();
-    let report = check_against_reference(name, &model, &reference, false);
+    let report = check_against_reference(name, &model, &reference, false, 1.0);
     println!("{}", report.join("\n"));
     let greedy: Vec<i32> = reference.greedy.iter().map(|g| g.0).collect();
     println!(
