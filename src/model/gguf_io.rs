@@ -302,7 +302,7 @@ fn rope_scaling(
         (None, Some(_)) => md.get_float(&key("rope.scale_linear"))?,
         (None, None) => 0.0,
     };
-    if let Some(_) = md.get(&key("rope.scaling.attn_factor")) {
+    if md.get(&key("rope.scaling.attn_factor")).is_some() {
         let a = md.get_float(&key("rope.scaling.attn_factor"))?;
         if a != 1.0 {
             return Err(Error::InvalidArgument(format!(
