@@ -104,6 +104,23 @@ impl Arch {
         }
     }
 
+    /// The architecture reads `{arch}.final_logit_softcapping` (llama.cpp: Gemma 3 only).
+    pub fn reads_logit_softcap(self) -> bool {
+        match self {
+            Arch::Gemma3 => true,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => false,
+        }
+    }
+
+    /// RoPE must rotate the whole head (llama.cpp refuses other `rope.dimension_count` values
+    /// for `llama` with "invalid n_rot").
+    pub fn rotates_whole_head(self) -> bool {
+        match self {
+            Arch::Llama => true,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => false,
+        }
+    }
+
     /// The gated activation of the feed-forward block.
     pub fn glu(self) -> crate::GluOp {
         match self {
@@ -287,10 +304,11 @@ impl LlamaConfig {
         )
     }
 
-    /// YaRN's magnitude scale of the rotated Q and K, `1 + 0.1·ln(1/s)` (1 without YaRN); it
-    /// multiplies attention scores by its square.
+    /// YaRN's magnitude scale of the rotated Q and K, `1 + 0.1·ln(1/s)` (1 without YaRN, and
+    /// for factors ≤ 1, where llama.cpp's attention factor cancels it); it multiplies attention
+    /// scores by its square.
     pub fn yarn_mscale(&self) -> f32 {
-        if self.yarn_orig_ctx == 0 {
+        if self.yarn_orig_ctx == 0 || self.rope_freq_scale >= 1.0 {
             1.0
         } else {
             1.0 + 0.1 * (1.0 / self.rope_freq_scale).ln()
@@ -392,6 +410,20 @@ impl LlamaConfig {
         }
         if !(self.logit_softcap.is_finite() && self.logit_softcap >= 0.0) {
             return bad(format!("logit_softcap {} must be ≥ 0", self.logit_softcap));
+        }
+        if self.arch.rotates_whole_head() && self.n_rot != self.head_dim {
+            return bad(format!(
+                "invalid n_rot {} for {}: it rotates whole heads of {}",
+                self.n_rot,
+                self.arch.name(),
+                self.head_dim
+            ));
+        }
+        if self.logit_softcap > 0.0 && !self.arch.reads_logit_softcap() {
+            return bad(format!(
+                "{} has no final-logit soft-capping",
+                self.arch.name()
+            ));
         }
         if self.yarn_orig_ctx > 0 && self.n_rot != self.head_dim {
             // YaRN's magnitude scale applies to the rotated part only; it is folded into the

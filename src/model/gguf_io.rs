@@ -268,7 +268,12 @@ impl LlamaConfig {
             tied_output: file.tensor_info("output.weight").is_err(),
             n_rot,
             rope_freq_scale,
-            logit_softcap: float_or("final_logit_softcapping", 0.0)?,
+            // llama.cpp reads the key for Gemma 3 only; other architectures ignore it.
+            logit_softcap: if arch.reads_logit_softcap() {
+                float_or("final_logit_softcapping", 0.0)?
+            } else {
+                0.0
+            },
             rope_freqs,
             yarn_orig_ctx,
         };

@@ -18,8 +18,8 @@ enum Init {
     Uniform(f32),
     /// Uniform in `[0.9, 1.1)`: norm weights.
     Norm,
-    /// Rising geometrically from 1 to 8 along the tensor: RoPE frequency factors shaped like
-    /// Llama 3.1's (high-frequency pairs untouched, low-frequency pairs slowed).
+    /// RoPE frequency factors in [0.25, 4), scrambled over the pairs (Llama 3.1's slow only the
+    /// low-frequency pairs; these change every pair, so a test sees them).
     RopeFactors,
     /// YaRN's rotation divisors, computed from the config ([`LlamaConfig::yarn_factors`]); not
     /// a file tensor.
@@ -516,9 +516,11 @@ impl LlamaModel {
         let (center, half) = match init {
             Init::Zero | Init::Same(_) | Init::Yarn => return Ok(vec![0u8; t.nbytes()]),
             Init::RopeFactors => {
+                // Scrambled over [0.25, 4) so that high-frequency pairs, which move most within
+                // a short test sequence, are changed too: a dropped or misapplied factor shows.
                 let n = t.nelements();
                 let values: Vec<f32> = (0..n)
-                    .map(|i| 8f32.powf(i as f32 / (n.max(2) - 1) as f32))
+                    .map(|i| 0.25 * 16f32.powf(((i * 7) % n) as f32 / n as f32))
                     .collect();
                 return encode_f32(t.dtype(), &values);
             }

@@ -156,10 +156,21 @@ pub fn reference_models() -> Vec<ReferenceModel> {
             ..base_config(Arch::Llama)
         },
     ));
+    // Gemma 3 4B-27B style: linear scaling ×8 of the global layers only, a local base other than
+    // the default, and half of each head rotated.
+    out.push(variant(
+        "gemma3-f32-gqa-linear8-swabase".into(),
+        LlamaConfig {
+            rope_freq_scale: 0.125,
+            rope_base_swa: 20000.0,
+            n_rot: 32,
+            ..base_config(Arch::Gemma3)
+        },
+    ));
     out.push(variant(
         "gemma3-f32-gqa-softcap".into(),
         LlamaConfig {
-            logit_softcap: 8.0,
+            logit_softcap: 50.0,
             ..base_config(Arch::Gemma3)
         },
     ));

@@ -86,6 +86,23 @@ fn llama_cpp_vocab_files() {
         .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
         .collect();
     paths.sort();
+    // Every vocabulary with committed ids must be there: a file missing from the download would
+    // otherwise drop its checks silently.
+    for e in std::fs::read_dir(reference_dir()).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if let Some(stem) = name
+            .strip_suffix(".out")
+            .filter(|s| s.starts_with("ggml-vocab-"))
+        {
+            assert!(
+                paths
+                    .iter()
+                    .any(|p| p.file_stem().is_some_and(|f| f == stem)),
+                "{stem}.gguf is missing from {}",
+                dir.display()
+            );
+        }
+    }
     let mut failed = Vec::new();
     let mut table = String::new();
     for path in &paths {
