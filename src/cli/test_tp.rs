@@ -61,7 +61,8 @@ pub fn run(devices: &[Arc<dyn Device>], ratios: &[f32], generic: bool) -> anyhow
         .first()
         .cloned()
         .context("test-tp needs at least one device")?;
-    let on_cpu = first.kind() == tessera::DeviceType::Cpu;
+    // By backend, not device type: the SYCL OpenCL device is a CPU too, with other kernels.
+    let on_cpu = first.backend_name() == "cpu";
     for dtype in [DType::F32, DType::Q8_0] {
         let config = LlamaConfig {
             weight_dtype: dtype,
