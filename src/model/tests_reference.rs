@@ -136,43 +136,23 @@ pub(super) fn row_nmse(row: &[f32], r: &RefRow) -> f64 {
     }
 }
 
-/// `(label, evaluator, reset)` for each split mode.
+/// Calls `f(label, evaluator, reset)` for each split mode: `none`, `layer` over 2 devices,
+/// `tensor` over 2 and over 3 devices with ratios 5:1:3.
 fn with_each_mode(
     model: &LlamaModel,
     mut f: impl FnMut(&str, &mut dyn FnMut(&[i32]) -> Vec<f32>, &mut dyn FnMut()),
 ) {
     let n_layer = model.config().n_layer;
     let one = registry().select("cpu:1").unwrap();
-    let mut single = LlamaSession::new(
-        model,
-        &one,
-        &layer_devices(n_layer, &[], 1).unwrap(),
-        SchedOptions::default(),
-    )
-    .unwrap();
-    {
-        let s = std::cell::RefCell::new(&mut single);
-        f(
-            "none",
-            &mut |t| s.borrow_mut().eval(t).unwrap(),
-            &mut || s.borrow_mut().reset(),
-        );
-    }
     let two = registry().select("cpu:2").unwrap();
-    let mut layer = LlamaSession::new(
-        model,
-        &two,
-        &layer_devices(n_layer, &[], 2).unwrap(),
-        SchedOptions::default(),
-    )
-    .unwrap();
-    {
-        let s = std::cell::RefCell::new(&mut layer);
-        f(
-            "layer/2",
-            &mut |t| s.borrow_mut().eval(t).unwrap(),
-            &mut || s.borrow_mut().reset(),
-        );
+    for (label, devs) in [("none", &one), ("layer/2", &two)] {
+        let ld = layer_devices(n_layer, &[], devs.len()).unwrap();
+        let session = LlamaSession::new(model, devs, &ld, SchedOptions::default())
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let s = std::cell::RefCell::new(session);
+        f(label, &mut |t| s.borrow_mut().eval(t).unwrap(), &mut || {
+            s.borrow_mut().reset()
+        });
     }
     let three = registry().select("cpu:3").unwrap();
     for (label, devs, ratios) in [
