@@ -167,7 +167,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::WriteSynthetic { out, arch, model } => {
             let arch = tessera::model::Arch::from_name(&arch).ok_or_else(|| {
-                anyhow::anyhow!("unknown architecture '{arch}' (llama, qwen2, qwen3, gemma3)")
+                anyhow::anyhow!(
+                    "unknown architecture '{arch}' ({})",
+                    tessera::model::Arch::supported_names()
+                )
             })?;
             let base = match model {
                 cli::bench::ModelPreset::Synthetic100m => {
@@ -179,7 +182,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if arch == tessera::model::Arch::Gemma3 {
                 let g = tessera::model::LlamaConfig::tiny_arch(arch);
                 config.n_swa = g.n_swa;
-                config.swa_period = 6;
+                config.swa_period = arch.default_swa_period();
                 config.tied_output = true;
             }
             let m = tessera::model::LlamaModel::new(config, 0x5eed)?;

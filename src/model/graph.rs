@@ -72,6 +72,12 @@ impl LlamaModel {
         if c.arch.scales_embeddings() {
             h = ctx.scale(h, (c.n_embd as f32).sqrt())?;
         }
+        // The rotation divisors of the global layers under YaRN (times any file factors), built
+        // once for every layer that uses them.
+        let yarn_factors = match (self.yarn_factors(), self.rope_freqs()) {
+            (Some(y), Some(file)) => Some(ctx.mul(file, y)?),
+            (y, _) => y,
+        };
         for (il, l) in self.layers().iter().enumerate() {
             let swa = c.is_swa(il);
             // llama.cpp never scales the positions of sliding-window layers. YaRN scales the
@@ -84,11 +90,7 @@ impl LlamaModel {
                     ..rope
                 };
                 (rope, self.rope_freqs(), kq_scale)
-            } else if let Some(y) = self.yarn_factors() {
-                let f = match self.rope_freqs() {
-                    Some(file) => ctx.mul(file, y)?,
-                    None => y,
-                };
+            } else if let Some(f) = yarn_factors {
                 let m = c.yarn_mscale();
                 let rope = RopeParams {
                     freq_scale: 1.0,

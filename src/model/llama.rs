@@ -291,30 +291,32 @@ impl LlamaModel {
                 cache_v,
             });
         }
-        let rope_freqs = if c.rope_freqs {
-            Some(param(
-                &mut ctx,
-                "rope_freqs.weight".into(),
-                DType::F32,
-                [c.n_rot / 2, 1],
-                Init::RopeFactors,
-                Placement::Input,
-            )?)
-        } else {
-            None
+        // RoPE divisors, one per rotated pair: from the file, or computed for YaRN.
+        let mut factors = |ctx: &mut Context, on: bool, name: &str, init| {
+            on.then(|| {
+                param(
+                    ctx,
+                    name.into(),
+                    DType::F32,
+                    [c.n_rot / 2, 1],
+                    init,
+                    Placement::Input,
+                )
+            })
+            .transpose()
         };
-        let yarn_factors = if c.yarn_orig_ctx > 0 {
-            Some(param(
-                &mut ctx,
-                "rope_yarn_factors".into(),
-                DType::F32,
-                [c.n_rot / 2, 1],
-                Init::Yarn,
-                Placement::Input,
-            )?)
-        } else {
-            None
-        };
+        let rope_freqs = factors(
+            &mut ctx,
+            c.rope_freqs,
+            "rope_freqs.weight",
+            Init::RopeFactors,
+        )?;
+        let yarn_factors = factors(
+            &mut ctx,
+            c.yarn_orig_ctx > 0,
+            "rope_yarn_factors",
+            Init::Yarn,
+        )?;
         let output_norm = param(
             &mut ctx,
             "output_norm.weight".into(),

@@ -189,25 +189,12 @@ fn base_config(arch: Arch) -> LlamaConfig {
     let mut c = LlamaConfig {
         n_vocab: REFERENCE_VOCAB,
         n_embd: 256,
-        n_layer: 2,
-        n_head: 4,
-        n_head_kv: 2,
         head_dim: 64,
+        n_rot: 64,
         n_ff: 704,
-        n_ctx: 64,
-        rope_base: 10000.0,
-        norm_eps: 1e-5,
         weight_dtype: DType::F32,
         arch,
-        n_swa: 0,
-        swa_period: 0,
-        rope_base_swa: 10000.0,
-        tied_output: false,
-        n_rot: 64,
-        rope_freq_scale: 1.0,
-        logit_softcap: 0.0,
-        rope_freqs: false,
-        yarn_orig_ctx: 0,
+        ..LlamaConfig::tiny()
     };
     match arch {
         Arch::Llama => {}
