@@ -613,8 +613,10 @@ impl LlamaModel {
             if !placed.iter().any(|&(_, pd)| pd == d) {
                 continue;
             }
+            // Weights are read only by MUL_MAT and GET_ROWS, so they may take the device's
+            // faster weight layout; the KV caches in the same buffer are plain tensors.
             let buf = dev
-                .buffer_type()
+                .weight_buffer_type()
                 .alloc_tensors_where(&self.ctx, |t| by_name.get(t.name()) == Some(&d))?;
             for &(id, _) in placed.iter().filter(|&&(_, pd)| pd == d) {
                 if self.is_cache(id) {

@@ -71,8 +71,10 @@ impl<'m> TpSession<'m> {
     ) -> Result<TpSession<'m>> {
         let model = model.untie_output()?;
         let ids: Vec<_> = model.params().map(|(id, _)| id).collect();
+        // Weights only feed MUL_MAT and GET_ROWS, so each device may keep its slices in its
+        // faster weight layout.
         let weights = meta
-            .buffer_type()
+            .weight_buffer_type()
             .alloc_tensors_where(model.context(), |t| t.flags().param)?;
         for (i, &id) in ids.iter().enumerate() {
             if model.is_cache(id) {

@@ -2,14 +2,16 @@
 //! wrappers of caller memory.
 #![allow(unsafe_code)]
 
-use parking_lot::RwLock;
+use crate::repack::{self, Regions};
+use parking_lot::{Mutex, RwLock};
 use std::alloc::Layout;
 use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tessera_core::backend::HostMemory;
 use tessera_core::error::check_range;
-use tessera_core::{Buffer, BufferType, Error, Result};
+use tessera_core::{Buffer, BufferType, Error, Result, TensorDesc};
 
 /// Alignment of CPU allocations and tensor offsets (one cache line, AVX-512 width).
 pub const CPU_ALIGNMENT: usize = 64;
@@ -18,13 +20,29 @@ pub const CPU_ALIGNMENT: usize = 64;
 #[derive(Debug)]
 pub struct CpuBufferType {
     name: String,
+    /// Buffers keep whole quantized tensors written with `set_tensor` in the packed layout.
+    packs: bool,
 }
 
 impl CpuBufferType {
     pub(crate) fn new(name: &str) -> CpuBufferType {
         CpuBufferType {
             name: name.to_string(),
+            packs: false,
         }
+    }
+
+    /// The weight buffer type of device `name`: packs where the packed kernels pay.
+    pub(crate) fn weights(name: &str) -> CpuBufferType {
+        CpuBufferType {
+            name: name.to_string(),
+            packs: repack::enabled(),
+        }
+    }
+
+    /// Whether buffers of this type store weights in the packed layout.
+    pub fn packs(&self) -> bool {
+        self.packs
     }
 }
 
@@ -39,7 +57,9 @@ impl BufferType for CpuBufferType {
         true
     }
     fn alloc(&self, size: usize) -> Result<Arc<dyn Buffer>> {
-        Ok(Arc::new(CpuBuffer::alloc(&self.name, size)?))
+        let mut b = CpuBuffer::alloc(&self.name, size)?;
+        b.packs = self.packs;
+        Ok(Arc::new(b))
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -69,6 +89,10 @@ pub struct CpuBuffer {
     mem: Memory,
     size: usize,
     pub(crate) access: Arc<RwLock<()>>,
+    packs: bool,
+    /// Set once a tensor has been packed: every access path checks `regions` only then.
+    has_packed: AtomicBool,
+    regions: Mutex<Regions>,
 }
 
 // SAFETY: the memory is owned (or kept alive by `HostMemory`, which is Send + Sync) and every
@@ -107,6 +131,9 @@ impl CpuBuffer {
             mem: Memory::Owned { ptr, layout },
             size,
             access: Arc::default(),
+            packs: false,
+            has_packed: AtomicBool::new(false),
+            regions: Mutex::default(),
         })
     }
 
@@ -119,12 +146,74 @@ impl CpuBuffer {
             mem: Memory::Host { _owner: mem, ptr },
             size,
             access: Arc::default(),
+            packs: false,
+            has_packed: AtomicBool::new(false),
+            regions: Mutex::default(),
         }
     }
 
     /// Name of the device that allocated the buffer.
     pub fn device_name(&self) -> &str {
         &self.device
+    }
+
+    /// How many tensors the buffer holds in the packed weight layout.
+    pub fn packed_tensors(&self) -> usize {
+        self.regions.lock().len()
+    }
+
+    fn may_hold_packed(&self) -> bool {
+        self.has_packed.load(Ordering::Acquire)
+    }
+
+    /// The packed layout of the tensor at exactly `offset..offset + len`, if it is packed.
+    pub(crate) fn packed_at(&self, offset: usize, len: usize) -> Option<repack::Packed> {
+        if !self.may_hold_packed() {
+            return None;
+        }
+        self.regions.lock().exact(offset, len)
+    }
+
+    /// Whether a packed tensor overlaps `offset..offset + len`.
+    pub(crate) fn packed_within(&self, offset: usize, len: usize) -> bool {
+        self.may_hold_packed()
+            && !self
+                .regions
+                .lock()
+                .overlapping(offset..offset + len)
+                .is_empty()
+    }
+
+    /// Unpacks for good, in place, every packed tensor overlapping `offset..offset + len`:
+    /// before a write there, or before a graph reads one of them with a kernel that expects
+    /// ggml's layout. The caller has exclusive access to those bytes (the host lock, or stream
+    /// order for stream jobs).
+    fn unpack_for_write(&self, offset: usize, len: usize) {
+        if !self.may_hold_packed() {
+            return;
+        }
+        let mut regions = self.regions.lock();
+        for (at, p) in regions.overlapping(offset..offset + len) {
+            // SAFETY: a packed tensor lies inside the buffer (checked when it was packed), and
+            // the caller has exclusive access.
+            let mem = unsafe { std::slice::from_raw_parts_mut(self.base_ptr().add(at), p.len) };
+            repack::unpack_in_place(&p, mem);
+            regions.remove(at);
+            tracing::debug!(buffer = %self.name, offset = at, "unpacked a repacked weight");
+        }
+    }
+
+    /// Rewrites `dst`, just copied from `offset`, so that packed parts read as ggml's layout.
+    fn unpack_for_read(&self, offset: usize, dst: &mut [u8]) {
+        if !self.may_hold_packed() {
+            return;
+        }
+        let regions = self.regions.lock();
+        for (at, p) in regions.overlapping(offset..offset + dst.len()) {
+            // SAFETY: as in `unpack_for_write`; read-only, with the caller's read access.
+            let mem = unsafe { std::slice::from_raw_parts(self.base_ptr().add(at), p.len) };
+            repack::unpack_into(at, &p, mem, offset, dst);
+        }
     }
 
     /// Copies `len` bytes from `src` without taking either buffer's host lock: for stream jobs,
@@ -141,6 +230,12 @@ impl CpuBuffer {
         if !dst.writable() {
             return Err(Error::ReadOnly(dst.name.clone()));
         }
+        if src.packed_within(src_offset, len) {
+            let mut staging = vec![0u8; len];
+            src.stream_read(src_offset, &mut staging)?;
+            return dst.stream_write(dst_offset, &staging);
+        }
+        dst.unpack_for_write(dst_offset, len);
         // SAFETY: both ranges are checked; `copy` tolerates overlap; the caller (a stream job) is
         // ordered after every graph that writes the source and before every graph that reads the
         // destination.
@@ -161,6 +256,7 @@ impl CpuBuffer {
         unsafe {
             std::ptr::copy_nonoverlapping(self.base_ptr().add(offset), dst.as_mut_ptr(), dst.len())
         };
+        self.unpack_for_read(offset, dst);
         Ok(())
     }
 
@@ -170,6 +266,7 @@ impl CpuBuffer {
         if !self.writable() {
             return Err(Error::ReadOnly(self.name.clone()));
         }
+        self.unpack_for_write(offset, src.len());
         // SAFETY: range checked, memory writable; the caller is a stream job ordered before the
         // readers of these bytes.
         unsafe {
@@ -218,6 +315,7 @@ impl Buffer for CpuBuffer {
             return Err(Error::ReadOnly(self.name.clone()));
         }
         let _g = self.access.write();
+        self.unpack_for_write(offset, src.len());
         // SAFETY: range checked above; exclusive access held; `src` cannot alias owned memory
         // mutably borrowed elsewhere because all other access also takes `access`.
         unsafe { std::ptr::copy(src.as_ptr(), self.base_ptr().add(offset), src.len()) };
@@ -228,6 +326,27 @@ impl Buffer for CpuBuffer {
         let _g = self.access.write();
         // SAFETY: range checked; exclusive access held while copying out.
         unsafe { std::ptr::copy(self.base_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        self.unpack_for_read(offset, dst);
+        Ok(())
+    }
+    fn set_tensor(&self, t: &TensorDesc, offset: usize, src: &[u8]) -> Result<()> {
+        let layout = repack::layout_for(t).filter(|p| self.packs && p.len == src.len());
+        let Some(p) = layout else {
+            return self.write(offset, src);
+        };
+        check_range(&self.name, offset, src.len(), self.size)?;
+        if !self.writable() {
+            return Err(Error::ReadOnly(self.name.clone()));
+        }
+        let packed = repack::pack(&p, src);
+        let _g = self.access.write();
+        self.unpack_for_write(offset, src.len());
+        // SAFETY: range checked above; exclusive access held.
+        unsafe {
+            std::ptr::copy_nonoverlapping(packed.as_ptr(), self.base_ptr().add(offset), src.len())
+        };
+        self.regions.lock().insert(offset, p);
+        self.has_packed.store(true, Ordering::Release);
         Ok(())
     }
     fn memset(&self, offset: usize, len: usize, value: u8) -> Result<()> {
@@ -236,6 +355,7 @@ impl Buffer for CpuBuffer {
             return Err(Error::ReadOnly(self.name.clone()));
         }
         let _g = self.access.write();
+        self.unpack_for_write(offset, len);
         // SAFETY: range checked; exclusive access held.
         unsafe { std::ptr::write_bytes(self.base_ptr().add(offset), value, len) };
         Ok(())
@@ -255,8 +375,15 @@ impl Buffer for CpuBuffer {
         if !self.writable() {
             return Err(Error::ReadOnly(self.name.clone()));
         }
+        if src.packed_within(src_offset, len) {
+            let mut staging = vec![0u8; len];
+            src.read(src_offset, &mut staging)?;
+            self.write(dst_offset, &staging)?;
+            return Ok(true);
+        }
         if std::ptr::eq(src, self) {
             let _g = self.access.write();
+            self.unpack_for_write(dst_offset, len);
             // SAFETY: both ranges checked inside this buffer; `copy` handles overlap.
             unsafe {
                 std::ptr::copy(
@@ -274,6 +401,7 @@ impl Buffer for CpuBuffer {
             };
             let _a = first.access.write();
             let _b = second.access.write();
+            self.unpack_for_write(dst_offset, len);
             // SAFETY: ranges checked; distinct allocations, both locked exclusively.
             unsafe {
                 std::ptr::copy_nonoverlapping(

@@ -17,6 +17,7 @@ pub struct CpuDevice {
     refused: Vec<OpKind>,
     isolated: bool,
     buft: Arc<CpuBufferType>,
+    weight_buft: Arc<CpuBufferType>,
 }
 
 impl CpuDevice {
@@ -28,6 +29,7 @@ impl CpuDevice {
             refused: Vec::new(),
             isolated: false,
             buft: Arc::new(CpuBufferType::new(name)),
+            weight_buft: Arc::new(CpuBufferType::weights(name)),
         }
     }
 
@@ -95,6 +97,9 @@ impl Device for CpuDevice {
     }
     fn buffer_type(&self) -> Arc<dyn BufferType> {
         self.buft.clone()
+    }
+    fn weight_buffer_type(&self) -> Arc<dyn BufferType> {
+        self.weight_buft.clone()
     }
     fn supports_op(&self, tensors: &[TensorDesc], node: TensorId) -> Support {
         if let Some(t) = tensors.get(node.index())

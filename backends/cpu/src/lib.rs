@@ -32,6 +32,7 @@ mod comm;
 mod device;
 mod ops;
 mod pool;
+mod repack;
 mod stream;
 mod sys;
 mod tview;

@@ -132,6 +132,7 @@ impl CpuBackend {
         tessera_core::backend::check_supported(graph, &self.device, ops::supports)?;
         let mut views = vec![None; tensors.len()];
         let mut buffers: Vec<Arc<dyn Buffer>> = Vec::new();
+        let mut packed = Vec::new();
         for &id in graph.leafs().iter().chain(graph.nodes()) {
             let (buf, off) = bindings.resolve(tensors, id)?;
             let cpu = buf
@@ -157,6 +158,9 @@ impl CpuBackend {
             // SAFETY: `check_graph` verified `off + nbytes <= buf.size()`, and the Arc kept in
             // `buffers` plus the read guard keep the memory alive and host access out until the run ends.
             views[id.index()] = Some(unsafe_view(cpu, off, t));
+            if cpu.packed_within(off, t.nbytes()) {
+                packed.push((id, cpu.packed_at(off, t.nbytes())));
+            }
             if !buffers.iter().any(|b| Arc::ptr_eq(b, &buf)) {
                 buffers.push(buf);
             }
@@ -175,6 +179,12 @@ impl CpuBackend {
                 }
             }
         }
+        for (id, layout) in packed {
+            check_packed_reads(graph, id, layout.is_some())?;
+            if let (Some(v), Some(p)) = (views[id.index()].as_mut(), layout) {
+                v.packed = Some(p.wt);
+            }
+        }
         let guards = buffers
             .iter()
             .filter_map(|b| b.as_any().downcast_ref::<CpuBuffer>())
@@ -188,6 +198,42 @@ impl CpuBackend {
             _guards: guards,
         })
     }
+}
+
+/// A weight stored packed may be read only by kernels that know the layout: MUL_MAT and
+/// GET_ROWS as their first operand. Anything else (a view, a copy, another op, a write) would
+/// misread it, so the graph is refused with the tensor and op named.
+fn check_packed_reads(graph: &Graph, id: tessera_core::TensorId, whole: bool) -> Result<()> {
+    let tensors = graph.tensors();
+    let t = &tensors[id.index()];
+    let refuse = |why: String| {
+        Err(Error::InvalidArgument(format!(
+            "tensor {} is stored in the CPU's packed weight layout, {why}; allocate it with \
+             buffer_type() rather than weight_buffer_type(), or set TESSERA_CPU_REPACK=0",
+            graph.label(id)
+        )))
+    };
+    if !whole || t.view_of().is_some() || t.op().kind() != tessera_core::OpKind::None {
+        return refuse("and this graph accesses part of it or writes it".into());
+    }
+    for &n in graph.nodes() {
+        let node = &tensors[n.index()];
+        let kind = node.op().kind();
+        for (i, s) in node.srcs().enumerate() {
+            let ok = i == 0
+                && matches!(
+                    kind,
+                    tessera_core::OpKind::MulMat | tessera_core::OpKind::GetRows
+                );
+            if s == id && !ok {
+                return refuse(format!("which {} {} cannot read", kind, graph.label(n)));
+            }
+        }
+        if node.view_of().is_some_and(|v| v.src == id) {
+            return refuse(format!("which view {} cannot read", graph.label(n)));
+        }
+    }
+    Ok(())
 }
 
 #[allow(unsafe_code)]

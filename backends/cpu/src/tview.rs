@@ -19,6 +19,9 @@ pub(crate) struct TView {
     pub ne: [usize; 4],
     pub nb: [usize; 4],
     pub dtype: DType,
+    /// The tensor is stored in the kernels' packed layout (`repack.rs`): only MUL_MAT's packed
+    /// kernels and [`TView::read_row`] read it.
+    pub packed: Option<k::WeightType>,
 }
 
 // SAFETY: a TView is an address plus layout; the invariant above makes cross-thread use sound
@@ -36,6 +39,7 @@ impl TView {
             ne: desc.ne(),
             nb: desc.nb(),
             dtype: desc.dtype(),
+            packed: None,
         }
     }
 
@@ -94,8 +98,20 @@ impl TView {
         let n = self.ne[0];
         let out = &mut out[..n];
         let p = self.row_ptr(i1, i2, i3);
+        let mut unpacked = Vec::new();
+        if let Some(wt) = self.packed {
+            // Groups of PACK_ROWS rows never straddle planes (`repack::layout_for`).
+            let g0 = i1 - i1 % k::PACK_ROWS;
+            let group = self.rows_raw(g0, k::PACK_ROWS, i2, i3);
+            unpacked.resize(self.row_bytes(), 0);
+            k::unpack_row(wt, n, group, i1 % k::PACK_ROWS, &mut unpacked);
+        }
         if self.row_contiguous() {
-            let raw = self.row_raw(i1, i2, i3);
+            let raw = if self.packed.is_some() {
+                &unpacked[..]
+            } else {
+                self.row_raw(i1, i2, i3)
+            };
             match self.dtype {
                 DType::F32 => {
                     for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {

@@ -111,7 +111,13 @@ impl Bindings {
         data: &[u8],
     ) -> Result<()> {
         let (buf, base) = self.locate(tensors, id, offset, data.len())?;
-        buf.write(base + offset, data)
+        let t = &tensors[id.index()];
+        // A whole tensor goes through `set_tensor`, which may store it in the device's layout.
+        if offset == 0 && data.len() == t.nbytes() && t.view_of().is_none() {
+            buf.set_tensor(t, base, data)
+        } else {
+            buf.write(base + offset, data)
+        }
     }
 
     /// Reads bytes at `offset` within tensor `id` into `out` (the mirror of [`Bindings::write`]).

@@ -85,6 +85,17 @@ pub trait Buffer: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`crate::Error::OutOfBounds`], vendor errors.
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
+    /// Optional. Writes all of tensor `t` (`src` is its [`TensorDesc::nbytes`] bytes in ggml's
+    /// layout), placed at `offset`. A buffer may keep the tensor in a faster device-specific
+    /// layout (the CPU's repacked weights); reads and copies still see ggml's bytes. Default:
+    /// [`Buffer::write`].
+    ///
+    /// # Errors
+    /// As [`Buffer::write`].
+    fn set_tensor(&self, t: &TensorDesc, offset: usize, src: &[u8]) -> Result<()> {
+        let _ = t;
+        self.write(offset, src)
+    }
     /// Sets `len` bytes at `offset` to `value`.
     ///
     /// # Errors

@@ -100,6 +100,12 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn caps(&self) -> DeviceCaps;
     /// The device's own memory.
     fn buffer_type(&self) -> Arc<dyn BufferType>;
+    /// Optional. Memory for model weights, which graphs only read (as MUL_MAT's and GET_ROWS'
+    /// first operand): it may keep them in a faster layout ([`Buffer::set_tensor`]). Default:
+    /// [`Device::buffer_type`].
+    fn weight_buffer_type(&self) -> Arc<dyn BufferType> {
+        self.buffer_type()
+    }
     /// Optional. Pinned host memory for fast transfers. Default: none.
     fn host_buffer_type(&self) -> Option<Arc<dyn BufferType>> {
         None

@@ -17,11 +17,22 @@ use std::sync::Arc;
 #[derive(Clone, Debug)]
 pub struct MetaBufferType {
     inner: Arc<MetaInner>,
+    /// Parts come from the devices' weight buffer types ([`crate::Device::weight_buffer_type`]).
+    weights: bool,
 }
 
 impl MetaBufferType {
     pub(crate) fn new(inner: Arc<MetaInner>) -> MetaBufferType {
-        MetaBufferType { inner }
+        MetaBufferType {
+            inner,
+            weights: false,
+        }
+    }
+    pub(crate) fn weights(inner: Arc<MetaInner>) -> MetaBufferType {
+        MetaBufferType {
+            inner,
+            weights: true,
+        }
     }
     pub(crate) fn inner(&self) -> &Arc<MetaInner> {
         &self.inner
@@ -152,7 +163,14 @@ impl BufferType for MetaBufferType {
             .devices
             .iter()
             .zip(&totals)
-            .map(|(d, &bytes)| d.buffer_type().alloc(bytes))
+            .map(|(d, &bytes)| {
+                let buft = if self.weights {
+                    d.weight_buffer_type()
+                } else {
+                    d.buffer_type()
+                };
+                buft.alloc(bytes)
+            })
             .collect::<Result<Vec<_>>>()?;
         tracing::debug!(
             device = %self.inner.name,
@@ -284,6 +302,39 @@ impl Buffer for MetaBuffer {
                         bytes.extend_from_slice(&src[g - rel..g - rel + l]);
                     }
                     part.write(p.local_offset[j] + lo, &bytes)?;
+                }
+            }
+        }
+        Ok(())
+    }
+    fn set_tensor(&self, t: &TensorDesc, offset: usize, src: &[u8]) -> Result<()> {
+        let (p, rel) = self.locate(offset, src.len())?;
+        if rel != 0 || src.len() != p.desc.nbytes() || p.desc.dtype() != t.dtype() {
+            return self.write(offset, src);
+        }
+        // Each device gets its slice as a whole tensor of its own shape, so its buffer may keep
+        // it in its weight layout.
+        match p.state.kind() {
+            SplitKind::Mirrored => {
+                for (j, part) in self.parts.iter().enumerate() {
+                    part.set_tensor(&p.desc, p.local_offset[j], src)?;
+                }
+            }
+            SplitKind::Partial => return self.write(offset, src),
+            SplitKind::Axis(_) => {
+                for (j, part) in self.parts.iter().enumerate() {
+                    let (lo, runs) = local_runs(&p.desc, &p.state, j, 0, src.len())?;
+                    if runs.is_empty() {
+                        continue;
+                    }
+                    let mut bytes = Vec::with_capacity(runs.iter().map(|r| r.1).sum());
+                    for (g, l) in runs {
+                        bytes.extend_from_slice(&src[g..g + l]);
+                    }
+                    let (ne, nb) = slice_desc(&p.desc, &p.state, j)?;
+                    let mut local = p.desc.clone();
+                    (local.ne, local.nb) = (ne, nb);
+                    part.set_tensor(&local, p.local_offset[j] + lo, &bytes)?;
                 }
             }
         }

@@ -272,6 +272,9 @@ impl Device for MetaDevice {
     fn buffer_type(&self) -> Arc<dyn BufferType> {
         Arc::new(self.meta_buffer_type())
     }
+    fn weight_buffer_type(&self) -> Arc<dyn BufferType> {
+        Arc::new(MetaBufferType::weights(self.inner.clone()))
+    }
     fn supports_op(&self, tensors: &[TensorDesc], node: TensorId) -> Support {
         for d in &self.inner.devices {
             if let Support::No(why) = d.supports_op(tensors, node) {

@@ -10,7 +10,8 @@
 //! * [`features`]: runtime instruction-set detection (`TESSERA_CPU_ISA`
 //!   override);
 //! * [`dot`]: dot products;
-//! * [`matmul`]: the tile matmul the CPU backend runs on its threads.
+//! * [`matmul`]: the tile matmul the CPU backend runs on its threads;
+//! * [`repack`]: the interleaved 16-row weight layout and its kernels.
 //!
 //! The main items are re-exported here.
 
@@ -21,6 +22,7 @@ pub mod features;
 pub mod kquant;
 pub mod matmul;
 pub mod quant;
+pub mod repack;
 
 mod generic;
 #[cfg(test)]
@@ -54,4 +56,7 @@ pub use matmul::{
 pub use quant::{
     BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK4_0, QK8_0, dequantize_row_q4_0, dequantize_row_q8_0,
     quantize_row_q4_0, quantize_row_q8_0,
+};
+pub use repack::{
+    PACK_ROWS, can_pack, mul_mat_tile_packed, pack_group, packing_pays, unpack_group, unpack_row,
 };

@@ -7,8 +7,13 @@ use std::sync::atomic::Ordering;
 use tessera_core::{DType, TensorDesc, TensorId};
 use tessera_kernels::cpu::{self as k, ActType, WeightType};
 
-/// Weight rows per chunk when there is one column (GEMV): small, so all threads stay busy.
+/// Weight rows per chunk when there is one column (GEMV): small, so all threads stay busy (and a
+/// multiple of the packed layout's group of rows).
 const GEMV_ROWS: usize = 16;
+const _: () =
+    assert!(GEMV_ROWS.is_multiple_of(k::PACK_ROWS) && GEMM_ROWS.is_multiple_of(k::PACK_ROWS));
+/// Most weight rows per GEMV chunk of packed weights.
+const PACKED_GEMV_MAX_ROWS: usize = 256;
 /// Weight rows per chunk for GEMM.
 const GEMM_ROWS: usize = 64;
 /// Activation columns per chunk for GEMM.
@@ -94,7 +99,12 @@ pub(crate) fn mul_mat(
 
     // Phase 2: dynamically scheduled chunks.
     let (m, n) = (dst.ne[0], dst.ne[1]);
-    let (rows_per, cols_per) = if n == 1 {
+    let (rows_per, cols_per) = if n == 1 && w.packed.is_some() {
+        // The packed kernel sums each activation block once per call: larger chunks amortise
+        // that while leaving several chunks per thread.
+        let per = (m / (nth * 8)).clamp(GEMV_ROWS, PACKED_GEMV_MAX_ROWS);
+        (per - per % k::PACK_ROWS, 1)
+    } else if n == 1 {
         (GEMV_ROWS, 1)
     } else {
         (GEMM_ROWS, GEMM_COLS)
@@ -123,19 +133,37 @@ pub(crate) fn mul_mat(
         let xbytes = exec.shared.slice(first_col * arb..(first_col + cols) * arb);
         tile.clear();
         tile.resize(rows * cols, 0.0);
-        k::mul_mat_tile(
-            wt,
-            wbytes,
-            w.nb[1],
-            rows,
-            xbytes,
-            arb,
-            cols,
-            kdim,
-            tile,
-            rows,
-            &mut ts.bytes,
-        );
+        if w.packed.is_some() {
+            // Packed weights have whole groups of PACK_ROWS rows per plane and chunks are
+            // multiples of it, so `r0` starts a group and `rows` covers whole groups.
+            k::mul_mat_tile_packed(
+                k::active_isa(),
+                wt,
+                wbytes,
+                rows,
+                xbytes,
+                arb,
+                cols,
+                kdim,
+                tile,
+                rows,
+                &mut ts.bytes,
+            );
+        } else {
+            k::mul_mat_tile(
+                wt,
+                wbytes,
+                w.nb[1],
+                rows,
+                xbytes,
+                arb,
+                cols,
+                kdim,
+                tile,
+                rows,
+                &mut ts.bytes,
+            );
+        }
         for c in 0..cols {
             dst.write_f32_at(r0, c0 + c, i2, i3, &tile[c * rows..(c + 1) * rows]);
         }

@@ -8,6 +8,7 @@
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+pub(crate) mod packed;
 
 use super::affine::{BLOCK_Q4_1_BYTES, BLOCK_Q5_1_BYTES, BLOCK_Q8_1_BYTES};
 use super::features::Isa;

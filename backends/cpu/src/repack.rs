@@ -1,0 +1,146 @@
+//! Weights a CPU buffer keeps in the kernels' packed layout ([`tessera_kernels::cpu::repack`]),
+//! and the bookkeeping that lets every other access still see ggml's bytes.
+//!
+//! Only the weight buffer type packs (`Device::weight_buffer_type`), only whole tensors written
+//! with `set_tensor`, and only where the packed kernels are faster. A packed tensor keeps its
+//! size and place; the buffer records `(offset, len, type, k)`. Host reads, copies out and
+//! stream reads unpack the groups they touch; a write touching a packed tensor first unpacks it
+//! in place for good. A graph that reads a packed tensor other than as MUL_MAT's or GET_ROWS'
+//! first operand is refused (`stream.rs`), so a packed layout is never misread.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use tessera_core::{DType, TensorDesc};
+use tessera_kernels::cpu::{self as k, PACK_ROWS, WeightType};
+
+/// Whether weight buffers pack: the packed kernels pay on this CPU and `TESSERA_CPU_REPACK` is
+/// not `0` (the opt-out, as ggml's `--no-repack`).
+pub(crate) fn enabled() -> bool {
+    let opted_out = std::env::var("TESSERA_CPU_REPACK").is_ok_and(|v| v.trim() == "0");
+    !opted_out && k::packing_pays(k::active_isa())
+}
+
+/// One packed tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Packed {
+    pub len: usize,
+    pub wt: WeightType,
+    /// Elements per row.
+    pub k: usize,
+}
+
+impl Packed {
+    fn group_bytes(&self) -> usize {
+        PACK_ROWS * self.wt.row_bytes(self.k)
+    }
+}
+
+/// The packed layout tensor `t` would get, if it has one: a packable type, contiguous, rows of
+/// whole blocks and a row count per plane that is a multiple of [`PACK_ROWS`] (so groups never
+/// straddle planes).
+pub(crate) fn layout_for(t: &TensorDesc) -> Option<Packed> {
+    let wt = match t.dtype() {
+        DType::Q8_0 => WeightType::Q8_0,
+        DType::Q4_0 => WeightType::Q4_0,
+        DType::Q5_0 => WeightType::Q5_0,
+        DType::Q4_1 => WeightType::Q4_1,
+        DType::Q5_1 => WeightType::Q5_1,
+        DType::Q4_K => WeightType::Q4_K,
+        DType::Q5_K => WeightType::Q5_K,
+        DType::Q6_K => WeightType::Q6_K,
+        _ => return None,
+    };
+    let ne = t.ne();
+    let fits = t.is_contiguous()
+        && ne[0] > 0
+        && ne[0].is_multiple_of(t.dtype().block_size())
+        && ne[1] > 0
+        && ne[1].is_multiple_of(PACK_ROWS)
+        && t.view_of().is_none();
+    fits.then_some(Packed {
+        len: t.nbytes(),
+        wt,
+        k: ne[0],
+    })
+}
+
+/// Packs `src` (a whole tensor in ggml's layout) for `p`.
+pub(crate) fn pack(p: &Packed, src: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; src.len()];
+    let gb = p.group_bytes();
+    for (s, d) in src.chunks_exact(gb).zip(out.chunks_exact_mut(gb)) {
+        k::pack_group(p.wt, p.k, s, d);
+    }
+    out
+}
+
+/// Packed tensors of a buffer by offset.
+#[derive(Debug, Default)]
+pub(crate) struct Regions {
+    map: BTreeMap<usize, Packed>,
+}
+
+impl Regions {
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub(crate) fn insert(&mut self, offset: usize, p: Packed) {
+        self.map.insert(offset, p);
+    }
+
+    /// The packed tensor exactly at `offset` with `len` bytes.
+    pub(crate) fn exact(&self, offset: usize, len: usize) -> Option<Packed> {
+        self.map.get(&offset).copied().filter(|p| p.len == len)
+    }
+
+    /// Packed tensors overlapping `range`, as (offset, layout).
+    pub(crate) fn overlapping(&self, range: Range<usize>) -> Vec<(usize, Packed)> {
+        if range.is_empty() {
+            return Vec::new();
+        }
+        // Tensors do not overlap, so at most one starts before the range and reaches into it.
+        let before = self
+            .map
+            .range(..range.start)
+            .next_back()
+            .filter(|(o, p)| **o + p.len > range.start);
+        before
+            .into_iter()
+            .chain(self.map.range(range.start..range.end))
+            .map(|(o, p)| (*o, *p))
+            .collect()
+    }
+
+    pub(crate) fn remove(&mut self, offset: usize) {
+        self.map.remove(&offset);
+    }
+}
+
+/// Rewrites `dst`, a copy of the buffer bytes `at..at + dst.len()`, so that the parts inside the
+/// packed tensor `p` at `offset` read as ggml's layout. `mem` is the packed tensor's bytes.
+pub(crate) fn unpack_into(offset: usize, p: &Packed, mem: &[u8], at: usize, dst: &mut [u8]) {
+    let gb = p.group_bytes();
+    let lo = at.max(offset);
+    let hi = (at + dst.len()).min(offset + p.len);
+    if lo >= hi {
+        return;
+    }
+    let mut group = vec![0u8; gb];
+    for g in (lo - offset) / gb..(hi - offset).div_ceil(gb) {
+        let gs = offset + g * gb;
+        k::unpack_group(p.wt, p.k, &mem[g * gb..(g + 1) * gb], &mut group);
+        let (a, b) = (gs.max(lo), (gs + gb).min(hi));
+        dst[a - at..b - at].copy_from_slice(&group[a - gs..b - gs]);
+    }
+}
+
+/// Unpacks a whole packed tensor in place (`mem` is its bytes).
+pub(crate) fn unpack_in_place(p: &Packed, mem: &mut [u8]) {
+    let gb = p.group_bytes();
+    let mut group = vec![0u8; gb];
+    for chunk in mem.chunks_exact_mut(gb) {
+        k::unpack_group(p.wt, p.k, chunk, &mut group);
+        chunk.copy_from_slice(&group);
+    }
+}

@@ -1,0 +1,226 @@
+//! The CPU weight buffer type's packed layout: everything a user can observe stays as with a
+//! plain buffer (bytes read back, copies, MUL_MAT and GET_ROWS results within rounding), and a
+//! graph that would misread a packed weight is refused.
+
+use tessera_core::{BackendOptions, Context, DType, Device, Error, TensorBuffer, TensorId};
+use tessera_cpu::{CpuBufferType, CpuDevice};
+
+const PACKABLE: [DType; 8] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q5_0,
+    DType::Q4_1,
+    DType::Q5_1,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+const K: usize = 512;
+const ROWS: usize = 48;
+
+/// `values` quantized row by row (rows of `K` elements) with ggml's reference quantizers.
+fn encode(dtype: DType, values: &[f32]) -> Result<Vec<u8>, String> {
+    use tessera_kernels::cpu as k;
+    let f: fn(&[f32], &mut [u8]) = match dtype {
+        DType::Q8_0 => k::quantize_row_q8_0,
+        DType::Q4_0 => k::quantize_row_q4_0,
+        DType::Q5_0 => k::quantize_row_q5_0,
+        DType::Q4_1 => k::quantize_row_q4_1,
+        DType::Q5_1 => k::quantize_row_q5_1,
+        DType::Q4_K => k::quantize_row_q4_k,
+        DType::Q5_K => k::quantize_row_q5_k,
+        DType::Q6_K => k::quantize_row_q6_k,
+        d => return Err(format!("no quantizer for {d}")),
+    };
+    let rb = K / dtype.block_size() * dtype.type_size();
+    let mut out = vec![0u8; values.len() / K * rb];
+    for (s, d) in values.chunks_exact(K).zip(out.chunks_exact_mut(rb)) {
+        f(s, d);
+    }
+    Ok(out)
+}
+
+fn values(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i * 7919 + seed * 104_729) % 2003) as f32 / 1001.0 - 1.0) * (1 + i % 5) as f32)
+        .collect()
+}
+
+/// Whether this machine's weight buffers pack (AVX-512 VNNI, and not opted out); the tests
+/// print why they check less when they do not.
+fn packs(dev: &CpuDevice) -> bool {
+    let buft = dev.weight_buffer_type();
+    let packs = buft
+        .as_any()
+        .downcast_ref::<CpuBufferType>()
+        .is_some_and(|b| b.packs());
+    if !packs {
+        eprintln!(
+            "note: weight buffers do not pack on this CPU (or TESSERA_CPU_REPACK=0): the plain layout is checked instead"
+        );
+    }
+    packs
+}
+
+struct Case {
+    ctx: Context,
+    w: TensorId,
+    x: TensorId,
+    ids: TensorId,
+    mm: TensorId,
+    rows: TensorId,
+}
+
+fn case(dtype: DType, n: usize) -> Case {
+    let mut ctx = Context::new();
+    let w = ctx.new_named("w", dtype, [K, ROWS]).unwrap();
+    let x = ctx.new_named("x", DType::F32, [K, n]).unwrap();
+    let ids = ctx.new_named("ids", DType::I32, [3]).unwrap();
+    let mm = ctx.mul_mat(w, x).unwrap();
+    let rows = ctx.get_rows(w, ids).unwrap();
+    Case {
+        ctx,
+        w,
+        x,
+        ids,
+        mm,
+        rows,
+    }
+}
+
+/// Runs MUL_MAT and GET_ROWS with the weight in `buf`; returns both outputs.
+fn run(dev: &CpuDevice, c: &Case, buf: &TensorBuffer, n: usize) -> (Vec<f32>, Vec<f32>) {
+    let w_bytes = encode(c.ctx.tensor(c.w).unwrap().dtype(), &values(K * ROWS, 1)).unwrap();
+    buf.set(c.w, &w_bytes).unwrap();
+    buf.set_f32(c.x, &values(K * n, 2)).unwrap();
+    buf.set_i32(c.ids, &[0, 17, 47]).unwrap();
+    let graph = c.ctx.build_forward_multi(&[c.mm, c.rows]).unwrap();
+    let mut be = dev.init_backend(&BackendOptions::with_threads(2)).unwrap();
+    be.compute(&graph, buf.bindings()).unwrap();
+    be.synchronize().unwrap();
+    (buf.get_f32(c.mm).unwrap(), buf.get_f32(c.rows).unwrap())
+}
+
+#[test]
+fn packed_weights_give_the_plain_results_and_read_back_as_written() {
+    let dev = CpuDevice::new("CPU", vec![]);
+    let packing = packs(&dev);
+    for dtype in PACKABLE {
+        for n in [1, 5, 70] {
+            let c = case(dtype, n);
+            let plain = dev.buffer_type().alloc_tensors(&c.ctx).unwrap();
+            let packed = dev.weight_buffer_type().alloc_tensors(&c.ctx).unwrap();
+            let (want_mm, want_rows) = run(&dev, &c, &plain, n);
+            let (got_mm, got_rows) = run(&dev, &c, &packed, n);
+            // Dequantized rows are the same bytes decoded: exact. Products differ only in the
+            // f32 summation order: max-abs within 1e-5 of the largest output.
+            assert_eq!(got_rows, want_rows, "{dtype} GET_ROWS");
+            let scale = want_mm.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let err = want_mm
+                .iter()
+                .zip(&got_mm)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                err <= 1e-5 * scale,
+                "{dtype} n={n}: max-abs {err}, scale {scale}"
+            );
+
+            // Reading the weight back gives the bytes written, whole and in pieces that cut
+            // groups and blocks.
+            let w_bytes = encode(dtype, &values(K * ROWS, 1)).unwrap();
+            let mut back = vec![0u8; w_bytes.len()];
+            packed.get(c.w, &mut back).unwrap();
+            assert_eq!(back, w_bytes, "{dtype}: read back");
+            let mut piece = vec![0u8; 1000.min(w_bytes.len() - 37)];
+            packed.get_at(c.w, 37, &mut piece).unwrap();
+            assert_eq!(
+                piece,
+                w_bytes[37..37 + piece.len()],
+                "{dtype}: partial read"
+            );
+            if packing {
+                let cpu = packed
+                    .buffer()
+                    .as_any()
+                    .downcast_ref::<tessera_cpu::CpuBuffer>()
+                    .unwrap();
+                assert_eq!(cpu.packed_tensors(), 1, "{dtype}: the weight is packed");
+                let mut raw = vec![0u8; w_bytes.len()];
+                let slot = packed.bindings().slot(c.w).unwrap();
+                // Copying out through another buffer also sees ggml's bytes.
+                let other = dev.buffer_type().alloc(w_bytes.len()).unwrap();
+                assert!(
+                    other
+                        .copy_from(packed.buffer().as_ref(), slot.offset, 0, w_bytes.len())
+                        .unwrap()
+                );
+                other.read(0, &mut raw).unwrap();
+                assert_eq!(raw, w_bytes, "{dtype}: copy out");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_partial_write_unpacks_the_weight_and_results_follow_the_new_bytes() {
+    let dev = CpuDevice::new("CPU", vec![]);
+    packs(&dev);
+    let (dtype, n) = (DType::Q4_1, 3);
+    let c = case(dtype, n);
+    let packed = dev.weight_buffer_type().alloc_tensors(&c.ctx).unwrap();
+    let plain = dev.buffer_type().alloc_tensors(&c.ctx).unwrap();
+    run(&dev, &c, &packed, n);
+    run(&dev, &c, &plain, n);
+    // Overwrite row 20 with other values in both buffers.
+    let row = encode(dtype, &values(K, 9)).unwrap();
+    for b in [&packed, &plain] {
+        b.set_at(c.w, 20 * row.len(), &row).unwrap();
+    }
+    let mut a = vec![0u8; ROWS * row.len()];
+    let mut b = vec![0u8; ROWS * row.len()];
+    packed.get(c.w, &mut a).unwrap();
+    plain.get(c.w, &mut b).unwrap();
+    assert_eq!(a, b);
+    let cpu = packed
+        .buffer()
+        .as_any()
+        .downcast_ref::<tessera_cpu::CpuBuffer>()
+        .unwrap();
+    assert_eq!(cpu.packed_tensors(), 0, "the write unpacked the weight");
+    let graph = c.ctx.build_forward_multi(&[c.mm, c.rows]).unwrap();
+    let mut be = dev.init_backend(&BackendOptions::with_threads(1)).unwrap();
+    for buf in [&packed, &plain] {
+        be.compute(&graph, buf.bindings()).unwrap();
+    }
+    be.synchronize().unwrap();
+    let (ga, gb) = (packed.get_f32(c.mm).unwrap(), plain.get_f32(c.mm).unwrap());
+    let scale = gb.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = ga
+        .iter()
+        .zip(&gb)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(err <= 1e-5 * scale, "max-abs {err}, scale {scale}");
+}
+
+#[test]
+fn a_graph_that_would_misread_a_packed_weight_is_refused() {
+    let dev = CpuDevice::new("CPU", vec![]);
+    if !packs(&dev) {
+        eprintln!("skipped: nothing is packed here, so nothing can be misread");
+        return;
+    }
+    let mut ctx = Context::new();
+    let w = ctx.new_named("w", DType::Q8_0, [K, ROWS]).unwrap();
+    let dst = ctx.new_named("dst", DType::Q8_0, [K, ROWS]).unwrap();
+    let copy = ctx.cpy(w, dst).unwrap();
+    let graph = ctx.build_forward(copy).unwrap();
+    let buf = dev.weight_buffer_type().alloc_tensors(&ctx).unwrap();
+    buf.set(w, &encode(DType::Q8_0, &values(K * ROWS, 3)).unwrap())
+        .unwrap();
+    let mut be = dev.init_backend(&BackendOptions::with_threads(1)).unwrap();
+    let err = be.compute(&graph, buf.bindings()).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("'w'") || msg.contains("w"), "{msg}");
+    assert!(msg.contains("CPY") && msg.contains("packed"), "{msg}");
+}
