@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::Instant;
-use tessera::model::{LlamaConfig, LlamaModel, LlamaSession, TpSession, argmax, nmse};
+use tessera::model::{LlamaConfig, LlamaModel, LlamaSession, Outputs, TpSession, argmax, nmse};
 use tessera::sched::{SchedOptions, layer_devices};
 use tessera::{BackendOptions, Device, registry};
 
@@ -46,10 +46,18 @@ pub(crate) enum Session<'m> {
 }
 
 impl Session<'_> {
+    /// Every position's logits, `n_vocab` per token.
     pub(crate) fn eval(&mut self, tokens: &[i32]) -> tessera::Result<Vec<f32>> {
         match self {
             Session::Sched(s) => s.eval(tokens),
             Session::Tp(s) => s.eval(tokens),
+        }
+    }
+    /// The last token's `n_vocab` logits, computed for that position only.
+    pub(crate) fn eval_last(&mut self, tokens: &[i32]) -> tessera::Result<Vec<f32>> {
+        match self {
+            Session::Sched(s) => s.eval_last(tokens),
+            Session::Tp(s) => s.eval_last(tokens),
         }
     }
     pub(crate) fn reset(&mut self) {
@@ -125,7 +133,8 @@ pub struct BenchArgs {
     pub model_file: Option<std::path::PathBuf>,
 }
 
-/// What one split mode measured, and the logits kept to compare modes.
+/// What one split mode measured, and the last-token logits kept to compare modes (empty when
+/// there is nothing to compare with).
 struct ModeResult {
     mode: SplitMode,
     devices: Vec<Arc<dyn Device>>,
@@ -172,25 +181,34 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Runs the pp test: `prompt` in one graph from an empty cache. Returns tokens/s and the logits.
+/// Runs the pp test: `prompt` in one graph from an empty cache, with logits for the last token
+/// only (what generation samples from, as llama-bench). Returns tokens/s and those logits.
 fn run_pp(s: &mut Session<'_>, prompt: &[i32]) -> anyhow::Result<(f64, Vec<f32>)> {
     s.reset();
     let t0 = Instant::now();
-    let logits = s.eval(prompt)?;
+    let logits = s.eval_last(prompt)?;
     Ok((prompt.len() as f64 / t0.elapsed().as_secs_f64(), logits))
 }
 
 /// Runs the tg test: `n` single-token greedy steps from an empty cache, starting at BOS. Returns
-/// tokens/s, every step's logits and the tokens fed.
-fn run_tg(s: &mut Session<'_>, n: usize) -> anyhow::Result<(f64, Vec<Vec<f32>>, Vec<i32>)> {
+/// tokens/s, every step's logits if `keep` (else none: `n_vocab` floats a step add up over a
+/// long run) and the tokens fed.
+fn run_tg(
+    s: &mut Session<'_>,
+    n: usize,
+    keep: bool,
+) -> anyhow::Result<(f64, Vec<Vec<f32>>, Vec<i32>)> {
     s.reset();
-    let (mut tok, mut steps, mut fed) = (BOS, Vec::with_capacity(n), Vec::with_capacity(n));
+    let mut steps = Vec::with_capacity(if keep { n } else { 0 });
+    let (mut tok, mut fed) = (BOS, Vec::with_capacity(n));
     let t0 = Instant::now();
     for _ in 0..n {
         fed.push(tok);
-        let logits = s.eval(&[tok])?;
+        let logits = s.eval_last(&[tok])?;
         tok = i32::try_from(argmax(&logits)).context("token id overflows i32")?;
-        steps.push(logits);
+        if keep {
+            steps.push(logits);
+        }
     }
     Ok((n as f64 / t0.elapsed().as_secs_f64(), steps, fed))
 }
@@ -271,11 +289,14 @@ pub(crate) fn open_session<'m>(
     Ok(session)
 }
 
+/// Runs the tests of one split mode; `keep_logits` keeps the last repetition's logits for the
+/// comparison against `none`.
 fn run_mode(
     model: &LlamaModel,
     mode: SplitMode,
     args: &BenchArgs,
     prompt: &[i32],
+    keep_logits: bool,
 ) -> anyhow::Result<ModeResult> {
     let devices = devices_for(mode, args.devices.as_deref())?;
     let names = device_names(&devices);
@@ -293,7 +314,7 @@ fn run_mode(
         };
         match &session {
             Session::Sched(s) => {
-                let st = s.plan_stats(prompt.len())?;
+                let st = s.plan_stats(prompt.len(), Outputs::Last)?;
                 eprintln!(
                     "compute memory of the pp{} graph: peak {:.2} MiB in one buffer vs {:.2} MiB for all {} intermediates \
                      (liveness bound {:.2} MiB); scheduler per device: [{}] MiB",
@@ -316,7 +337,7 @@ fn run_mode(
         }
     }
     if args.n_gen > 0 {
-        run_tg(&mut session, 1)?;
+        run_tg(&mut session, 1, false)?;
     }
     let mut r = ModeResult {
         mode,
@@ -336,13 +357,16 @@ fn run_mode(
                 args.repetitions
             ));
         }
+        let keep = keep_logits && rep + 1 == args.repetitions;
         if !prompt.is_empty() {
             let (tps, logits) = run_pp(&mut session, prompt)?;
             r.pp.push(tps);
-            r.pp_logits = logits;
+            if keep {
+                r.pp_logits = logits;
+            }
         }
         if args.n_gen > 0 {
-            let (tps, logits, fed) = run_tg(&mut session, args.n_gen)?;
+            let (tps, logits, fed) = run_tg(&mut session, args.n_gen, keep)?;
             r.tg.push(tps);
             r.tg_logits = logits;
             r.tg_tokens = fed;
@@ -429,9 +453,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             modes.push(m);
         }
     }
+    let compare = modes.len() > 1 && modes.contains(&SplitMode::None);
     let mut results = Vec::new();
     for &mode in &modes {
-        results.push(run_mode(&model, mode, args, &prompt)?);
+        results.push(run_mode(&model, mode, args, &prompt, compare)?);
     }
 
     let params = c.param_count() as f64;
@@ -496,7 +521,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let mut parts = Vec::new();
         if !r.pp_logits.is_empty() {
             parts.push(format!(
-                "pp{} logits NMSE {:.3e}",
+                "pp{} last-token logits NMSE {:.3e}",
                 args.n_prompt,
                 nmse(&r.pp_logits, &base.pp_logits)
             ));

@@ -195,11 +195,21 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let mut pending = tok.decode(&prompt, false)?.into_bytes();
     flush_utf8(&mut pending, &mut stdout)?;
     let mut rng = Rng(args.seed | 1);
+    // Every prompt position's logits only when they are written out; sampling needs the last.
+    let all_positions = args.logits_out.is_some();
     let t_pp = Instant::now();
-    let logits = session.eval(&prompt)?;
+    let logits = if all_positions {
+        session.eval(&prompt)?
+    } else {
+        session.eval_last(&prompt)?
+    };
     let pp_s = t_pp.elapsed().as_secs_f64();
     write_logits(&logits)?;
-    let mut last = logits[logits.len() - n_vocab..].to_vec();
+    let mut last = if all_positions {
+        logits[logits.len() - n_vocab..].to_vec()
+    } else {
+        logits
+    };
     let t_tg = Instant::now();
     let mut generated = 0usize;
     for i in 0..args.n_predict {
@@ -213,7 +223,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         if i + 1 == args.n_predict {
             break;
         }
-        last = session.eval(&[next])?;
+        last = session.eval_last(&[next])?;
         write_logits(&last)?;
     }
     let tg_s = t_tg.elapsed().as_secs_f64();

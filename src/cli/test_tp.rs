@@ -1,12 +1,13 @@
 //! `tessera test-tp`: the tensor-parallel equivalence check. A small llama model (F32 and Q8_0
 //! weights) runs unsplit on the first of the chosen devices and split over all of them (the meta
-//! device); the logits of a prompt and of two decode steps are compared by NMSE. The split is
-//! held to [`split_tolerance`] against the same backend unsplit; the backend's difference from
-//! the CPU backend is reported separately, against that backend's own tolerance.
+//! device); the logits of a prompt, of two decode steps and of the prompt's last token alone are
+//! compared by NMSE. The split is held to [`split_tolerance`] against the same backend unsplit;
+//! the backend's difference from the CPU backend is reported separately, against that backend's
+//! own tolerance.
 
 use anyhow::Context as _;
 use std::sync::Arc;
-use tessera::model::{LlamaConfig, LlamaModel, LlamaSession, TpSession, nmse};
+use tessera::model::{LlamaConfig, LlamaModel, LlamaSession, Outputs, TpSession, nmse};
 use tessera::sched::{SchedOptions, layer_devices};
 use tessera::{BackendOptions, DType, Device, registry};
 
@@ -95,14 +96,25 @@ pub fn run(devices: &[Arc<dyn Device>], ratios: &[f32], generic: bool) -> anyhow
         let mut tp = TpSession::new(&model, meta, &BackendOptions::default(), |_, _| {})
             .context("splitting the model")?;
         path = tp.backend().comm_path().to_string();
-        for (i, chunk) in [&PROMPT[..], &[5], &[6]].iter().enumerate() {
-            let want = unsplit.eval(chunk)?;
-            let got = tp.eval(chunk)?;
-            let output = if i == 0 {
-                format!("prompt logits ({} tokens)", chunk.len())
-            } else {
-                format!("decode {i} logits")
-            };
+        let prompt_all = format!("prompt logits ({} tokens)", PROMPT.len());
+        let steps: [(String, &[i32], Outputs); 4] = [
+            (prompt_all, &PROMPT, Outputs::All),
+            ("decode 1 logits".into(), &[5], Outputs::All),
+            ("decode 2 logits".into(), &[6], Outputs::All),
+            ("prompt last-token logits".into(), &PROMPT, Outputs::Last),
+        ];
+        for (output, chunk, outputs) in steps {
+            // The last-token graph (a view of the final hidden state) as `run` and `bench` use
+            // it, on a new sequence.
+            if outputs == Outputs::Last {
+                unsplit.reset();
+                tp.reset();
+                if let Some(cpu) = cpu.as_mut() {
+                    cpu.reset();
+                }
+            }
+            let want = unsplit.eval_outputs(chunk, outputs)?;
+            let got = tp.eval_outputs(chunk, outputs)?;
             let mut rows = vec![Row {
                 dtype,
                 output: format!("{output}, split vs {}", first.name()),
@@ -113,7 +125,7 @@ pub fn run(devices: &[Arc<dyn Device>], ratios: &[f32], generic: bool) -> anyhow
                 rows.push(Row {
                     dtype,
                     output: format!("{output}, {} vs CPU", first.name()),
-                    nmse: nmse(&want, &cpu.eval(chunk)?),
+                    nmse: nmse(&want, &cpu.eval_outputs(chunk, outputs)?),
                     tolerance: backend_tolerance(dtype),
                 });
             }

@@ -1,6 +1,6 @@
 //! The graph of one evaluation step of a [`LlamaModel`] and the bytes of its inputs.
 
-use super::llama::{LlamaModel, Step};
+use super::llama::{LlamaModel, Outputs, Step};
 use crate::{Context, DType, Error, Result, RopeParams, TensorId};
 
 impl LlamaModel {
@@ -11,12 +11,19 @@ impl LlamaModel {
     /// caches at rows `n_past..n_past+T` (SET_ROWS, converting to F16), flash attention of Q over
     /// cache rows `0..n_past+T` (views of the SET_ROWS results, so attention runs after the write)
     /// with a causal mask, output projection and residual; then RMS norm and a SwiGLU feed-forward
-    /// with residual. Finally RMS norm and the output projection to logits.
+    /// with residual. Finally RMS norm and the output projection to logits (then soft-capping,
+    /// for models that have it) of the positions `outputs` asks for.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `n_tokens` is 0, `n_past + n_tokens` exceeds `n_ctx`, or `ctx`
     /// does not derive from the model's context.
-    pub fn build(&self, ctx: &mut Context, n_tokens: usize, n_past: usize) -> Result<Step> {
+    pub fn build(
+        &self,
+        ctx: &mut Context,
+        n_tokens: usize,
+        n_past: usize,
+        outputs: Outputs,
+    ) -> Result<Step> {
         let c = self.config();
         let n_kv = n_past
             .checked_add(n_tokens)
@@ -168,6 +175,16 @@ impl LlamaModel {
             h = ctx.add(h, down)?;
             ctx.set_name(h, format!("l_out.{il}"))?;
         }
+        let n_outputs = match outputs {
+            Outputs::All => t,
+            Outputs::Last => 1,
+        };
+        if n_outputs < t {
+            // A view rather than GET_ROWS: it needs no index input, and on the meta device a view
+            // of `h` (mirrored after the last all-reduce) stays mirrored.
+            let row = ctx.tensor(h)?.nb()[1];
+            h = ctx.view(h, [c.n_embd, 1], [row, row, row], (t - 1) * row)?;
+        }
         let (output_norm, output) = self.output_tensors();
         let x = ctx.rms_norm(h, eps)?;
         let x = ctx.mul(x, output_norm)?;
@@ -188,6 +205,7 @@ impl LlamaModel {
             mask_swa,
             logits,
             n_tokens,
+            n_outputs,
             n_past,
             graph,
         })
@@ -197,9 +215,9 @@ impl LlamaModel {
     ///
     /// # Errors
     /// As [`LlamaModel::build`].
-    pub fn build_step(&self, n_tokens: usize, n_past: usize) -> Result<Step> {
+    pub fn build_step(&self, n_tokens: usize, n_past: usize, outputs: Outputs) -> Result<Step> {
         let mut ctx = self.context().clone();
-        self.build(&mut ctx, n_tokens, n_past)
+        self.build(&mut ctx, n_tokens, n_past, outputs)
     }
 
     /// The bytes of the inputs of `step` for `tokens` after `n_past` cached tokens: token ids,

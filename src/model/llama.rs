@@ -74,6 +74,21 @@ pub struct LayerTensors {
     pub cache_v: TensorId,
 }
 
+/// Which positions of a step produce logits.
+///
+/// The output norm and the projection to the vocabulary cost `n_vocab × n_embd` multiply-adds per
+/// position (a quarter of a Gemma 3 270M prompt step, whose vocabulary is 262144), and their
+/// result is `n_vocab` floats per position; a prompt that only samples its next token needs the
+/// last position's. As llama.cpp, only the positions asked for go through them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Outputs {
+    /// Every position: logits `[n_vocab, T]`.
+    #[default]
+    All,
+    /// The last position only: logits `[n_vocab, 1]`.
+    Last,
+}
+
 /// The graph of one evaluation step and its input and output tensors.
 #[derive(Clone, Debug)]
 pub struct Step {
@@ -87,10 +102,13 @@ pub struct Step {
     pub mask: TensorId,
     /// The sliding-window causal mask of the local-attention layers, if any (input).
     pub mask_swa: Option<TensorId>,
-    /// Logits, f32 `[n_vocab, T]` (output).
+    /// Logits, f32 `[n_vocab, n_outputs]` (output): every position's, or the last one's (see
+    /// [`Outputs`]).
     pub logits: TensorId,
     /// Tokens in the step (`T`).
     pub n_tokens: usize,
+    /// Rows of `logits`: `T` for [`Outputs::All`], 1 for [`Outputs::Last`].
+    pub n_outputs: usize,
     /// Cache rows already filled before the step.
     pub n_past: usize,
     /// The graph computing `logits` (and writing the new cache rows).

@@ -16,7 +16,9 @@
 //! let mut session = LlamaSession::new(&model, &devices, &layer_device, SchedOptions::default())?;
 //! let logits = session.eval(&[1, 2, 3])?; // n_vocab logits per token
 //! let next = tessera::model::argmax(&logits[2 * 256..]);
-//! # let _ = next; Ok(()) }
+//! // Sampling needs the last token's logits only: the output projection runs for it alone.
+//! let last = session.eval_last(&[next as i32])?; // n_vocab logits
+//! # let _ = last; Ok(()) }
 //! ```
 
 mod config;
@@ -30,6 +32,8 @@ mod tests;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_arch;
 #[cfg(all(test, feature = "cpu"))]
+mod tests_outputs;
+#[cfg(all(test, feature = "cpu"))]
 mod tests_real;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_reference;
@@ -41,7 +45,7 @@ mod weights;
 
 pub use config::{Arch, LlamaConfig};
 pub use gguf_io::{ARCHITECTURE, llama_keys, synthetic_vocab};
-pub use llama::{LayerTensors, LlamaModel, Placement, Step, WeightSource};
+pub use llama::{LayerTensors, LlamaModel, Outputs, Placement, Step, WeightSource};
 pub use session::LlamaSession;
 pub use tokenizer::{Token, Tokenizer, TokenizerError};
 pub use tp::TpSession;

@@ -1,7 +1,7 @@
 //! [`LlamaSession`]: a [`LlamaModel`] loaded on devices with a [`Scheduler`], evaluated step by
 //! step through its KV caches.
 
-use super::llama::LlamaModel;
+use super::llama::{LlamaModel, Outputs};
 use crate::sched::{SchedOptions, Scheduler};
 use crate::{Bindings, Device, Error, Result, TensorBuffer};
 use std::sync::Arc;
@@ -82,10 +82,28 @@ impl<'m> LlamaSession<'m> {
     /// [`Error::InvalidArgument`] if `tokens` is empty, does not fit the context, or holds a token
     /// outside the vocabulary; scheduler and device errors.
     pub fn eval(&mut self, tokens: &[i32]) -> Result<Vec<f32>> {
+        self.eval_outputs(tokens, Outputs::All)
+    }
+
+    /// [`LlamaSession::eval`] returning only the last token's `n_vocab` logits; the output norm
+    /// and projection run for that position alone.
+    ///
+    /// # Errors
+    /// As [`LlamaSession::eval`].
+    pub fn eval_last(&mut self, tokens: &[i32]) -> Result<Vec<f32>> {
+        self.eval_outputs(tokens, Outputs::Last)
+    }
+
+    /// Evaluates `tokens` and returns the logits of the positions `outputs` asks for, `n_vocab`
+    /// per position; the caches then hold every token.
+    ///
+    /// # Errors
+    /// As [`LlamaSession::eval`].
+    pub fn eval_outputs(&mut self, tokens: &[i32], outputs: Outputs) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Err(Error::InvalidArgument("no tokens to evaluate".into()));
         }
-        let step = self.model.build_step(tokens.len(), self.n_past)?;
+        let step = self.model.build_step(tokens.len(), self.n_past, outputs)?;
         let inputs = self.model.step_inputs(&step, tokens, self.n_past)?;
         self.sched.alloc_graph(&step.graph, &self.weights)?;
         for (id, bytes) in &inputs {
@@ -98,14 +116,14 @@ impl<'m> LlamaSession<'m> {
         Ok(logits)
     }
 
-    /// Compute-memory figures of an `n_tokens` prompt graph planned into one buffer of the first
-    /// device's type: the planned peak, the sum of all intermediate tensors, and the liveness
-    /// lower bound (what a perfect allocator would need).
+    /// Compute-memory figures of an `n_tokens` prompt graph with `outputs` planned into one buffer
+    /// of the first device's type: the planned peak, the sum of all intermediate tensors, and the
+    /// liveness lower bound (what a perfect allocator would need).
     ///
     /// # Errors
     /// As [`LlamaModel::build_step`] and [`crate::alloc::plan`].
-    pub fn plan_stats(&self, n_tokens: usize) -> Result<crate::alloc::PlanStats> {
-        let step = self.model.build_step(n_tokens, 0)?;
+    pub fn plan_stats(&self, n_tokens: usize, outputs: Outputs) -> Result<crate::alloc::PlanStats> {
+        let step = self.model.build_step(n_tokens, 0, outputs)?;
         let buft = self.sched.devices()[0].buffer_type();
         Ok(
             crate::alloc::plan(&step.graph, &self.weights, buft.alignment(), &|t| {

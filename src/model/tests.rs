@@ -128,7 +128,7 @@ fn weights_are_deterministic_and_named_as_gguf() {
 #[test]
 fn step_shapes_inputs_and_limits() {
     let model = LlamaModel::new(LlamaConfig::tiny(), SEED).unwrap();
-    let step = model.build_step(2, 3).unwrap();
+    let step = model.build_step(2, 3, Outputs::All).unwrap();
     let ne = |id| step.graph.tensor(id).unwrap().ne();
     assert_eq!(ne(step.logits), [256, 2, 1, 1]);
     assert_eq!(ne(step.mask), [5, 2, 1, 1]);
@@ -149,17 +149,18 @@ fn step_shapes_inputs_and_limits() {
     );
     let ctx_len = model.config().n_ctx;
     assert!(matches!(
-        model.build_step(2, ctx_len - 1),
+        model.build_step(2, ctx_len - 1, Outputs::All),
         Err(Error::InvalidArgument(_))
     ));
-    assert!(model.build_step(0, 0).is_err());
+    assert!(model.build_step(0, 0, Outputs::Last).is_err());
     assert!(model.step_inputs(&step, &[4], 3).is_err());
     assert!(model.step_inputs(&step, &[4, 256], 3).is_err());
     assert!(model.step_inputs(&step, &[-1, 0], 3).is_err());
     let mut foreign = crate::Context::new();
-    assert!(model.build(&mut foreign, 1, 0).is_err());
+    assert!(model.build(&mut foreign, 1, 0, Outputs::All).is_err());
     let mut s = session(&model, &one_cpu());
     assert!(s.eval(&[]).is_err());
+    assert!(s.eval_last(&[]).is_err());
     assert!(s.eval(&[300]).is_err());
     assert_eq!(s.n_past(), 0);
 }

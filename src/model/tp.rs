@@ -1,7 +1,7 @@
 //! [`TpSession`]: a [`LlamaModel`] split across devices by a [`MetaDevice`] (tensor
 //! parallelism, `--split-mode tensor`), evaluated step by step through its split KV caches.
 
-use super::llama::LlamaModel;
+use super::llama::{LlamaModel, Outputs};
 use crate::meta::{LlamaSplitPolicy, MetaBackend, MetaDevice};
 use crate::{Backend, BackendOptions, Bindings, Buffer, Device, Error, Result, TensorBuffer};
 use std::sync::Arc;
@@ -137,10 +137,28 @@ impl<'m> TpSession<'m> {
     /// # Errors
     /// As [`super::LlamaSession::eval`]; split errors of the graph naming the node.
     pub fn eval(&mut self, tokens: &[i32]) -> Result<Vec<f32>> {
+        self.eval_outputs(tokens, Outputs::All)
+    }
+
+    /// [`TpSession::eval`] returning only the last token's `n_vocab` logits; the output norm and
+    /// projection run for that position alone.
+    ///
+    /// # Errors
+    /// As [`TpSession::eval`].
+    pub fn eval_last(&mut self, tokens: &[i32]) -> Result<Vec<f32>> {
+        self.eval_outputs(tokens, Outputs::Last)
+    }
+
+    /// Evaluates `tokens` and returns the logits of the positions `outputs` asks for, `n_vocab`
+    /// per position; the caches then hold every token.
+    ///
+    /// # Errors
+    /// As [`TpSession::eval`].
+    pub fn eval_outputs(&mut self, tokens: &[i32], outputs: Outputs) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Err(Error::InvalidArgument("no tokens to evaluate".into()));
         }
-        let step = self.model.build_step(tokens.len(), self.n_past)?;
+        let step = self.model.build_step(tokens.len(), self.n_past, outputs)?;
         let inputs = self.model.step_inputs(&step, tokens, self.n_past)?;
         // Inputs and logits live in host memory of the first device; the meta stream copies
         // inputs to devices that cannot read it and gathers the logits into it.
