@@ -56,6 +56,21 @@ impl RefRow {
         TIE_GAP.max((2.0 * (nmse * mean_sq).sqrt()) as f32)
     }
 
+    /// Whether choosing the runner-up is still faithful although the gap exceeds
+    /// [`RefRow::tie_gap`]: only for top-only rows, where `tie_gap` can see llama.cpp's spread
+    /// over the top ids alone. If our whole row is as close to llama.cpp (NMSE `ours`) as its
+    /// own flash-attention on/off runs are to each other, and the gap is within twice that
+    /// spread's RMS at the scale of the top logits, the two picks are equally faithful.
+    pub fn flip_within_llama_spread(&self, ours: f64, gap: f32) -> bool {
+        if !self.values.is_empty() || ours > self.fa_nmse {
+            return false;
+        }
+        let top = &self.top;
+        let mean_sq =
+            top.iter().map(|t| f64::from(t.1).powi(2)).sum::<f64>() / top.len().max(1) as f64;
+        f64::from(gap) <= 2.0 * (self.fa_nmse * mean_sq).sqrt()
+    }
+
     /// The largest logit's id and its lead over the runner-up.
     pub fn argmax_gap(&self) -> (usize, f32) {
         if !self.values.is_empty() {
@@ -239,12 +254,16 @@ pub(super) fn check_against_reference(
             .collect();
         let mean = errs.iter().sum::<f64>() / errs.len() as f64;
         let worst = errs.iter().copied().fold(0.0, f64::max);
-        let mut argmax_checked = 0;
+        let (mut argmax_checked, mut flips_within_spread) = (0, 0);
         for (i, (row, r)) in rows.iter().zip(&reference.rows).enumerate() {
             let (best, gap) = r.argmax_gap();
             if gap > r.tie_gap() {
                 argmax_checked += 1;
                 let ours = argmax(row);
+                if ours != best && r.flip_within_llama_spread(row_nmse(row, r), gap) {
+                    flips_within_spread += 1;
+                    continue;
+                }
                 let top: Vec<(usize, f32, f32)> = r
                     .top
                     .iter()
@@ -273,6 +292,11 @@ pub(super) fn check_against_reference(
                 );
             }
         }
+        // A flip excused by llama.cpp's own spread is an exception, not the rule.
+        assert!(
+            flips_within_spread * 10 <= argmax_checked,
+            "{name} {mode}: {flips_within_spread} of {argmax_checked} checked argmaxes differ from llama.cpp"
+        );
         {
             assert!(
                 mean <= 2.0 * fa_mean * tolerance_scale,
@@ -297,7 +321,7 @@ pub(super) fn check_against_reference(
             );
         }
         report.push(format!(
-            "{name:<24} {mode:<15} NMSE median {:.2e} mean {mean:.2e} max {worst:.2e} | llama.cpp FA on/off median {fa_median:.2e} mean {fa_mean:.2e} | argmax {argmax_checked}/{} | greedy {same}/{}",
+            "{name:<24} {mode:<15} NMSE median {:.2e} mean {mean:.2e} max {worst:.2e} | llama.cpp FA on/off median {fa_median:.2e} mean {fa_mean:.2e} | argmax {argmax_checked}/{} ({flips_within_spread} flips within llama.cpp's spread) | greedy {same}/{}",
             median(&mut errs),
             rows.len(),
             greedy_ref.len()

@@ -11,7 +11,8 @@
 //!   override);
 //! * [`dot`]: dot products;
 //! * [`matmul`]: the tile matmul the CPU backend runs on its threads;
-//! * [`repack`]: the interleaved 16-row weight layout and its kernels.
+//! * [`repack`]: the interleaved 16-row weight layout and its kernels;
+//! * [`vecmath`]: vectorised `exp`, SiLU and GELU rows.
 //!
 //! The main items are re-exported here.
 
@@ -23,6 +24,7 @@ pub mod kquant;
 pub mod matmul;
 pub mod quant;
 pub mod repack;
+pub mod vecmath;
 
 mod generic;
 #[cfg(test)]

@@ -1,11 +1,16 @@
-//! FLASH_ATTN_EXT: one task per (query, head, batch); a single pass over the keys with an online
-//! softmax. Tasks are ordered query-fastest, so a thread's consecutive tasks share a KV head: the
-//! K/V plane is decoded to f32 once per thread and KV head, not once per query.
+//! FLASH_ATTN_EXT: one task per (query, head, batch). Tasks are ordered query-fastest, so a
+//! thread's consecutive tasks share a KV head: the K/V plane is decoded to f32 once per thread and
+//! KV head, not once per query, and a block of up to [`Q_BLOCK`] queries gets its scores from one
+//! f32 tile product with the K plane, a vectorised softmax per query, and the weighted sums of V
+//! as a second tile product.
 
 use super::norm::alibi_slope;
 use super::{Exec, ThreadScratch, split_range};
 use tessera_core::{Op, TensorId};
 use tessera_kernels::cpu as k;
+
+/// Queries whose scores one tile product computes.
+const Q_BLOCK: usize = 16;
 
 pub(crate) fn flash_attn_ext(
     exec: &Exec<'_>,
@@ -40,55 +45,100 @@ pub(crate) fn flash_attn_ext(
     };
     let mut mrow = vec![0f32; if mask.is_some() { n_kv } else { 0 }];
     let mut acc = vec![0f32; dv];
-    let (mut kplane, mut vplane) = (Vec::<f32>::new(), Vec::<f32>::new());
+    // V is kept transposed (`dv` rows of `n_kv`) so that the weighted sums of a block are a tile
+    // product too.
+    let (mut kplane, mut vplane_t) = (Vec::<f32>::new(), Vec::<f32>::new());
+    let (mut qblk, mut scores, mut outs) =
+        (Vec::<f32>::new(), Vec::<f32>::new(), Vec::<f32>::new());
     let mut cached: Option<(usize, usize)> = None;
-    for task in split_range(n_q * n_head * n_batch, ith, nth) {
-        let iq = task % n_q;
+    let tasks = split_range(n_q * n_head * n_batch, ith, nth);
+    let mut task = tasks.start;
+    while task < tasks.end {
+        let iq0 = task % n_q;
         let h = (task / n_q) % n_head;
         let b = task / (n_q * n_head);
+        // A block of consecutive queries of one head: their scores are one tile product.
+        let nqb = Q_BLOCK.min(tasks.end - task).min(n_q - iq0);
+        task += nqb;
         let hk = h / group;
         let slope = alibi_slope(max_bias, h, n_head);
         if cached != Some((hk, b)) {
             kplane.resize(n_kv * d, 0.0);
-            vplane.resize(n_kv * dv, 0.0);
+            vplane_t.resize(n_kv * dv, 0.0);
             for j in 0..n_kv {
                 kt.read_row(j, hk, b, &mut kplane[j * d..(j + 1) * d]);
-                vt.read_row(j, hk, b, &mut vplane[j * dv..(j + 1) * dv]);
+                vt.read_row(j, hk, b, &mut acc);
+                for (i, v) in acc.iter().enumerate() {
+                    vplane_t[i * n_kv + j] = *v;
+                }
             }
             cached = Some((hk, b));
         }
-        let (qrow, _, _) = ts.rows(d);
-        q.read_row(iq, h, b, qrow);
-        if let Some(mv) = mask {
-            mv.read_row(iq, 0, 0, &mut mrow);
+        qblk.resize(nqb * d, 0.0);
+        for c in 0..nqb {
+            q.read_row(iq0 + c, h, b, &mut qblk[c * d..(c + 1) * d]);
         }
-        let (mut mmax, mut sum) = (f32::NEG_INFINITY, 0f32);
-        acc.fill(0.0);
-        for j in 0..n_kv {
-            let mval = if mask.is_some() { slope * mrow[j] } else { 0.0 };
-            if mval == f32::NEG_INFINITY {
-                continue;
+        scores.resize(nqb * n_kv, 0.0);
+        k::mul_mat_tile(
+            k::WeightType::F32,
+            bytemuck::cast_slice(&kplane),
+            d * 4,
+            n_kv,
+            bytemuck::cast_slice(&qblk),
+            d * 4,
+            nqb,
+            d,
+            &mut scores,
+            n_kv,
+            &mut ts.bytes,
+        );
+        for c in 0..nqb {
+            let iq = iq0 + c;
+            let s = &mut scores[c * n_kv..(c + 1) * n_kv];
+            if let Some(mv) = mask {
+                mv.read_row(iq, 0, 0, &mut mrow);
             }
-            let mut s = k::dot_f32(&qrow[..d], &kplane[j * d..(j + 1) * d]) * scale;
-            if softcap != 0.0 {
-                s = softcap * s.tanh();
+            let mut smax = f32::NEG_INFINITY;
+            for (j, v) in s.iter_mut().enumerate() {
+                let mut x = *v * scale;
+                if softcap != 0.0 {
+                    x = softcap * x.tanh();
+                }
+                if mask.is_some() {
+                    // A −∞ mask entry hides the key whatever its score (a slope of 0 included).
+                    x = if mrow[j] == f32::NEG_INFINITY {
+                        f32::NEG_INFINITY
+                    } else {
+                        x + slope * mrow[j]
+                    };
+                }
+                *v = x;
+                smax = smax.max(x);
             }
-            s += mval;
-            let vrow = &vplane[j * dv..(j + 1) * dv];
-            if s > mmax {
-                let corr = (mmax - s).exp();
-                acc.iter_mut().for_each(|a| *a *= corr);
-                sum = sum * corr + 1.0;
-                mmax = s;
-                acc.iter_mut().zip(vrow).for_each(|(a, v)| *a += v);
+            // Normalised probabilities; a query that sees no key gets zeros.
+            if smax > f32::NEG_INFINITY {
+                let inv = 1.0 / k::vecmath::exp_shifted_sum(s, smax);
+                s.iter_mut().for_each(|p| *p *= inv);
             } else {
-                let p = (s - mmax).exp();
-                sum += p;
-                acc.iter_mut().zip(vrow).for_each(|(a, v)| *a += p * v);
+                s.fill(0.0);
             }
         }
-        let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-        acc.iter_mut().for_each(|a| *a *= inv);
-        dst.write_row(h, iq, b, &acc);
+        outs.resize(nqb * dv, 0.0);
+        k::mul_mat_tile(
+            k::WeightType::F32,
+            bytemuck::cast_slice(&vplane_t),
+            n_kv * 4,
+            dv,
+            bytemuck::cast_slice(&scores),
+            n_kv * 4,
+            nqb,
+            n_kv,
+            &mut outs,
+            dv,
+            &mut ts.bytes,
+        );
+        for c in 0..nqb {
+            dst.write_row(h, iq0 + c, b, &outs[c * dv..(c + 1) * dv]);
+        }
     }
 }

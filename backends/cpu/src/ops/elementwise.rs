@@ -3,15 +3,7 @@
 
 use super::{Exec, ThreadScratch, my_rows};
 use tessera_core::{GluOp, Op, TensorId, UnaryOp};
-
-pub(crate) fn gelu(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
-}
-
-pub(crate) fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
+use tessera_kernels::cpu::vecmath::{self, Gate, gelu, silu};
 
 fn unary(f: UnaryOp, x: f32) -> f32 {
     match f {
@@ -78,6 +70,8 @@ pub(crate) fn map(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &
             Op::Sqr => x.iter_mut().for_each(|v| *v *= *v),
             Op::Sqrt => x.iter_mut().for_each(|v| *v = v.sqrt()),
             Op::Clamp { min, max } => x.iter_mut().for_each(|v| *v = v.clamp(min, max)),
+            Op::Unary(UnaryOp::Silu) => vecmath::act_row(Gate::Silu, x),
+            Op::Unary(UnaryOp::Gelu) => vecmath::act_row(Gate::Gelu, x),
             Op::Unary(f) => x.iter_mut().for_each(|v| *v = unary(f, *v)),
             _ => {}
         }
@@ -91,9 +85,9 @@ pub(crate) fn glu(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &
     let Op::Glu { op, swapped } = *t.op() else {
         return;
     };
-    let act = |x: f32| match op {
-        GluOp::Swiglu => silu(x),
-        GluOp::Geglu => gelu(x),
+    let act = match op {
+        GluOp::Swiglu => Gate::Silu,
+        GluOp::Geglu => Gate::Gelu,
     };
     let n = dst.ne[0];
     let split = t.src(1).is_some();
@@ -117,9 +111,7 @@ pub(crate) fn glu(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &
                 }
             }
         };
-        for i in 0..n {
-            out[i] = act(gate[i]) * up[i];
-        }
+        vecmath::glu_row(act, gate, up, &mut out[..n]);
         dst.write_row(i1, i2, i3, out);
     }
 }
