@@ -60,6 +60,17 @@ impl Session<'_> {
             Session::Tp(s) => s.eval_last(tokens),
         }
     }
+    /// [`Session::eval_last`] into a reused vector: decoding allocates nothing per token.
+    pub(crate) fn eval_last_into(
+        &mut self,
+        tokens: &[i32],
+        logits: &mut Vec<f32>,
+    ) -> tessera::Result<()> {
+        match self {
+            Session::Sched(s) => s.eval_outputs_into(tokens, Outputs::Last, logits),
+            Session::Tp(s) => s.eval_outputs_into(tokens, Outputs::Last, logits),
+        }
+    }
     pub(crate) fn reset(&mut self) {
         match self {
             Session::Sched(s) => s.reset(),
@@ -201,13 +212,14 @@ fn run_tg(
     s.reset();
     let mut steps = Vec::with_capacity(if keep { n } else { 0 });
     let (mut tok, mut fed) = (BOS, Vec::with_capacity(n));
+    let mut logits = Vec::new();
     let t0 = Instant::now();
     for _ in 0..n {
         fed.push(tok);
-        let logits = s.eval_last(&[tok])?;
+        s.eval_last_into(&[tok], &mut logits)?;
         tok = i32::try_from(argmax(&logits)).context("token id overflows i32")?;
         if keep {
-            steps.push(logits);
+            steps.push(logits.clone());
         }
     }
     Ok((n as f64 / t0.elapsed().as_secs_f64(), steps, fed))

@@ -25,7 +25,7 @@ impl LlamaModel {
         outputs: Outputs,
     ) -> Result<Step> {
         let c = self.config();
-        let n_kv = n_past
+        let filled = n_past
             .checked_add(n_tokens)
             .filter(|&n| n_tokens > 0 && n <= c.n_ctx)
             .ok_or_else(|| {
@@ -34,6 +34,7 @@ impl LlamaModel {
                     c.n_ctx
                 ))
             })?;
+        let n_kv = self.kv_span(filled);
         let ours = self.context().tensors();
         let derived = ctx.len() >= ours.len()
             && ours
@@ -207,8 +208,28 @@ impl LlamaModel {
             n_tokens,
             n_outputs,
             n_past,
+            n_kv,
             graph,
         })
+    }
+
+    /// Cache rows a step graph attends over when `filled` rows are valid after it: `filled`
+    /// rounded up to [`super::llama::KV_PAD`], at most `n_ctx` (and at least `filled`).
+    pub fn kv_span(&self, filled: usize) -> usize {
+        filled
+            .div_ceil(super::llama::KV_PAD)
+            .saturating_mul(super::llama::KV_PAD)
+            .min(self.config().n_ctx)
+            .max(filled)
+    }
+
+    /// Whether `step` can evaluate `n_tokens` tokens after `n_past` cached ones: same token
+    /// count and the same attention span.
+    pub fn step_fits(&self, step: &Step, n_tokens: usize, n_past: usize) -> bool {
+        step.n_tokens == n_tokens
+            && n_past
+                .checked_add(n_tokens)
+                .is_some_and(|f| f <= self.config().n_ctx && self.kv_span(f) == step.n_kv)
     }
 
     /// [`LlamaModel::build`] on a fresh clone of the model's context.
@@ -233,12 +254,12 @@ impl LlamaModel {
         tokens: &[i32],
         n_past: usize,
     ) -> Result<Vec<(TensorId, Vec<u8>)>> {
-        if tokens.len() != step.n_tokens || n_past != step.n_past {
+        if !self.step_fits(step, tokens.len(), n_past) {
             return Err(Error::InvalidArgument(format!(
-                "{} tokens after {n_past} do not match a step of {} after {}",
+                "{} tokens after {n_past} do not fit a step of {} tokens attending over {} rows",
                 tokens.len(),
                 step.n_tokens,
-                step.n_past
+                step.n_kv
             )));
         }
         let c = self.config();
@@ -257,7 +278,7 @@ impl LlamaModel {
         };
         // n_past + T ≤ n_ctx, which validate() keeps within i32.
         let rows = || (n_past..n_past + tokens.len()).map(|p| p as i32);
-        let n_kv = n_past + tokens.len();
+        let n_kv = step.n_kv;
         let (zero, ninf) = (
             half::f16::from_f32(0.0).to_le_bytes(),
             half::f16::NEG_INFINITY.to_le_bytes(),

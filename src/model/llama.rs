@@ -89,6 +89,10 @@ pub enum Outputs {
     Last,
 }
 
+/// Attention spans of step graphs are multiples of this (as llama.cpp pads its KV cache views):
+/// decoding reuses one graph for this many tokens, and masked padding keys cost little.
+pub const KV_PAD: usize = 256;
+
 /// The graph of one evaluation step and its input and output tensors.
 #[derive(Clone, Debug)]
 pub struct Step {
@@ -98,7 +102,8 @@ pub struct Step {
     pub positions: TensorId,
     /// KV cache rows to write, `n_past..n_past+T`, i32 `[T]` (input).
     pub kv_rows: TensorId,
-    /// Causal mask, f16 `[n_past+T, T]`: 0 where a query may see a key, −∞ elsewhere (input).
+    /// Causal mask, f16 `[n_kv, T]`: 0 where a query may see a key, −∞ elsewhere, including
+    /// the padding rows `n_past+T..n_kv` (input).
     pub mask: TensorId,
     /// The sliding-window causal mask of the local-attention layers, if any (input).
     pub mask_swa: Option<TensorId>,
@@ -109,8 +114,12 @@ pub struct Step {
     pub n_tokens: usize,
     /// Rows of `logits`: `T` for [`Outputs::All`], 1 for [`Outputs::Last`].
     pub n_outputs: usize,
-    /// Cache rows already filled before the step.
+    /// Cache rows already filled before the step it was built for. The graph serves any
+    /// `n_past` with the same [`Step::n_kv`]: positions, cache rows and masks are inputs.
     pub n_past: usize,
+    /// Cache rows attention reads: `n_past + T` rounded up to [`KV_PAD`] (at most `n_ctx`),
+    /// so consecutive decode steps share one graph and its schedule.
+    pub n_kv: usize,
     /// The graph computing `logits` (and writing the new cache rows).
     pub graph: Graph,
 }

@@ -66,10 +66,12 @@ pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
 
 /// Index of the largest value (the first one on ties; 0 for an empty slice). NaNs are skipped.
 pub fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
+    // The running maximum in a local (not re-read through the index) keeps this at a compare
+    // per element: it runs on every generated token over the whole vocabulary.
+    let (mut best, mut top) = (0, f32::NEG_INFINITY);
     for (i, &x) in v.iter().enumerate() {
-        if x > v[best] || v[best].is_nan() {
-            best = i;
+        if x > top {
+            (best, top) = (i, x);
         }
     }
     best

@@ -1,7 +1,7 @@
 //! [`LlamaSession`]: a [`LlamaModel`] loaded on devices with a [`Scheduler`], evaluated step by
 //! step through its KV caches.
 
-use super::llama::{LlamaModel, Outputs};
+use super::llama::{LlamaModel, Outputs, Step};
 use crate::sched::{SchedOptions, Scheduler};
 use crate::{Bindings, Device, Error, Result, TensorBuffer};
 use std::sync::Arc;
@@ -13,6 +13,12 @@ pub struct LlamaSession<'m> {
     weights: Bindings,
     buffers: Vec<TensorBuffer>,
     n_past: usize,
+    /// The step graph the scheduler planned last: reused while it fits (decode steps within one
+    /// [`super::llama::KV_PAD`] span), so a token costs no graph build, plan or allocation.
+    planned: Option<(Outputs, Step)>,
+    /// Logit bytes read back, reused across steps.
+    read_buf: Vec<u8>,
+    plans: usize,
 }
 
 impl<'m> LlamaSession<'m> {
@@ -51,6 +57,9 @@ impl<'m> LlamaSession<'m> {
             weights,
             buffers,
             n_past: 0,
+            planned: None,
+            read_buf: Vec::new(),
+            plans: 0,
         })
     }
 
@@ -100,20 +109,68 @@ impl<'m> LlamaSession<'m> {
     /// # Errors
     /// As [`LlamaSession::eval`].
     pub fn eval_outputs(&mut self, tokens: &[i32], outputs: Outputs) -> Result<Vec<f32>> {
+        let mut logits = Vec::new();
+        self.eval_outputs_into(tokens, outputs, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`LlamaSession::eval_outputs`] into `logits` (resized; its allocation is reused, so a
+    /// decode loop allocates nothing per token once warm).
+    ///
+    /// # Errors
+    /// As [`LlamaSession::eval`].
+    pub fn eval_outputs_into(
+        &mut self,
+        tokens: &[i32],
+        outputs: Outputs,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
         if tokens.is_empty() {
             return Err(Error::InvalidArgument("no tokens to evaluate".into()));
         }
-        let step = self.model.build_step(tokens.len(), self.n_past, outputs)?;
-        let inputs = self.model.step_inputs(&step, tokens, self.n_past)?;
-        self.sched.alloc_graph(&step.graph, &self.weights)?;
+        let reusable = self.planned.as_ref().is_some_and(|(o, step)| {
+            *o == outputs && self.model.step_fits(step, tokens.len(), self.n_past)
+        });
+        if !reusable {
+            let step = self.model.build_step(tokens.len(), self.n_past, outputs)?;
+            // A failed plan must not leave a stale step marked as planned.
+            self.planned = None;
+            self.sched.alloc_graph(&step.graph, &self.weights)?;
+            self.planned = Some((outputs, step));
+            self.plans += 1;
+        }
+        let Some((_, step)) = self.planned.as_ref() else {
+            return Err(Error::InvalidArgument("no step graph planned".into()));
+        };
+        let inputs = self.model.step_inputs(step, tokens, self.n_past)?;
         for (id, bytes) in &inputs {
             self.sched.set_input(*id, bytes)?;
         }
         self.sched.compute()?;
         self.sched.synchronize()?;
-        let logits = self.sched.get_f32(step.logits)?;
+        let n = step.graph.tensors()[step.logits.index()].nbytes();
+        self.read_buf.resize(n, 0);
+        self.sched.get(step.logits, &mut self.read_buf)?;
+        logits.clear();
+        logits.extend(
+            self.read_buf
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
         self.n_past += tokens.len();
-        Ok(logits)
+        Ok(())
+    }
+
+    /// Compute buffers the scheduler has allocated so far (a re-run of a planned shape adds
+    /// none).
+    pub fn scheduler_allocations(&self) -> usize {
+        self.sched.allocation_count()
+    }
+
+    /// Step graphs built and planned so far: decoding plans once per
+    /// [`super::llama::KV_PAD`] tokens, not once per token.
+    pub fn plans(&self) -> usize {
+        self.plans
     }
 
     /// Compute-memory figures of an `n_tokens` prompt graph with `outputs` planned into one buffer

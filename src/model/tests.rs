@@ -131,7 +131,9 @@ fn step_shapes_inputs_and_limits() {
     let step = model.build_step(2, 3, Outputs::All).unwrap();
     let ne = |id| step.graph.tensor(id).unwrap().ne();
     assert_eq!(ne(step.logits), [256, 2, 1, 1]);
-    assert_eq!(ne(step.mask), [5, 2, 1, 1]);
+    // The tiny context (64) is shorter than KV_PAD: every step attends over all of it.
+    assert_eq!(step.n_kv, model.config().n_ctx.min(super::llama::KV_PAD));
+    assert_eq!(ne(step.mask), [step.n_kv, 2, 1, 1]);
     let inputs = model.step_inputs(&step, &[4, 5], 3).unwrap();
     let i32s = |b: &[u8]| -> Vec<i32> {
         b.chunks_exact(4)
@@ -143,10 +145,11 @@ fn step_shapes_inputs_and_limits() {
     assert_eq!(i32s(&inputs[2].1), vec![3, 4]);
     let mask = crate::decode_to_f32(DType::F16, &inputs[3].1).unwrap();
     let ninf = f32::NEG_INFINITY;
-    assert_eq!(
-        mask,
-        vec![0.0, 0.0, 0.0, 0.0, ninf, 0.0, 0.0, 0.0, 0.0, 0.0]
-    );
+    // Query i (position 3 + i) sees keys 0..=3 + i; the rest, padding included, is hidden.
+    let want: Vec<f32> = (0..2)
+        .flat_map(|i| (0..step.n_kv).map(move |j| if j <= 3 + i { 0.0 } else { ninf }))
+        .collect();
+    assert_eq!(mask, want);
     let ctx_len = model.config().n_ctx;
     assert!(matches!(
         model.build_step(2, ctx_len - 1, Outputs::All),
@@ -156,6 +159,25 @@ fn step_shapes_inputs_and_limits() {
     assert!(model.step_inputs(&step, &[4], 3).is_err());
     assert!(model.step_inputs(&step, &[4, 256], 3).is_err());
     assert!(model.step_inputs(&step, &[-1, 0], 3).is_err());
+    // A step serves every n_past with the same span, and no other.
+    let mut long = LlamaConfig::tiny();
+    long.n_ctx = 2 * super::llama::KV_PAD + 8;
+    let long = LlamaModel::new(long, SEED).unwrap();
+    let s1 = long.build_step(1, 10, Outputs::Last).unwrap();
+    assert_eq!(s1.n_kv, super::llama::KV_PAD);
+    assert!(long.step_fits(&s1, 1, super::llama::KV_PAD - 1));
+    assert!(!long.step_fits(&s1, 1, super::llama::KV_PAD));
+    assert!(!long.step_fits(&s1, 2, 10));
+    assert!(long.step_inputs(&s1, &[1], 200).is_ok());
+    assert!(long.step_inputs(&s1, &[1], 300).is_err());
+    let tail = long
+        .build_step(1, 2 * super::llama::KV_PAD + 2, Outputs::Last)
+        .unwrap();
+    assert_eq!(
+        tail.n_kv,
+        2 * super::llama::KV_PAD + 8,
+        "the span stops at n_ctx"
+    );
     let mut foreign = crate::Context::new();
     assert!(model.build(&mut foreign, 1, 0, Outputs::All).is_err());
     let mut s = session(&model, &one_cpu());
@@ -163,4 +185,35 @@ fn step_shapes_inputs_and_limits() {
     assert!(s.eval_last(&[]).is_err());
     assert!(s.eval(&[300]).is_err());
     assert_eq!(s.n_past(), 0);
+}
+
+#[test]
+fn decoding_reuses_one_plan_per_kv_span_and_allocates_nothing_new() {
+    let mut c = LlamaConfig::tiny();
+    c.n_ctx = 2 * super::llama::KV_PAD;
+    let model = LlamaModel::new(c, SEED).unwrap();
+    let mut s = session(&model, &one_cpu());
+    let mut logits = Vec::new();
+    s.eval_outputs_into(&PROMPT, Outputs::Last, &mut logits)
+        .unwrap();
+    s.eval_outputs_into(&[7], Outputs::Last, &mut logits)
+        .unwrap();
+    let (plans, cap) = (s.plans(), logits.capacity());
+    let allocs = s.scheduler_allocations();
+    let mut tok = 7;
+    while s.n_past() < super::llama::KV_PAD {
+        tok = (tok * 31 + 5) % 200;
+        s.eval_outputs_into(&[tok], Outputs::Last, &mut logits)
+            .unwrap();
+    }
+    assert_eq!(s.plans(), plans, "one plan for the whole first span");
+    assert_eq!(s.scheduler_allocations(), allocs);
+    assert_eq!(logits.capacity(), cap, "the logits buffer is reused");
+    s.eval_outputs_into(&[3], Outputs::Last, &mut logits)
+        .unwrap();
+    assert_eq!(
+        s.plans(),
+        plans + 1,
+        "crossing into the next span plans again"
+    );
 }

@@ -15,6 +15,20 @@ pub struct TpSession<'m> {
     backend: MetaBackend,
     weights: TensorBuffer,
     n_past: usize,
+    /// The last step graph with its host input/logit buffer: reused while it fits, so decoding
+    /// builds and binds one graph per [`super::llama::KV_PAD`] tokens.
+    cached: Option<CachedStep>,
+    read_buf: Vec<u8>,
+}
+
+/// A step graph of a [`TpSession`] and where its inputs and logits live.
+struct CachedStep {
+    outputs: Outputs,
+    step: super::llama::Step,
+    buf: Arc<dyn Buffer>,
+    bindings: Bindings,
+    /// Byte offsets in `buf` of the inputs, then of the logits (last).
+    at: Vec<(crate::TensorId, usize)>,
 }
 
 impl LlamaModel {
@@ -99,6 +113,8 @@ impl<'m> TpSession<'m> {
             backend,
             weights,
             n_past: 0,
+            cached: None,
+            read_buf: Vec::new(),
         })
     }
 
@@ -155,19 +171,76 @@ impl<'m> TpSession<'m> {
     /// # Errors
     /// As [`TpSession::eval`].
     pub fn eval_outputs(&mut self, tokens: &[i32], outputs: Outputs) -> Result<Vec<f32>> {
+        let mut logits = Vec::new();
+        self.eval_outputs_into(tokens, outputs, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`TpSession::eval_outputs`] into `logits` (resized; its allocation is reused).
+    ///
+    /// # Errors
+    /// As [`TpSession::eval`].
+    pub fn eval_outputs_into(
+        &mut self,
+        tokens: &[i32],
+        outputs: Outputs,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
         if tokens.is_empty() {
             return Err(Error::InvalidArgument("no tokens to evaluate".into()));
         }
-        let step = self.model.build_step(tokens.len(), self.n_past, outputs)?;
-        let inputs = self.model.step_inputs(&step, tokens, self.n_past)?;
-        // Inputs and logits live in host memory of the first device; the meta stream copies
-        // inputs to devices that cannot read it and gathers the logits into it.
+        let reusable = self.cached.as_ref().is_some_and(|c| {
+            c.outputs == outputs && self.model.step_fits(&c.step, tokens.len(), self.n_past)
+        });
+        if !reusable {
+            self.cached = None;
+            self.cached = Some(self.prepare_step(tokens.len(), outputs)?);
+        }
+        let Some(c) = self.cached.as_ref() else {
+            return Err(Error::InvalidArgument("no step graph prepared".into()));
+        };
+        let inputs = self.model.step_inputs(&c.step, tokens, self.n_past)?;
+        for (id, bytes) in &inputs {
+            let Some(&(_, off)) = c.at.iter().find(|(a, _)| a == id) else {
+                return Err(Error::InvalidArgument(format!(
+                    "step input {} has no place in the host buffer",
+                    c.step.graph.label(*id)
+                )));
+            };
+            c.buf.write(off, bytes)?;
+        }
+        self.backend.compute(&c.step.graph, &c.bindings)?;
+        self.backend.synchronize()?;
+        let Some(&(logits_id, logits_off)) = c.at.last() else {
+            return Err(Error::InvalidArgument("the step has no logits".into()));
+        };
+        let n = c.step.graph.tensors()[logits_id.index()].nbytes();
+        self.read_buf.resize(n, 0);
+        c.buf.read(logits_off, &mut self.read_buf)?;
+        logits.clear();
+        logits.extend(
+            self.read_buf
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+        self.n_past += tokens.len();
+        Ok(())
+    }
+
+    /// Builds the step graph for `n_tokens` after the cached rows and binds its inputs and
+    /// logits in one host buffer of the first device; the meta stream copies inputs to devices
+    /// that cannot read it and gathers the logits into it.
+    fn prepare_step(&self, n_tokens: usize, outputs: Outputs) -> Result<CachedStep> {
+        let step = self.model.build_step(n_tokens, self.n_past, outputs)?;
         let host = self.meta.devices()[0].buffer_type();
         let tensors = step.graph.tensors();
         let align = host.alignment().max(1);
+        let mut ids = vec![step.tokens, step.positions, step.kv_rows, step.mask];
+        ids.extend(step.mask_swa);
+        ids.push(step.logits);
         let mut at = Vec::new();
         let mut size = 0usize;
-        for id in inputs.iter().map(|(id, _)| *id).chain([step.logits]) {
+        for id in ids {
             let off = size.div_ceil(align) * align;
             size = off + tensors[id.index()].nbytes();
             at.push((id, off));
@@ -178,15 +251,12 @@ impl<'m> TpSession<'m> {
         for &(id, off) in &at {
             bindings.bind(id, buf.clone(), off);
         }
-        for ((_, bytes), &(_, off)) in inputs.iter().zip(&at) {
-            buf.write(off, bytes)?;
-        }
-        self.backend.compute(&step.graph, &bindings)?;
-        self.backend.synchronize()?;
-        let (_, logits_off) = at[at.len() - 1];
-        let mut bytes = vec![0u8; tensors[step.logits.index()].nbytes()];
-        buf.read(logits_off, &mut bytes)?;
-        self.n_past += tokens.len();
-        Ok(crate::dtype::f32_from_le_bytes(&bytes))
+        Ok(CachedStep {
+            outputs,
+            step,
+            buf,
+            bindings,
+            at,
+        })
     }
 }

@@ -67,12 +67,61 @@ type MetaLeaf = (SplitState, Arc<dyn Buffer>, usize);
 
 /// What one compute left for synchronize and reads.
 struct LastRun {
-    tensors: Arc<[TensorDesc]>,
+    plan: Arc<MetaPlan>,
+    /// Output nodes the caller bound: gathered into `(buffer, offset)` at synchronize.
+    pending: Vec<(TensorId, Arc<dyn Buffer>, usize)>,
+}
+
+/// A leaf whose bytes are copied into a device's staging buffer before each run (it lives where
+/// the device cannot read it): (leaf, source buffer, source offset, staging buffer, offset).
+type Staged = (TensorId, Arc<dyn Buffer>, usize, Arc<dyn Buffer>, usize);
+
+/// Everything a graph's run needs that depends only on the graph and where its leaves live:
+/// split states, per-device descriptors, bindings and compute memory, and the per-device
+/// sub-graphs between all-reduces. Decoding computes the same graph again and again with new
+/// input values; the plan is kept and reused while graph and leaf bindings stay the same.
+struct MetaPlan {
+    /// The planned graph (held so that its descriptor allocation, which identifies it, lives
+    /// as long as the plan).
+    graph: Graph,
+    /// Each leaf's binding when planned: (buffer address, offset).
+    leaf_slots: Vec<(usize, usize)>,
     states: Vec<Option<NodeStates>>,
     locals: Vec<Arc<[TensorDesc]>>,
     bindings: Vec<Bindings>,
-    /// Output nodes the caller bound: gathered into `(buffer, offset)` at synchronize.
-    pending: Vec<(TensorId, Arc<dyn Buffer>, usize)>,
+    staged: Vec<Vec<Staged>>,
+    /// Per segment: each device's sub-graph, and the node reduced after it.
+    segments: Vec<(Vec<Graph>, Option<TensorId>)>,
+    outputs: Vec<TensorId>,
+    compute_bytes: Vec<usize>,
+}
+
+impl MetaPlan {
+    fn tensors(&self) -> &[TensorDesc] {
+        self.graph.tensors()
+    }
+
+    /// Whether this plan runs `graph` with `bindings`: the same graph object and every leaf
+    /// bound where it was.
+    fn serves(&self, graph: &Graph, bindings: &Bindings) -> bool {
+        std::ptr::eq(self.graph.tensors(), graph.tensors())
+            && self.graph.nodes() == graph.nodes()
+            && self.graph.leafs() == graph.leafs()
+            && leaf_slots(graph, bindings).is_some_and(|s| s == self.leaf_slots)
+    }
+}
+
+/// Each leaf's (buffer address, offset), or `None` if one is unbound.
+fn leaf_slots(graph: &Graph, bindings: &Bindings) -> Option<Vec<(usize, usize)>> {
+    graph
+        .leafs()
+        .iter()
+        .map(|&l| {
+            bindings
+                .slot(l)
+                .map(|s| (Arc::as_ptr(&s.buffer) as *const u8 as usize, s.offset))
+        })
+        .collect()
 }
 
 /// A stream of a [`super::MetaDevice`]: one stream per device plus the all-reduce machinery.
@@ -87,6 +136,8 @@ pub struct MetaBackend {
     staging: Vec<Option<Arc<dyn Buffer>>>,
     compute_bytes: Vec<usize>,
     last: Option<LastRun>,
+    /// The last plan, reused for the next compute of the same graph and bindings.
+    cached: Option<Arc<MetaPlan>>,
     stats: MetaStats,
 }
 
@@ -136,6 +187,7 @@ impl MetaBackend {
             staging: vec![None; n],
             compute_bytes: vec![0; n],
             last: None,
+            cached: None,
             stats: MetaStats::default(),
             inner,
         })
@@ -190,7 +242,7 @@ impl MetaBackend {
     /// The split state of `id` in the last graph: what the node produces (PARTIAL before its
     /// reduce) and what its consumers read.
     pub fn state_of(&self, id: TensorId) -> Option<(SplitState, SplitState)> {
-        let st = self.last.as_ref()?.states.get(id.index())?.as_ref()?;
+        let st = self.last.as_ref()?.plan.states.get(id.index())?.as_ref()?;
         Some((st.own.clone(), st.seen.clone()))
     }
 
@@ -208,6 +260,7 @@ impl MetaBackend {
     }
 
     fn gather_from(inner: &MetaInner, last: &LastRun, id: TensorId) -> Result<Vec<u8>> {
+        let last = &*last.plan;
         let st = last
             .states
             .get(id.index())
@@ -216,7 +269,7 @@ impl MetaBackend {
                 Error::InvalidArgument(format!(
                     "{}: tensor {} is not part of the last graph",
                     inner.name,
-                    tensor_label(&last.tensors, id)
+                    tensor_label(last.tensors(), id)
                 ))
             })?;
         // A reduced node holds the sum on every device.
@@ -228,7 +281,7 @@ impl MetaBackend {
                 return Err(Error::InvalidArgument(format!(
                     "{}: tensor {} is a strided view; read its source",
                     inner.name,
-                    tensor_label(&last.tensors, id)
+                    tensor_label(last.tensors(), id)
                 )));
             }
             let mut bytes = vec![0u8; local.nbytes()];
@@ -241,7 +294,7 @@ impl MetaBackend {
                 break;
             }
         }
-        gather(&last.tensors[id.index()], state, &parts)
+        gather(&last.tensors()[id.index()], state, &parts)
     }
 
     /// Static states of the leaves from their meta-buffer placements; other leaves are inputs.
@@ -289,6 +342,167 @@ impl MetaBackend {
             }
         }
         Ok(out)
+    }
+
+    /// Plans `graph` with `bindings` (see [`MetaPlan`]).
+    fn plan(&mut self, graph: &Graph, bindings: &Bindings) -> Result<MetaPlan> {
+        let mut compute_bytes = vec![0usize; self.inner.devices.len()];
+        let t_plan = std::time::Instant::now();
+        let tensors = graph.tensors();
+        let n = self.inner.devices.len();
+        let leaves = self.leaf_states(graph, bindings)?;
+        let states = propagate(graph, &|id| {
+            leaves[id.index()].as_ref().map(|(s, _, _)| s.clone())
+        })?;
+        let reduces = reduce_points(graph, &states);
+        for &r in &reduces {
+            let t = &tensors[r.index()];
+            if t.dtype() != DType::F32 || t.is_view() {
+                return Err(Error::InvalidOp {
+                    op: t.op().name().into(),
+                    tensor: tensor_label(tensors, r),
+                    reason: format!(
+                        "its PARTIAL sums need an all-reduce, which takes contiguous F32 nodes, \
+                         not {}{}",
+                        t.dtype(),
+                        if t.is_view() { " views" } else { "" }
+                    ),
+                });
+            }
+        }
+        let mut outputs: Vec<TensorId> = graph.outputs().to_vec();
+        for &id in graph.nodes() {
+            if tensors[id.index()].flags().output && !outputs.contains(&id) {
+                outputs.push(id);
+            }
+        }
+
+        // Per device: descriptors, bindings of leaves, compute memory.
+        let mut locals = Vec::with_capacity(n);
+        let mut dev_bindings = Vec::with_capacity(n);
+        let mut all_staged = Vec::with_capacity(n);
+        for j in 0..n {
+            let dev = self.inner.devices[j].clone();
+            let local: Arc<[TensorDesc]> = local_tensors(graph, &states, j)?.into();
+            // Each device is asked about its own slice of every node, before anything runs.
+            for &id in graph.nodes() {
+                if let crate::backend::Support::No(reason) = dev.supports_op(&local, id) {
+                    let t = &local[id.index()];
+                    return Err(Error::Unsupported {
+                        op: t.op().name().into(),
+                        dtype: t.src(0).map_or(t.dtype(), |s| local[s.index()].dtype()),
+                        device: dev.name().into(),
+                        reason: format!("{} (slice of {})", reason, tensor_label(tensors, id)),
+                    });
+                }
+            }
+            let mut pre = Bindings::new();
+            let mut staged: Vec<(TensorId, Arc<dyn Buffer>, usize, usize)> = Vec::new();
+            let mut staging_bytes = 0usize;
+            let align = dev.buffer_type().alignment().max(1);
+            for &leaf in graph.leafs() {
+                match &leaves[leaf.index()] {
+                    Some((_, buf, off)) => {
+                        let mb = buf
+                            .as_any()
+                            .downcast_ref::<MetaBuffer>()
+                            .expect("leaf_states only keeps meta buffers");
+                        let p = mb.placement_at(*off).expect("checked by leaf_states");
+                        pre.bind(leaf, mb.parts()[j].clone(), p.local_offset[j]);
+                    }
+                    None => {
+                        let (buf, off) = bindings.resolve(tensors, leaf)?;
+                        if dev.can_access(buf.as_ref()) {
+                            pre.bind(leaf, buf, off);
+                        } else {
+                            let at = staging_bytes.div_ceil(align) * align;
+                            staging_bytes = at + tensors[leaf.index()].nbytes();
+                            staged.push((leaf, buf, off, at));
+                        }
+                    }
+                }
+            }
+            let mut dev_staged = Vec::with_capacity(staged.len());
+            if !staged.is_empty() {
+                let sbuf = Self::ensure(&mut self.staging[j], dev.as_ref(), staging_bytes)?;
+                for (leaf, src, off, at) in staged {
+                    pre.bind(leaf, sbuf.clone(), at);
+                    dev_staged.push((leaf, src, off, sbuf.clone(), at));
+                }
+            }
+            all_staged.push(dev_staged);
+            let g = Graph::from_parts(
+                local.clone(),
+                graph.nodes().to_vec(),
+                graph.leafs().to_vec(),
+                outputs.clone(),
+            );
+            let buft = dev.buffer_type();
+            let p = plan(&g, &pre, buft.alignment(), &|t| buft.alloc_size(t))?;
+            compute_bytes[j] = p.stats.peak;
+            if !p.offsets.is_empty() {
+                let cbuf = Self::ensure(&mut self.compute[j], dev.as_ref(), p.stats.peak.max(1))?;
+                for (id, off) in p.offsets {
+                    pre.bind(id, cbuf.clone(), off);
+                }
+            }
+            locals.push(local);
+            dev_bindings.push(pre);
+        }
+
+        tracing::debug!(
+            target: "tessera::meta",
+            nodes = graph.nodes().len(),
+            reduces = reduces.len(),
+            plan_us = t_plan.elapsed().as_micros() as u64,
+            compute_bytes = ?compute_bytes,
+            "planned"
+        );
+        // Sub-graphs between reduces; the reduce follows its node.
+        let nodes = graph.nodes();
+        let mut start = 0;
+        let mut cuts: Vec<(usize, usize, Option<TensorId>)> = Vec::new();
+        for (i, id) in nodes.iter().enumerate() {
+            if reduces.contains(id) {
+                cuts.push((start, i + 1, Some(*id)));
+                start = i + 1;
+            }
+        }
+        if start < nodes.len() {
+            cuts.push((start, nodes.len(), None));
+        }
+        let mut segments = Vec::with_capacity(cuts.len());
+        for (s, e, red) in cuts {
+            let seg = &nodes[s..e];
+            let subs = (0..n)
+                .map(|j| {
+                    Graph::from_parts(
+                        locals[j].clone(),
+                        seg.to_vec(),
+                        referenced(&locals[j], seg),
+                        Vec::new(),
+                    )
+                })
+                .collect();
+            segments.push((subs, red));
+        }
+        let leaf_slots = leaf_slots(graph, bindings).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{}: a leaf of the graph is unbound",
+                self.inner.name
+            ))
+        })?;
+        Ok(MetaPlan {
+            graph: graph.clone(),
+            leaf_slots,
+            states,
+            locals,
+            bindings: dev_bindings,
+            staged: all_staged,
+            segments,
+            outputs,
+            compute_bytes,
+        })
     }
 
     fn ensure(
@@ -395,153 +609,46 @@ impl Backend for MetaBackend {
             self.sync_streams()?;
             self.finish_pending()?;
         }
-        let t_plan = std::time::Instant::now();
-        let tensors = graph.tensors();
+        let plan = match &self.cached {
+            Some(p) if p.serves(graph, bindings) => p.clone(),
+            _ => {
+                // A failed plan must not leave the previous one to be reused for this graph.
+                self.cached = None;
+                let p = Arc::new(self.plan(graph, bindings)?);
+                self.cached = Some(p.clone());
+                p
+            }
+        };
+        self.compute_bytes.clone_from(&plan.compute_bytes);
+        // Leaves the devices cannot read (inputs in host memory) are copied in every run: their
+        // values change between runs, their places do not.
+        for (j, staged) in plan.staged.iter().enumerate() {
+            for (leaf, src, off, sbuf, at) in staged {
+                let len = plan.tensors()[leaf.index()].nbytes();
+                let mut bytes = vec![0u8; len];
+                src.read(*off, &mut bytes)?;
+                self.streams[j].write_async(sbuf.as_ref(), *at, &bytes)?;
+            }
+        }
+        let tensors = plan.tensors();
         let n = self.inner.devices.len();
-        let leaves = self.leaf_states(graph, bindings)?;
-        let states = propagate(graph, &|id| {
-            leaves[id.index()].as_ref().map(|(s, _, _)| s.clone())
-        })?;
-        let reduces = reduce_points(graph, &states);
-        for &r in &reduces {
-            let t = &tensors[r.index()];
-            if t.dtype() != DType::F32 || t.is_view() {
-                return Err(Error::InvalidOp {
-                    op: t.op().name().into(),
-                    tensor: tensor_label(tensors, r),
-                    reason: format!(
-                        "its PARTIAL sums need an all-reduce, which takes contiguous F32 nodes, \
-                         not {}{}",
-                        t.dtype(),
-                        if t.is_view() { " views" } else { "" }
-                    ),
-                });
-            }
-        }
-        let mut outputs: Vec<TensorId> = graph.outputs().to_vec();
-        for &id in graph.nodes() {
-            if tensors[id.index()].flags().output && !outputs.contains(&id) {
-                outputs.push(id);
-            }
-        }
-
-        // Per device: descriptors, bindings of leaves, compute memory.
-        let mut locals = Vec::with_capacity(n);
-        let mut dev_bindings = Vec::with_capacity(n);
-        for j in 0..n {
-            let dev = self.inner.devices[j].clone();
-            let local: Arc<[TensorDesc]> = local_tensors(graph, &states, j)?.into();
-            // Each device is asked about its own slice of every node, before anything runs.
-            for &id in graph.nodes() {
-                if let crate::backend::Support::No(reason) = dev.supports_op(&local, id) {
-                    let t = &local[id.index()];
-                    return Err(Error::Unsupported {
-                        op: t.op().name().into(),
-                        dtype: t.src(0).map_or(t.dtype(), |s| local[s.index()].dtype()),
-                        device: dev.name().into(),
-                        reason: format!("{} (slice of {})", reason, tensor_label(tensors, id)),
-                    });
-                }
-            }
-            let mut pre = Bindings::new();
-            let mut staged: Vec<(TensorId, Arc<dyn Buffer>, usize, usize)> = Vec::new();
-            let mut staging_bytes = 0usize;
-            let align = dev.buffer_type().alignment().max(1);
-            for &leaf in graph.leafs() {
-                match &leaves[leaf.index()] {
-                    Some((_, buf, off)) => {
-                        let mb = buf
-                            .as_any()
-                            .downcast_ref::<MetaBuffer>()
-                            .expect("leaf_states only keeps meta buffers");
-                        let p = mb.placement_at(*off).expect("checked by leaf_states");
-                        pre.bind(leaf, mb.parts()[j].clone(), p.local_offset[j]);
-                    }
-                    None => {
-                        let (buf, off) = bindings.resolve(tensors, leaf)?;
-                        if dev.can_access(buf.as_ref()) {
-                            pre.bind(leaf, buf, off);
-                        } else {
-                            let at = staging_bytes.div_ceil(align) * align;
-                            staging_bytes = at + tensors[leaf.index()].nbytes();
-                            staged.push((leaf, buf, off, at));
-                        }
-                    }
-                }
-            }
-            if !staged.is_empty() {
-                let sbuf = Self::ensure(&mut self.staging[j], dev.as_ref(), staging_bytes)?;
-                for (leaf, src, off, at) in staged {
-                    let mut bytes = vec![0u8; tensors[leaf.index()].nbytes()];
-                    src.read(off, &mut bytes)?;
-                    self.streams[j].write_async(sbuf.as_ref(), at, &bytes)?;
-                    pre.bind(leaf, sbuf.clone(), at);
-                }
-            }
-            let g = Graph::from_parts(
-                local.clone(),
-                graph.nodes().to_vec(),
-                graph.leafs().to_vec(),
-                outputs.clone(),
-            );
-            let buft = dev.buffer_type();
-            let p = plan(&g, &pre, buft.alignment(), &|t| buft.alloc_size(t))?;
-            self.compute_bytes[j] = p.stats.peak;
-            if !p.offsets.is_empty() {
-                let cbuf = Self::ensure(&mut self.compute[j], dev.as_ref(), p.stats.peak.max(1))?;
-                for (id, off) in p.offsets {
-                    pre.bind(id, cbuf.clone(), off);
-                }
-            }
-            locals.push(local);
-            dev_bindings.push(pre);
-        }
-
-        tracing::debug!(
-            target: "tessera::meta",
-            nodes = graph.nodes().len(),
-            reduces = reduces.len(),
-            plan_us = t_plan.elapsed().as_micros() as u64,
-            compute_bytes = ?self.compute_bytes,
-            "planned"
-        );
-        // Sub-graphs between reduces; the reduce follows its node.
-        let nodes = graph.nodes();
-        let mut start = 0;
-        let mut cuts: Vec<(usize, usize, Option<TensorId>)> = Vec::new();
-        for (i, id) in nodes.iter().enumerate() {
-            if reduces.contains(id) {
-                cuts.push((start, i + 1, Some(*id)));
-                start = i + 1;
-            }
-        }
-        if start < nodes.len() {
-            cuts.push((start, nodes.len(), None));
-        }
-        for (s, e, red) in cuts {
-            let seg = &nodes[s..e];
-            for j in 0..n {
-                let sub = Graph::from_parts(
-                    locals[j].clone(),
-                    seg.to_vec(),
-                    referenced(&locals[j], seg),
-                    Vec::new(),
-                );
-                self.streams[j].compute(&sub, &dev_bindings[j])?;
+        for (subs, red) in &plan.segments {
+            for (j, sub) in subs.iter().enumerate() {
+                self.streams[j].compute(sub, &plan.bindings[j])?;
                 self.stats.subgraphs += 1;
             }
-            if let Some(r) = red
+            if let Some(r) = *red
                 && n > 1
             {
                 let len = tensors[r.index()].nelements();
                 let slices = (0..n)
                     .map(|j| {
-                        let (buffer, offset) = dev_bindings[j].resolve(&locals[j], r)?;
+                        let (buffer, offset) = plan.bindings[j].resolve(&plan.locals[j], r)?;
                         Ok(CommSlice {
                             buffer,
                             offset,
                             len,
-                            contributes: contributes(&locals[j], r),
+                            contributes: contributes(&plan.locals[j], r),
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -552,18 +659,12 @@ impl Backend for MetaBackend {
         self.stats.graphs += 1;
 
         let mut pending = Vec::new();
-        for &o in &outputs {
+        for &o in &plan.outputs {
             if let Some(slot) = bindings.slot(o) {
                 pending.push((o, slot.buffer.clone(), slot.offset));
             }
         }
-        self.last = Some(LastRun {
-            tensors: graph.tensors().into(),
-            states,
-            locals,
-            bindings: dev_bindings,
-            pending,
-        });
+        self.last = Some(LastRun { plan, pending });
         Ok(())
     }
 

@@ -51,6 +51,7 @@ pub(crate) fn flash_attn_ext(
     let (mut qblk, mut scores, mut outs) =
         (Vec::<f32>::new(), Vec::<f32>::new(), Vec::<f32>::new());
     let mut cached: Option<(usize, usize)> = None;
+    let mut n_seen = n_kv;
     let tasks = split_range(n_q * n_head * n_batch, ith, nth);
     let mut task = tasks.start;
     while task < tasks.end {
@@ -63,13 +64,19 @@ pub(crate) fn flash_attn_ext(
         let hk = h / group;
         let slope = alibi_slope(max_bias, h, n_head);
         if cached != Some((hk, b)) {
-            kplane.resize(n_kv * d, 0.0);
-            vplane_t.resize(n_kv * dv, 0.0);
-            for j in 0..n_kv {
+            // Keys no query of the node sees (the causal future, a padded span) are never
+            // decoded or scored: the span ends after the last key any mask row shows.
+            n_seen = match mask {
+                Some(mv) => visible_keys(&mv, n_q, &mut mrow),
+                None => n_kv,
+            };
+            kplane.resize(n_seen * d, 0.0);
+            vplane_t.resize(n_seen * dv, 0.0);
+            for j in 0..n_seen {
                 kt.read_row(j, hk, b, &mut kplane[j * d..(j + 1) * d]);
                 vt.read_row(j, hk, b, &mut acc);
                 for (i, v) in acc.iter().enumerate() {
-                    vplane_t[i * n_kv + j] = *v;
+                    vplane_t[i * n_seen + j] = *v;
                 }
             }
             cached = Some((hk, b));
@@ -78,23 +85,23 @@ pub(crate) fn flash_attn_ext(
         for c in 0..nqb {
             q.read_row(iq0 + c, h, b, &mut qblk[c * d..(c + 1) * d]);
         }
-        scores.resize(nqb * n_kv, 0.0);
+        scores.resize(nqb * n_seen, 0.0);
         k::mul_mat_tile(
             k::WeightType::F32,
             bytemuck::cast_slice(&kplane),
             d * 4,
-            n_kv,
+            n_seen,
             bytemuck::cast_slice(&qblk),
             d * 4,
             nqb,
             d,
             &mut scores,
-            n_kv,
+            n_seen,
             &mut ts.bytes,
         );
         for c in 0..nqb {
             let iq = iq0 + c;
-            let s = &mut scores[c * n_kv..(c + 1) * n_kv];
+            let s = &mut scores[c * n_seen..(c + 1) * n_seen];
             if let Some(mv) = mask {
                 mv.read_row(iq, 0, 0, &mut mrow);
             }
@@ -127,12 +134,12 @@ pub(crate) fn flash_attn_ext(
         k::mul_mat_tile(
             k::WeightType::F32,
             bytemuck::cast_slice(&vplane_t),
-            n_kv * 4,
+            n_seen * 4,
             dv,
             bytemuck::cast_slice(&scores),
-            n_kv * 4,
+            n_seen * 4,
             nqb,
-            n_kv,
+            n_seen,
             &mut outs,
             dv,
             &mut ts.bytes,
@@ -141,4 +148,17 @@ pub(crate) fn flash_attn_ext(
             dst.write_row(h, iq0 + c, b, &outs[c * dv..(c + 1) * dv]);
         }
     }
+}
+
+/// One past the last key any of the `n_q` mask rows leaves visible (0 if none); `row` is
+/// scratch of the mask's row length.
+fn visible_keys(mask: &crate::tview::TView, n_q: usize, row: &mut [f32]) -> usize {
+    let mut seen = 0;
+    for iq in 0..n_q {
+        mask.read_row(iq, 0, 0, row);
+        if let Some(last) = row.iter().rposition(|&m| m != f32::NEG_INFINITY) {
+            seen = seen.max(last + 1);
+        }
+    }
+    seen
 }
