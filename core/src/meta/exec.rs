@@ -381,6 +381,7 @@ impl MetaBackend {
         let mut locals = Vec::with_capacity(n);
         let mut dev_bindings = Vec::with_capacity(n);
         let mut all_staged = Vec::with_capacity(n);
+        #[allow(clippy::needless_range_loop)] // `j` indexes devices, streams and buffers alike
         for j in 0..n {
             let dev = self.inner.devices[j].clone();
             let local: Arc<[TensorDesc]> = local_tensors(graph, &states, j)?.into();
