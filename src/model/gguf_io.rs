@@ -157,6 +157,15 @@ impl super::llama::WeightSource for GgufFile {
     fn read(&self, name: &str) -> Result<Vec<u8>> {
         Ok(self.tensor_bytes(name)?.to_vec())
     }
+    fn with_bytes(&self, name: &str, f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        let out = f(self.tensor_bytes(name)?);
+        // The loader has its copy: the file's pages need not stay resident.
+        self.release_tensor(name);
+        out
+    }
+    fn release(&self, name: &str, range: std::ops::Range<usize>) {
+        self.release_tensor_range(name, range);
+    }
     fn label(&self) -> String {
         self.source().to_string()
     }

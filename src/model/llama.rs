@@ -133,6 +133,20 @@ pub trait WeightSource: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// I/O or format errors naming the tensor.
     fn read(&self, name: &str) -> Result<Vec<u8>>;
+    /// Calls `f` with the bytes of tensor `name` (as [`WeightSource::read`] returns them), where
+    /// possible without a copy (a memory-mapped file), and lets the source drop its own copy of
+    /// them afterwards. Default: `f(&self.read(name)?)`.
+    ///
+    /// # Errors
+    /// As [`WeightSource::read`], and `f`'s errors.
+    fn with_bytes(&self, name: &str, f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        f(&self.read(name)?)
+    }
+    /// Optional. Bytes `range` of tensor `name`, lent by [`WeightSource::with_bytes`], have been
+    /// copied: the source may drop them from memory. Default: nothing.
+    fn release(&self, name: &str, range: std::ops::Range<usize>) {
+        let _ = (name, range);
+    }
     /// A label for messages (a file path).
     fn label(&self) -> String;
 }
@@ -517,6 +531,74 @@ impl LlamaModel {
         Ok((self.ctx.tensor(id)?, init, place))
     }
 
+    /// Writes weight `id` into `buf`. A large weight from a file goes in pieces of whole rows
+    /// (multiples of 16, the CPU's packed groups), each released from the source once copied,
+    /// so the file's pages and the copy are never both resident in full.
+    fn upload(&self, id: TensorId, buf: &TensorBuffer) -> Result<()> {
+        const PIECE_BYTES: usize = 16 << 20;
+        let (t, init, _) = self.param_entry(id)?;
+        let of = match init {
+            Init::Same(of) => of,
+            _ => id,
+        };
+        let ne = t.ne();
+        let rb = t.row_bytes();
+        let piecewise = self.source.is_some()
+            && t.nbytes() > PIECE_BYTES
+            && ne[2] == 1
+            && ne[3] == 1
+            && rb > 0
+            && matches!(
+                self.param_entry(of)?.1,
+                Init::Norm | Init::Uniform(_) | Init::RopeFactors
+            );
+        let (Some(src), true) = (&self.source, piecewise) else {
+            return self.with_weight_bytes(id, |bytes| buf.set(id, bytes));
+        };
+        let rows_per = (PIECE_BYTES / rb / 16).max(1) * 16;
+        let name = self.ctx.tensor(of)?.name().to_string();
+        self.with_weight_bytes(id, |bytes| {
+            for r0 in (0..ne[1]).step_by(rows_per) {
+                let r1 = (r0 + rows_per).min(ne[1]);
+                buf.set_rows(id, r0, &bytes[r0 * rb..r1 * rb])?;
+                src.release(&name, r0 * rb..r1 * rb);
+            }
+            Ok(())
+        })
+    }
+
+    /// Calls `f` with the bytes [`LlamaModel::weight_bytes`] gives for `id`, borrowed from the
+    /// source where it can lend them (a mapped GGUF file), so loading copies each weight once.
+    ///
+    /// # Errors
+    /// As [`LlamaModel::weight_bytes`], and `f`'s errors.
+    pub fn with_weight_bytes(
+        &self,
+        id: TensorId,
+        mut f: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let (t, init, _) = self.param_entry(id)?;
+        if let Init::Same(of) = init {
+            return self.with_weight_bytes(of, f);
+        }
+        match (&self.source, init) {
+            (Some(src), Init::Norm | Init::Uniform(_) | Init::RopeFactors) => {
+                let (name, want) = (t.name().to_string(), t.nbytes());
+                src.with_bytes(&name, &mut |bytes| {
+                    if bytes.len() != want {
+                        return Err(Error::SizeMismatch {
+                            tensor: name.clone(),
+                            got: bytes.len(),
+                            expected: want,
+                        });
+                    }
+                    f(bytes)
+                })
+            }
+            _ => f(&self.weight_bytes(id)?),
+        }
+    }
+
     /// The bytes of parameter `id` in its dtype: from the weight source, or deterministic values
     /// drawn from the model seed and the tensor's name (zeros for a KV cache).
     ///
@@ -653,7 +735,7 @@ impl LlamaModel {
                     let len = self.ctx.tensors()[id.index()].nbytes();
                     buf.buffer().memset(slot.offset, len, 0)?;
                 } else {
-                    buf.set(id, &self.weight_bytes(id)?)?;
+                    self.upload(id, &buf)?;
                 }
                 done += 1;
                 progress(done, total);

@@ -14,6 +14,7 @@ pub struct TpSession<'m> {
     meta: MetaDevice,
     backend: MetaBackend,
     weights: TensorBuffer,
+    caches: TensorBuffer,
     n_past: usize,
     /// The last step graph with its host input/logit buffer: reused while it fits, so decoding
     /// builds and binds one graph per [`super::llama::KV_PAD`] tokens.
@@ -86,22 +87,31 @@ impl<'m> TpSession<'m> {
         let model = model.untie_output()?;
         let ids: Vec<_> = model.params().map(|(id, _)| id).collect();
         // Weights only feed MUL_MAT and GET_ROWS, so each device may keep its slices in its
-        // faster weight layout.
+        // faster weight layout (and devices sharing memory one copy of a mirrored weight); the
+        // caches, which graphs write, are plain memory of each device.
+        let is_cache = |t: &crate::TensorDesc| {
+            ids.iter().any(|&id| {
+                model.is_cache(id) && model.context().tensors()[id.index()].name() == t.name()
+            })
+        };
         let weights = meta
             .weight_buffer_type()
-            .alloc_tensors_where(model.context(), |t| t.flags().param)?;
+            .alloc_tensors_where(model.context(), |t| t.flags().param && !is_cache(t))?;
+        let caches = meta
+            .buffer_type()
+            .alloc_tensors_where(model.context(), |t| t.flags().param && is_cache(t))?;
         for (i, &id) in ids.iter().enumerate() {
             if model.is_cache(id) {
-                let slot = weights
+                let slot = caches
                     .bindings()
                     .slot(id)
                     .ok_or_else(|| Error::NotAllocated {
                         tensor: model.context().label(id),
                     })?;
                 let len = model.context().tensors()[id.index()].nbytes();
-                weights.buffer().memset(slot.offset, len, 0)?;
+                caches.buffer().memset(slot.offset, len, 0)?;
             } else {
-                weights.set(id, &model.weight_bytes(id)?)?;
+                model.with_weight_bytes(id, |bytes| weights.set(id, bytes))?;
             }
             progress(i + 1, ids.len());
         }
@@ -112,6 +122,7 @@ impl<'m> TpSession<'m> {
             meta,
             backend,
             weights,
+            caches,
             n_past: 0,
             cached: None,
             read_buf: Vec::new(),
@@ -130,12 +141,17 @@ impl<'m> TpSession<'m> {
 
     /// Bytes of weights and caches each device holds.
     pub fn weight_bytes_per_device(&self) -> Vec<usize> {
-        self.weights
-            .buffer()
-            .as_any()
-            .downcast_ref::<crate::meta::MetaBuffer>()
-            .map(|b| b.device_bytes())
-            .unwrap_or_default()
+        let per = |b: &TensorBuffer| {
+            b.buffer()
+                .as_any()
+                .downcast_ref::<crate::meta::MetaBuffer>()
+                .map(|b| b.device_bytes())
+                .unwrap_or_default()
+        };
+        let (w, c) = (per(&self.weights), per(&self.caches));
+        (0..w.len().max(c.len()))
+            .map(|j| w.get(j).copied().unwrap_or(0) + c.get(j).copied().unwrap_or(0))
+            .collect()
     }
 
     /// Cache rows filled so far.
@@ -248,6 +264,7 @@ impl<'m> TpSession<'m> {
         let buf: Arc<dyn Buffer> = host.alloc(size)?;
         let mut bindings = Bindings::new();
         bindings.extend(self.weights.bindings());
+        bindings.extend(self.caches.bindings());
         for &(id, off) in &at {
             bindings.bind(id, buf.clone(), off);
         }

@@ -166,12 +166,13 @@ impl CpuBuffer {
         self.has_packed.load(Ordering::Acquire)
     }
 
-    /// The packed layout of the tensor at exactly `offset..offset + len`, if it is packed.
-    pub(crate) fn packed_at(&self, offset: usize, len: usize) -> Option<repack::Packed> {
+    /// The packed layout of tensor `t` at `offset`, if it is stored packed (see
+    /// [`Regions::holds`]).
+    pub(crate) fn packed_at(&self, offset: usize, t: &TensorDesc) -> Option<repack::Packed> {
         if !self.may_hold_packed() {
             return None;
         }
-        self.regions.lock().exact(offset, len)
+        self.regions.lock().holds(offset, t)
     }
 
     /// Whether a packed tensor overlaps `offset..offset + len`.
@@ -338,13 +339,12 @@ impl Buffer for CpuBuffer {
         if !self.writable() {
             return Err(Error::ReadOnly(self.name.clone()));
         }
-        let packed = repack::pack(&p, src);
         let _g = self.access.write();
         self.unpack_for_write(offset, src.len());
-        // SAFETY: range checked above; exclusive access held.
-        unsafe {
-            std::ptr::copy_nonoverlapping(packed.as_ptr(), self.base_ptr().add(offset), src.len())
-        };
+        // SAFETY: range checked above; exclusive access held, so this is the only reference.
+        let mem = unsafe { std::slice::from_raw_parts_mut(self.base_ptr().add(offset), src.len()) };
+        // Group by group into place: no second copy of a large weight.
+        repack::pack_into(&p, src, mem);
         self.regions.lock().insert(offset, p);
         self.has_packed.store(true, Ordering::Release);
         Ok(())

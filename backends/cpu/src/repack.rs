@@ -64,14 +64,12 @@ pub(crate) fn layout_for(t: &TensorDesc) -> Option<Packed> {
     })
 }
 
-/// Packs `src` (a whole tensor in ggml's layout) for `p`.
-pub(crate) fn pack(p: &Packed, src: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; src.len()];
+/// Packs `src` (a whole tensor in ggml's layout) for `p` into `dst` (the same length).
+pub(crate) fn pack_into(p: &Packed, src: &[u8], dst: &mut [u8]) {
     let gb = p.group_bytes();
-    for (s, d) in src.chunks_exact(gb).zip(out.chunks_exact_mut(gb)) {
+    for (s, d) in src.chunks_exact(gb).zip(dst.chunks_exact_mut(gb)) {
         k::pack_group(p.wt, p.k, s, d);
     }
-    out
 }
 
 /// Packed tensors of a buffer by offset.
@@ -85,13 +83,38 @@ impl Regions {
         self.map.len()
     }
 
+    /// Records a packed range, merged with packed neighbours of the same layout that it
+    /// continues (a weight uploaded in pieces of whole groups is one packed tensor).
     pub(crate) fn insert(&mut self, offset: usize, p: Packed) {
+        let (mut offset, mut p) = (offset, p);
+        let same = |a: &Packed, b: &Packed| a.wt == b.wt && a.k == b.k;
+        if let Some((&o, prev)) = self.map.range(..offset).next_back()
+            && o + prev.len == offset
+            && same(prev, &p)
+        {
+            p.len += prev.len;
+            offset = o;
+        }
+        if let Some(next) = self.map.get(&(offset + p.len)).copied()
+            && same(&next, &p)
+        {
+            self.map.remove(&(offset + p.len));
+            p.len += next.len;
+        }
         self.map.insert(offset, p);
     }
 
-    /// The packed tensor exactly at `offset` with `len` bytes.
-    pub(crate) fn exact(&self, offset: usize, len: usize) -> Option<Packed> {
-        self.map.get(&offset).copied().filter(|p| p.len == len)
+    /// Whether tensor `t` at `offset` is stored packed as its own layout says: it lies inside
+    /// one packed range of the same type and row length, on group boundaries of that range
+    /// (groups are packed independently, so any run of whole groups is a packed tensor; merged
+    /// neighbours and pieces uploaded separately are told apart by nothing else).
+    pub(crate) fn holds(&self, offset: usize, t: &TensorDesc) -> Option<Packed> {
+        let want = layout_for(t)?;
+        let (&start, region) = self.map.range(..=offset).next_back()?;
+        let gb = want.group_bytes();
+        let inside = offset + want.len <= start + region.len;
+        let aligned = (offset - start).is_multiple_of(gb);
+        (region.wt == want.wt && region.k == want.k && inside && aligned).then_some(want)
     }
 
     /// Packed tensors overlapping `range`, as (offset, layout).

@@ -159,7 +159,7 @@ impl CpuBackend {
             // `buffers` plus the read guard keep the memory alive and host access out until the run ends.
             views[id.index()] = Some(unsafe_view(cpu, off, t));
             if cpu.packed_within(off, t.nbytes()) {
-                packed.push((id, cpu.packed_at(off, t.nbytes())));
+                packed.push((id, cpu.packed_at(off, t)));
             }
             if !buffers.iter().any(|b| Arc::ptr_eq(b, &buf)) {
                 buffers.push(buf);

@@ -224,3 +224,63 @@ fn a_graph_that_would_misread_a_packed_weight_is_refused() {
     assert!(msg.contains("'w'") || msg.contains("w"), "{msg}");
     assert!(msg.contains("CPY") && msg.contains("packed"), "{msg}");
 }
+
+#[test]
+fn neighbouring_weights_and_weights_uploaded_in_pieces_stay_usable() {
+    // Two weights of one type and row length side by side (their packed ranges merge), and a
+    // third uploaded 16 rows at a time: each must still multiply as the plain weights do.
+    let dev = CpuDevice::new("CPU", vec![]);
+    let packing = packs(&dev);
+    let dtype = DType::Q5_0;
+    let mut ctx = Context::new();
+    let w: Vec<TensorId> = (0..3)
+        .map(|i| ctx.new_named(&format!("w{i}"), dtype, [K, ROWS]).unwrap())
+        .collect();
+    let x = ctx.new_named("x", DType::F32, [K, 2]).unwrap();
+    let outs: Vec<TensorId> = w.iter().map(|&wi| ctx.mul_mat(wi, x).unwrap()).collect();
+    let graph = ctx.build_forward_multi(&outs).unwrap();
+    let mut be = dev.init_backend(&BackendOptions::with_threads(2)).unwrap();
+    let mut results = Vec::new();
+    for buft in [dev.buffer_type(), dev.weight_buffer_type()] {
+        let buf = buft.alloc_tensors(&ctx).unwrap();
+        for (i, &wi) in w.iter().enumerate() {
+            let bytes = encode(dtype, &values(K * ROWS, 10 + i)).unwrap();
+            if i == 2 {
+                let rb = bytes.len() / ROWS;
+                for r0 in (0..ROWS).step_by(16) {
+                    buf.set_rows(wi, r0, &bytes[r0 * rb..(r0 + 16) * rb])
+                        .unwrap();
+                }
+            } else {
+                buf.set(wi, &bytes).unwrap();
+            }
+        }
+        buf.set_f32(x, &values(K * 2, 4)).unwrap();
+        be.compute(&graph, buf.bindings()).unwrap();
+        be.synchronize().unwrap();
+        if packing
+            && buft
+                .as_any()
+                .downcast_ref::<CpuBufferType>()
+                .unwrap()
+                .packs()
+        {
+            let cpu = buf
+                .buffer()
+                .as_any()
+                .downcast_ref::<tessera_cpu::CpuBuffer>()
+                .unwrap();
+            assert!(cpu.packed_tensors() >= 1, "the weights are packed");
+        }
+        results.push(
+            outs.iter()
+                .map(|&o| buf.get_f32(o).unwrap())
+                .collect::<Vec<_>>(),
+        );
+    }
+    for (i, (a, b)) in results[0].iter().zip(&results[1]).enumerate() {
+        let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let err = a.iter().zip(b).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        assert!(err <= 1e-5 * scale, "w{i}: max-abs {err}, scale {scale}");
+    }
+}

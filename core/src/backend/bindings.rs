@@ -219,6 +219,40 @@ impl TensorBuffer {
         self.expect_len(id, data.len())?;
         self.bindings.write(&self.tensors, id, 0, data)
     }
+    /// Writes whole rows `row0..row0 + data.len() / row_bytes` of a contiguous 2-D tensor as a
+    /// tensor of their own ([`crate::Buffer::set_tensor`]), so a buffer may store them in its
+    /// layout: a loader can upload a large weight piece by piece.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a tensor that is not 2-D and contiguous or data that is not
+    /// whole rows inside it; as [`TensorBuffer::set`].
+    pub fn set_rows(&self, id: TensorId, row0: usize, data: &[u8]) -> Result<()> {
+        let t = self.tensors.get(id.index()).ok_or(Error::UnknownTensor {
+            id: id.index(),
+            len: self.tensors.len(),
+        })?;
+        let ne = t.ne();
+        let rb = t.row_bytes();
+        let rows = if rb == 0 { 0 } else { data.len() / rb };
+        if !t.is_contiguous()
+            || ne[2] != 1
+            || ne[3] != 1
+            || rb == 0
+            || !data.len().is_multiple_of(rb)
+            || row0.checked_add(rows).is_none_or(|end| end > ne[1])
+        {
+            return Err(Error::InvalidArgument(format!(
+                "set_rows: {} bytes at row {row0} are not whole rows of the 2-D contiguous tensor {}",
+                data.len(),
+                label_of(&self.tensors, id)
+            )));
+        }
+        let (buf, base) = self.bindings.resolve(&self.tensors, id)?;
+        let mut piece = t.clone();
+        piece.ne = [ne[0], rows, 1, 1];
+        piece.nb = crate::tensor::contiguous_strides(t.dtype, piece.ne);
+        buf.set_tensor(&piece, base + row0 * rb, data)
+    }
     /// Writes bytes at `offset` inside a tensor.
     ///
     /// # Errors

@@ -1,5 +1,6 @@
 //! [`GgufBytes`]: the bytes of a GGUF file, memory-mapped or owned. The one place in `gguf` with
-//! `unsafe` (creating the map; see the module doc of [`crate::gguf`] for the contract).
+//! `unsafe` (creating the map and releasing its pages; see the module doc of [`crate::gguf`] for
+//! the contract).
 
 use std::fs::File;
 use std::io;
@@ -44,6 +45,31 @@ impl GgufBytes {
     /// Whether the bytes are a memory map (rather than an owned buffer).
     pub fn is_mapped(&self) -> bool {
         matches!(self.0, Storage::Mapped(_))
+    }
+
+    /// Tells the kernel that the mapped bytes `offset..offset + len` are not needed for now, so
+    /// pages a loader has copied from stop counting towards the process's resident memory (they
+    /// are read from the file again if touched). Pages only partly inside the range are kept.
+    /// No-op for owned bytes; failures are ignored (this only affects memory use).
+    pub fn release(&self, offset: usize, len: usize) {
+        let Storage::Mapped(m) = &self.0 else {
+            return;
+        };
+        const PAGE: usize = 4096;
+        let start = offset.div_ceil(PAGE) * PAGE;
+        let end = (offset.saturating_add(len)).min(m.len()) / PAGE * PAGE;
+        if start >= end {
+            return;
+        }
+        #[cfg(unix)]
+        #[allow(unsafe_code)]
+        // SAFETY: the map is private and read-only and never written, so dropping its pages
+        // loses nothing: the next access reads the same bytes from the file (the file must not
+        // change while open, the contract of `map`). Borrowed slices stay valid addresses.
+        unsafe {
+            let _ =
+                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start);
+        }
     }
 
     /// The bytes.

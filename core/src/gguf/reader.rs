@@ -324,6 +324,25 @@ impl GgufFile {
         Ok(&self.bytes.as_slice()[t.file_range()])
     }
 
+    /// Releases the mapped pages of tensor `name` after a loader has copied them
+    /// ([`GgufBytes::release`]): peak memory of a load is then the copies, not copies plus file.
+    pub fn release_tensor(&self, name: &str) {
+        if let Ok(t) = self.tensor_info(name) {
+            let r = t.file_range();
+            self.bytes.release(r.start, r.end - r.start);
+        }
+    }
+
+    /// [`GgufFile::release_tensor`] for bytes `range` of tensor `name` only.
+    pub fn release_tensor_range(&self, name: &str, range: std::ops::Range<usize>) {
+        if let Ok(t) = self.tensor_info(name) {
+            let r = t.file_range();
+            let start = r.start + range.start.min(r.len());
+            let end = r.start + range.end.min(r.len());
+            self.bytes.release(start, end.saturating_sub(start));
+        }
+    }
+
     /// The whole file as shared host memory, for [`crate::Device::buffer_from_host`]: a
     /// device buffer over it holds each tensor at [`TensorInfo::file_range`]. The map stays alive
     /// while any clone is held.

@@ -52,6 +52,9 @@ pub struct Placement {
     pub local_offset: Vec<usize>,
     /// Per device: bytes of its slice.
     pub local_bytes: Vec<usize>,
+    /// Per device: the part (device index) whose buffer holds its slice. Its own, except for a
+    /// MIRRORED weight every device can read from device 0's memory: then one copy serves all.
+    pub home: Vec<usize>,
 }
 
 impl Placement {
@@ -107,6 +110,14 @@ impl BufferType for MetaBufferType {
             .iter()
             .map(|d| d.buffer_type().alignment().max(1))
             .collect();
+        // Weights are only read (the contract of weight buffers): a mirrored one needs a single
+        // copy when every device can use device 0's weight memory in place (CPU devices of one
+        // process).
+        let first = self.inner.devices[0].weight_buffer_type();
+        let can_share = self.weights
+            && self.inner.devices[1..]
+                .iter()
+                .all(|d| d.supports_buffer_type(first.as_ref()));
         for &(offset, desc) in tensors {
             check_range(
                 &format!("tensor {} in {}", name_of(desc), self.inner.name),
@@ -133,7 +144,16 @@ impl BufferType for MetaBufferType {
             }
             let mut local_offset = Vec::with_capacity(n);
             let mut local_bytes = Vec::with_capacity(n);
+            let shared = can_share && state.is_mirrored();
+            let mut home = Vec::with_capacity(n);
             for j in 0..n {
+                if shared && j > 0 {
+                    home.push(0);
+                    local_offset.push(local_offset[0]);
+                    local_bytes.push(local_bytes[0]);
+                    continue;
+                }
+                home.push(j);
                 let (ne, _) = slice_desc(desc, &state, j)?;
                 let bytes = match state.kind() {
                     SplitKind::Axis(_) => dense_bytes(desc.dtype(), ne).unwrap_or(usize::MAX),
@@ -155,6 +175,7 @@ impl BufferType for MetaBufferType {
                 state,
                 local_offset,
                 local_bytes,
+                home,
             });
         }
         placements.sort_by_key(|p| p.offset);
@@ -276,7 +297,9 @@ impl Buffer for MetaBuffer {
         match p.state.kind() {
             SplitKind::Mirrored => {
                 for (j, part) in self.parts.iter().enumerate() {
-                    part.write(p.local_offset[j] + rel, src)?;
+                    if p.home[j] == j {
+                        part.write(p.local_offset[j] + rel, src)?;
+                    }
                 }
             }
             SplitKind::Partial => {
@@ -317,7 +340,9 @@ impl Buffer for MetaBuffer {
         match p.state.kind() {
             SplitKind::Mirrored => {
                 for (j, part) in self.parts.iter().enumerate() {
-                    part.set_tensor(&p.desc, p.local_offset[j], src)?;
+                    if p.home[j] == j {
+                        part.set_tensor(&p.desc, p.local_offset[j], src)?;
+                    }
                 }
             }
             SplitKind::Partial => return self.write(offset, src),
@@ -388,7 +413,9 @@ impl Buffer for MetaBuffer {
         match p.state.kind() {
             SplitKind::Mirrored => {
                 for (j, part) in self.parts.iter().enumerate() {
-                    part.memset(p.local_offset[j] + rel, len, value)?;
+                    if p.home[j] == j {
+                        part.memset(p.local_offset[j] + rel, len, value)?;
+                    }
                 }
             }
             SplitKind::Partial => {

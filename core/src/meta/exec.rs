@@ -409,7 +409,7 @@ impl MetaBackend {
                             .downcast_ref::<MetaBuffer>()
                             .expect("leaf_states only keeps meta buffers");
                         let p = mb.placement_at(*off).expect("checked by leaf_states");
-                        pre.bind(leaf, mb.parts()[j].clone(), p.local_offset[j]);
+                        pre.bind(leaf, mb.parts()[p.home[j]].clone(), p.local_offset[j]);
                     }
                     None => {
                         let (buf, off) = bindings.resolve(tensors, leaf)?;

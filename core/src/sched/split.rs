@@ -270,10 +270,21 @@ pub(crate) fn plan(sched: &mut Scheduler, graph: &Graph, weights: &Bindings) -> 
     let mut compute_offsets: Vec<Vec<(TensorId, usize)>> = Vec::new();
     let mut peaks = Vec::new();
     for (d, dev) in devices.iter().enumerate() {
-        let nodes: Vec<TensorId> = compute
+        // View nodes compute nothing, but the planner must see them as nodes: a read through a
+        // view is a read of its base at that point. Left out, they become leaves, and every
+        // base a view reads would live to the end of the graph (ten times the memory on a
+        // prompt graph).
+        let nodes: Vec<TensorId> = graph
+            .nodes()
             .iter()
             .copied()
-            .filter(|n| assigned[n].device == d)
+            .filter(|n| match assigned.get(n) {
+                Some(a) => a.device == d,
+                None => {
+                    let base = root(orig, *n);
+                    !computes(&orig[n.index()]) && assigned.get(&base).is_none_or(|a| a.device == d)
+                }
+            })
             .collect();
         let mut pre = weights.clone();
         for (i, t) in tensors.iter().enumerate() {
