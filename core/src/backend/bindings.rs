@@ -233,7 +233,7 @@ impl TensorBuffer {
         })?;
         let ne = t.ne();
         let rb = t.row_bytes();
-        let rows = if rb == 0 { 0 } else { data.len() / rb };
+        let rows = data.len().checked_div(rb).unwrap_or(0);
         if !t.is_contiguous()
             || ne[2] != 1
             || ne[3] != 1
