@@ -3,7 +3,9 @@
 
 use super::inputs::{Rng, fill};
 use std::time::{Duration, Instant};
-use tessera::{BackendOptions, Context, DType, Device, Result, RopeMode, RopeParams, TensorId};
+use tessera::{
+    BackendOptions, Context, DType, Device, OpKind, Result, RopeMode, RopeParams, TensorId,
+};
 
 /// Builds a single-op graph and returns its output.
 type BuildFn = Box<dyn Fn(&mut Context) -> Result<TensorId>>;
@@ -136,21 +138,42 @@ fn time_case(
 ) -> anyhow::Result<(usize, f64)> {
     let mut ctx = Context::new();
     let out = (case.build)(&mut ctx)?;
+    // MUL_MAT's weights live where a model's do: in the device's weight memory (the CPU's
+    // repacked layout), the rest in its plain memory.
+    let weights: Vec<_> = ctx
+        .build_forward(out)?
+        .nodes()
+        .iter()
+        .filter(|&&n| ctx.tensor(n).is_ok_and(|t| t.op().kind() == OpKind::MulMat))
+        .filter_map(|&n| ctx.tensor(n).ok().and_then(|t| t.src(0)))
+        .collect();
+    for (i, &w) in weights.iter().enumerate() {
+        ctx.set_name(w, format!("bench-ops weight {i}"))?;
+    }
+    let is_weight = |t: &tessera::TensorDesc| t.name().starts_with("bench-ops weight");
     let graph = ctx.build_forward(out)?;
-    let buf = dev.buffer_type().alloc_tensors(&ctx)?;
+    let wbuf = dev
+        .weight_buffer_type()
+        .alloc_tensors_where(&ctx, is_weight)?;
+    let buf = dev
+        .buffer_type()
+        .alloc_tensors_where(&ctx, |t| !is_weight(t))?;
+    let mut bindings = buf.bindings().clone();
+    bindings.extend(wbuf.bindings());
     let mut rng = Rng::new(0x7e55e7a);
     for &leaf in graph.leafs() {
-        fill(&buf, ctx.tensor(leaf)?, leaf, &mut rng, 100)?;
+        let target = if weights.contains(&leaf) { &wbuf } else { &buf };
+        fill(target, ctx.tensor(leaf)?, leaf, &mut rng, 100)?;
     }
     let opts = threads
         .map(BackendOptions::with_threads)
         .unwrap_or_default();
     let mut backend = dev.init_backend(&opts)?;
-    backend.compute(&graph, buf.bindings())?;
+    backend.compute(&graph, &bindings)?;
     backend.synchronize()?;
     let (mut runs, start) = (0usize, Instant::now());
     while runs < 3 || (start.elapsed() < min_time && runs < 10_000) {
-        backend.compute(&graph, buf.bindings())?;
+        backend.compute(&graph, &bindings)?;
         backend.synchronize()?;
         runs += 1;
     }

@@ -264,9 +264,11 @@ unsafe fn group<const KIND: u8, const C: usize>(
     }
 }
 
-/// Columns one K-quant kernel call handles: four columns' sub-block accumulators, sums and the
-/// unpacked quants fill the registers.
-const MAX_KCOLS: usize = 4;
+/// Columns one K-quant kernel call handles: Q4_K/Q5_K keep four accumulators per column, Q6_K
+/// six; with the unpacked quants that fills the 32 registers (more columns spill).
+const fn max_kcols(kt: u8) -> usize {
+    if kt == 2 { 4 } else { 6 }
+}
 
 /// K-quant tiles: `KT` 0 = Q4_K, 1 = Q5_K, 2 = Q6_K; activations are Q8_K.
 #[allow(clippy::too_many_arguments)]
@@ -291,7 +293,7 @@ fn ktile<const KT: u8>(
         let wg = w[g * group_bytes..(g + 1) * group_bytes].as_ptr();
         let mut c0 = 0;
         while c0 < cols {
-            let n = (cols - c0).min(MAX_KCOLS);
+            let n = (cols - c0).min(max_kcols(KT));
             macro_rules! call {
                 ($c:literal) => {{
                     let xp: [*const u8; $c] = std::array::from_fn(|j| {
@@ -316,7 +318,9 @@ fn ktile<const KT: u8>(
                 1 => call!(1),
                 2 => call!(2),
                 3 => call!(3),
-                _ => call!(4),
+                4 => call!(4),
+                5 => call!(5),
+                _ => call!(6),
             }
             c0 += n;
         }
