@@ -214,7 +214,7 @@ impl LlamaModel {
     }
 
     /// Cache rows a step graph attends over when `filled` rows are valid after it: `filled`
-    /// rounded up to [`super::llama::KV_PAD`], at most `n_ctx` (and at least `filled`).
+    /// rounded up to [`crate::model::KV_PAD`], at most `n_ctx` (and at least `filled`).
     pub fn kv_span(&self, filled: usize) -> usize {
         filled
             .div_ceil(super::llama::KV_PAD)

@@ -117,7 +117,7 @@ pub struct Step {
     /// Cache rows already filled before the step it was built for. The graph serves any
     /// `n_past` with the same [`Step::n_kv`]: positions, cache rows and masks are inputs.
     pub n_past: usize,
-    /// Cache rows attention reads: `n_past + T` rounded up to [`KV_PAD`] (at most `n_ctx`),
+    /// Cache rows attention reads: `n_past + T` rounded up to [`crate::model::KV_PAD`] (at most `n_ctx`),
     /// so consecutive decode steps share one graph and its schedule.
     pub n_kv: usize,
     /// The graph computing `logits` (and writing the new cache rows).

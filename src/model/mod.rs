@@ -45,7 +45,7 @@ mod weights;
 
 pub use config::{Arch, LlamaConfig};
 pub use gguf_io::{ARCHITECTURE, llama_keys, synthetic_vocab};
-pub use llama::{LayerTensors, LlamaModel, Outputs, Placement, Step, WeightSource};
+pub use llama::{KV_PAD, LayerTensors, LlamaModel, Outputs, Placement, Step, WeightSource};
 pub use session::LlamaSession;
 pub use tokenizer::{Token, Tokenizer, TokenizerError};
 pub use tp::TpSession;

@@ -14,7 +14,7 @@ pub struct LlamaSession<'m> {
     buffers: Vec<TensorBuffer>,
     n_past: usize,
     /// The step graph the scheduler planned last: reused while it fits (decode steps within one
-    /// [`super::llama::KV_PAD`] span), so a token costs no graph build, plan or allocation.
+    /// [`crate::model::KV_PAD`] span), so a token costs no graph build, plan or allocation.
     planned: Option<(Outputs, Step)>,
     /// Logit bytes read back, reused across steps.
     read_buf: Vec<u8>,
@@ -168,7 +168,7 @@ impl<'m> LlamaSession<'m> {
     }
 
     /// Step graphs built and planned so far: decoding plans once per
-    /// [`super::llama::KV_PAD`] tokens, not once per token.
+    /// [`crate::model::KV_PAD`] tokens, not once per token.
     pub fn plans(&self) -> usize {
         self.plans
     }

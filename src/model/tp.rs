@@ -17,7 +17,7 @@ pub struct TpSession<'m> {
     caches: TensorBuffer,
     n_past: usize,
     /// The last step graph with its host input/logit buffer: reused while it fits, so decoding
-    /// builds and binds one graph per [`super::llama::KV_PAD`] tokens.
+    /// builds and binds one graph per [`crate::model::KV_PAD`] tokens.
     cached: Option<CachedStep>,
     read_buf: Vec<u8>,
 }

@@ -19,7 +19,7 @@
 //! The K-quants (256-element super-blocks) are permuted byte for byte the same way: per group
 //! super-block, the sixteen `d` (f16), then the sixteen `dmin` (Q4_K, Q5_K), then each byte of
 //! the scales for all sixteen rows in turn (byte `t` of row `r` at `16t + r`), then the fifth or
-//! high bits and the quants in 64-byte chunks of four bytes per row (see [`kquant_offset`]).
+//! high bits and the quants in 64-byte chunks of four bytes per row (see `kquant_offset`).
 //!
 //! Every group block has exactly the bytes of its sixteen ggml blocks, so a packed tensor keeps
 //! its size and each group its place; packing only moves bytes within a group (and flips Q8_0's
