@@ -548,6 +548,8 @@ impl LlamaModel {
             && ne[2] == 1
             && ne[3] == 1
             && rb > 0
+            // Every piece must be packable when the whole is: whole groups of 16 rows each.
+            && ne[1].is_multiple_of(16)
             && matches!(
                 self.param_entry(of)?.1,
                 Init::Norm | Init::Uniform(_) | Init::RopeFactors

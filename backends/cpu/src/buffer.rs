@@ -204,6 +204,42 @@ impl CpuBuffer {
         }
     }
 
+    /// Takes the packed tensors overlapping `offset..offset + len` out of the table and returns
+    /// them, for a stream job queued now that writes there: it unpacks them in place first
+    /// ([`CpuBuffer::unpack_taken`]), and every graph prepared from now on (which runs after the
+    /// job) treats the bytes as ggml's, as they will be by then.
+    pub(crate) fn take_packed(&self, offset: usize, len: usize) -> Vec<(usize, repack::Packed)> {
+        if !self.may_hold_packed() {
+            return Vec::new();
+        }
+        let mut regions = self.regions.lock();
+        let taken = regions.overlapping(offset..offset + len);
+        for (at, _) in &taken {
+            regions.remove(*at);
+        }
+        taken
+    }
+
+    /// Puts back tensors [`CpuBuffer::take_packed`] took for a job that was never queued.
+    pub(crate) fn restore_packed(&self, taken: &[(usize, repack::Packed)]) {
+        let mut regions = self.regions.lock();
+        for &(at, p) in taken {
+            regions.insert(at, p);
+        }
+    }
+
+    /// Unpacks tensors [`CpuBuffer::take_packed`] took, in place; called by the stream job that
+    /// took them, ordered after every graph that read them packed.
+    pub(crate) fn unpack_taken(&self, taken: &[(usize, repack::Packed)]) {
+        for (at, p) in taken {
+            // SAFETY: the range was a packed tensor inside the buffer; the stream orders this
+            // job after the graphs reading it and before the host (which waits for the job's
+            // read guard) or later graphs touch it.
+            let mem = unsafe { std::slice::from_raw_parts_mut(self.base_ptr().add(*at), p.len) };
+            repack::unpack_in_place(p, mem);
+        }
+    }
+
     /// Rewrites `dst`, just copied from `offset`, so that packed parts read as ggml's layout.
     fn unpack_for_read(&self, offset: usize, dst: &mut [u8]) {
         if !self.may_hold_packed() {

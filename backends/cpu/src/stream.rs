@@ -27,6 +27,9 @@ pub(crate) enum Job {
         dst: Arc<dyn Buffer>,
         dst_offset: usize,
         len: usize,
+        /// Packed tensors of `dst` this copy overwrites, taken out of its table when the copy
+        /// was queued: unpacked in place before copying.
+        unpack: Vec<(usize, crate::repack::Packed)>,
         /// Host access to CPU buffers waits until the copy has run.
         _guards: Vec<ArcRwLockReadGuard<RawRwLock, ()>>,
     },
@@ -132,7 +135,7 @@ impl CpuBackend {
         tessera_core::backend::check_supported(graph, &self.device, ops::supports)?;
         let mut views = vec![None; tensors.len()];
         let mut buffers: Vec<Arc<dyn Buffer>> = Vec::new();
-        let mut packed = Vec::new();
+        let mut resolved = Vec::new();
         for &id in graph.leafs().iter().chain(graph.nodes()) {
             let (buf, off) = bindings.resolve(tensors, id)?;
             let cpu = buf
@@ -158,12 +161,14 @@ impl CpuBackend {
             // SAFETY: `check_graph` verified `off + nbytes <= buf.size()`, and the Arc kept in
             // `buffers` plus the read guard keep the memory alive and host access out until the run ends.
             views[id.index()] = Some(unsafe_view(cpu, off, t));
-            if cpu.packed_within(off, t.nbytes()) {
-                packed.push((id, cpu.packed_at(off, t)));
-            }
-            if !buffers.iter().any(|b| Arc::ptr_eq(b, &buf)) {
-                buffers.push(buf);
-            }
+            let bi = match buffers.iter().position(|b| Arc::ptr_eq(b, &buf)) {
+                Some(i) => i,
+                None => {
+                    buffers.push(buf);
+                    buffers.len() - 1
+                }
+            };
+            resolved.push((id, bi, off));
         }
         // Every source of every node must be part of the graph (a node list cut by hand could
         // leave a producer out); kernels index these views.
@@ -179,17 +184,27 @@ impl CpuBackend {
                 }
             }
         }
-        for (id, layout) in packed {
-            check_packed_reads(graph, id, layout.is_some())?;
-            if let (Some(v), Some(p)) = (views[id.index()].as_mut(), layout) {
-                v.packed = Some(p.wt);
-            }
-        }
+        // The read guards come first: host writes (which may pack or unpack) wait for them, so
+        // the layouts seen below are the ones the run will find.
         let guards = buffers
             .iter()
             .filter_map(|b| b.as_any().downcast_ref::<CpuBuffer>())
             .map(|b| b.access.read_arc())
             .collect();
+        for (id, bi, off) in resolved {
+            let Some(cpu) = buffers[bi].as_any().downcast_ref::<CpuBuffer>() else {
+                continue;
+            };
+            let t = &tensors[id.index()];
+            if !cpu.packed_within(off, t.nbytes()) {
+                continue;
+            }
+            let layout = cpu.packed_at(off, t);
+            check_packed_reads(graph, id, layout.is_some())?;
+            if let (Some(v), Some(p)) = (views[id.index()].as_mut(), layout) {
+                v.packed = Some(p.wt);
+            }
+        }
         Ok(Prepared {
             graph: graph.clone(),
             views,
@@ -324,8 +339,14 @@ fn stream_loop(device: &str, pool: Pool, rx: mpsc::Receiver<Job>, status: Arc<St
                 dst,
                 dst_offset,
                 len,
+                unpack,
                 _guards,
-            } => stream_copy(&src, src_offset, &dst, dst_offset, len),
+            } => {
+                if let Some(d) = dst.as_any().downcast_ref::<CpuBuffer>() {
+                    d.unpack_taken(&unpack);
+                }
+                stream_copy(&src, src_offset, &dst, dst_offset, len)
+            }
         }))
         .unwrap_or_else(|_| {
             Err(Error::Compute {
@@ -447,14 +468,27 @@ impl Backend for CpuBackend {
                 guards.push(c.access.read_arc());
             }
         }
-        self.enqueue(Job::Copy {
+        let cpu_dst = dst.as_any().downcast_ref::<CpuBuffer>();
+        let unpack = cpu_dst
+            .map(|d| d.take_packed(dst_offset, len))
+            .unwrap_or_default();
+        let taken = unpack.clone();
+        let queued = self.enqueue(Job::Copy {
             src: src.clone(),
             src_offset,
             dst: dst.clone(),
             dst_offset,
             len,
+            unpack,
             _guards: guards,
-        })
+        });
+        if queued.is_err()
+            && let Some(d) = cpu_dst
+        {
+            // Nothing will unpack them: they stay packed, and recorded as such.
+            d.restore_packed(&taken);
+        }
+        queued
     }
     fn record_event(&mut self) -> Result<Option<Event>> {
         let ev = HostEvent::new();

@@ -284,3 +284,43 @@ fn neighbouring_weights_and_weights_uploaded_in_pieces_stay_usable() {
         assert!(err <= 1e-5 * scale, "w{i}: max-abs {err}, scale {scale}");
     }
 }
+
+#[test]
+fn a_copy_queued_into_a_packed_weight_is_seen_by_the_graph_queued_after_it() {
+    // copy_async then compute on one stream, no synchronisation between: the graph must read
+    // the copied ggml bytes, not run the packed kernel over them.
+    let dev = CpuDevice::new("CPU", vec![]);
+    packs(&dev);
+    let c = case(DType::Q8_0, 3);
+    let packed = dev.weight_buffer_type().alloc_tensors(&c.ctx).unwrap();
+    let plain = dev.buffer_type().alloc_tensors(&c.ctx).unwrap();
+    run(&dev, &c, &packed, 3);
+    let new_w = encode(DType::Q8_0, &values(K * ROWS, 77)).unwrap();
+    let staging = dev.buffer_type().alloc(new_w.len()).unwrap();
+    staging.write(0, &new_w).unwrap();
+    plain.set(c.w, &new_w).unwrap();
+    plain.set_f32(c.x, &values(K * 3, 2)).unwrap();
+    plain.set_i32(c.ids, &[0, 17, 47]).unwrap();
+    let graph = c.ctx.build_forward_multi(&[c.mm, c.rows]).unwrap();
+    let slot = packed.bindings().slot(c.w).unwrap().clone();
+    let mut be = dev.init_backend(&BackendOptions::with_threads(2)).unwrap();
+    be.copy_async(&staging, 0, &slot.buffer, slot.offset, new_w.len())
+        .unwrap();
+    be.compute(&graph, packed.bindings()).unwrap();
+    be.compute(&graph, plain.bindings()).unwrap();
+    be.synchronize().unwrap();
+    assert_eq!(
+        packed.get_f32(c.rows).unwrap(),
+        plain.get_f32(c.rows).unwrap()
+    );
+    let (a, b) = (packed.get_f32(c.mm).unwrap(), plain.get_f32(c.mm).unwrap());
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = a
+        .iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(err <= 1e-5 * scale, "max-abs {err}, scale {scale}");
+    let mut back = vec![0u8; new_w.len()];
+    packed.get(c.w, &mut back).unwrap();
+    assert_eq!(back, new_w);
+}

@@ -86,6 +86,9 @@ struct MetaPlan {
     graph: Graph,
     /// Each leaf's binding when planned: (buffer address, offset).
     leaf_slots: Vec<(usize, usize)>,
+    /// The leaves' buffers, held so that no other buffer can take one of their addresses while
+    /// the plan may be reused.
+    _leaf_buffers: Vec<Arc<dyn Buffer>>,
     states: Vec<Option<NodeStates>>,
     locals: Vec<Arc<[TensorDesc]>>,
     bindings: Vec<Bindings>,
@@ -496,6 +499,11 @@ impl MetaBackend {
         Ok(MetaPlan {
             graph: graph.clone(),
             leaf_slots,
+            _leaf_buffers: graph
+                .leafs()
+                .iter()
+                .filter_map(|&l| bindings.slot(l).map(|s| s.buffer.clone()))
+                .collect(),
             states,
             locals,
             bindings: dev_bindings,

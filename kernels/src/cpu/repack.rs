@@ -299,6 +299,8 @@ pub fn mul_mat_tile_packed(
         can_pack(wt),
         "mul_mat_tile_packed: {wt:?} has no packed layout"
     );
+    // Never run instructions the CPU lacks, whatever the caller asked for.
+    let isa = isa.clamp_to_supported();
     assert!(
         rows.is_multiple_of(PACK_ROWS) && k.is_multiple_of(block_elems(wt)),
         "mul_mat_tile_packed: rows = {rows} must be a multiple of {PACK_ROWS} and k = {k} of the \

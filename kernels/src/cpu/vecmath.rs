@@ -93,8 +93,9 @@ mod x86 {
     /// masked attention scores contribute nothing.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    fn exp16(x: __m512) -> __m512 {
-        let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(-87.336_54));
+    fn exp16(x_in: __m512) -> __m512 {
+        let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x_in, _mm512_set1_ps(-87.336_54));
+        let x = x_in;
         // Above this e^x is +inf in f32; clamping keeps n finite for scalef.
         let x = _mm512_min_ps(
             _mm512_max_ps(x, _mm512_set1_ps(-88.0)),
@@ -111,7 +112,9 @@ mod x86 {
         for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
             p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
         }
-        _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n))
+        let e = _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
+        // The clamps above replaced NaN lanes by a bound: put the NaNs back.
+        _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x_in, x_in), x_in)
     }
 
     /// `1 / (1 + e^{−z})` for sixteen lanes.
@@ -244,6 +247,9 @@ mod tests {
         masked[3] = 0.5;
         let s = exp_shifted_sum(&mut masked, 0.5);
         assert_eq!(s, 1.0);
+        let mut nan = vec![0.0f32; 16];
+        nan[5] = f32::NAN;
+        assert!(exp_shifted_sum(&mut nan, 0.0).is_nan() && nan[5].is_nan() && nan[4] == 1.0);
         assert!(
             masked
                 .iter()
