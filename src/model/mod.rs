@@ -64,6 +64,17 @@ pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
     if err == 0.0 { 0.0 } else { err / norm }
 }
 
+/// Replaces `out`'s contents with the little-endian f32 values of `bytes`, keeping its
+/// allocation (decode loops read logits into one vector).
+pub(crate) fn f32s_into(bytes: &[u8], out: &mut Vec<f32>) {
+    out.clear();
+    out.extend(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    );
+}
+
 /// Index of the largest value (the first one on ties; 0 for an empty slice). NaNs are skipped.
 pub fn argmax(v: &[f32]) -> usize {
     // The running maximum in a local (not re-read through the index) keeps this at a compare

@@ -151,12 +151,7 @@ impl<'m> LlamaSession<'m> {
         let n = step.graph.tensors()[step.logits.index()].nbytes();
         self.read_buf.resize(n, 0);
         self.sched.get(step.logits, &mut self.read_buf)?;
-        logits.clear();
-        logits.extend(
-            self.read_buf
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        );
+        super::f32s_into(&self.read_buf, logits);
         self.n_past += tokens.len();
         Ok(())
     }

@@ -233,12 +233,7 @@ impl<'m> TpSession<'m> {
         let n = c.step.graph.tensors()[logits_id.index()].nbytes();
         self.read_buf.resize(n, 0);
         c.buf.read(logits_off, &mut self.read_buf)?;
-        logits.clear();
-        logits.extend(
-            self.read_buf
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        );
+        super::f32s_into(&self.read_buf, logits);
         self.n_past += tokens.len();
         Ok(())
     }

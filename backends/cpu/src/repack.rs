@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use tessera_core::{DType, TensorDesc};
+use tessera_core::TensorDesc;
 use tessera_kernels::cpu::{self as k, PACK_ROWS, WeightType};
 
 /// Whether weight buffers pack: the packed kernels pay on this CPU and `TESSERA_CPU_REPACK` is
@@ -39,17 +39,7 @@ impl Packed {
 /// whole blocks and a row count per plane that is a multiple of [`PACK_ROWS`] (so groups never
 /// straddle planes).
 pub(crate) fn layout_for(t: &TensorDesc) -> Option<Packed> {
-    let wt = match t.dtype() {
-        DType::Q8_0 => WeightType::Q8_0,
-        DType::Q4_0 => WeightType::Q4_0,
-        DType::Q5_0 => WeightType::Q5_0,
-        DType::Q4_1 => WeightType::Q4_1,
-        DType::Q5_1 => WeightType::Q5_1,
-        DType::Q4_K => WeightType::Q4_K,
-        DType::Q5_K => WeightType::Q5_K,
-        DType::Q6_K => WeightType::Q6_K,
-        _ => return None,
-    };
+    let wt = crate::ops::weight_type(t.dtype()).filter(|&wt| k::can_pack(wt))?;
     let ne = t.ne();
     let fits = t.is_contiguous()
         && ne[0] > 0

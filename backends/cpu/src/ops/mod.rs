@@ -8,6 +8,8 @@ mod attn;
 mod copy;
 mod elementwise;
 mod matmul;
+
+pub(crate) use matmul::weight_type;
 mod norm;
 mod rope;
 

@@ -391,7 +391,7 @@ pub(crate) unsafe fn vec_dot_q<const KIND: u8>(x: *const u8, y: *const u8, nb: u
 /// `p` must be valid for reading 2 bytes; F16C must be available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
     // SAFETY: the caller guarantees the 2-byte read.
     unsafe {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(

@@ -4,6 +4,7 @@
 // Column and lane loops index several fixed-size arrays in step; iterators would obscure that.
 #![allow(clippy::needless_range_loop)]
 
+use super::avx512::f16_at;
 use super::{
     KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KIND_Q8_0, kind_act_bytes, kind_act_qs_at,
     kind_affine, kind_block_bytes, kind_offset,
@@ -143,17 +144,6 @@ unsafe fn block_sums(x: *const u8, nb: usize, ab: usize, aq: usize, out: &mut [i
             let total = _mm_cvtsi128_si64(half) + _mm_extract_epi64::<1>(half);
             *o = total as i32 - 32 * 128;
         }
-    }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    // SAFETY: the caller guarantees the 2-byte read.
-    unsafe {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-            (p as *const u16).read_unaligned() as i32,
-        )))
     }
 }
 
