@@ -464,6 +464,14 @@ impl LlamaModel {
         Ok(m)
     }
 
+    /// The parameter `id` is a copy of (an untied output's embedding), if any.
+    pub fn copy_of(&self, id: TensorId) -> Option<TensorId> {
+        self.params.iter().find_map(|&(p, init, _)| match init {
+            Init::Same(of) if p == id => Some(of),
+            _ => None,
+        })
+    }
+
     /// `rope_freqs.weight`, the RoPE frequency factors (Llama 3.1-style files).
     pub fn rope_freqs(&self) -> Option<TensorId> {
         self.rope_freqs
@@ -534,7 +542,7 @@ impl LlamaModel {
     /// Writes weight `id` into `buf`. A large weight from a file goes in pieces of whole rows
     /// (multiples of 16, the CPU's packed groups), each released from the source once copied,
     /// so the file's pages and the copy are never both resident in full.
-    fn upload(&self, id: TensorId, buf: &TensorBuffer) -> Result<()> {
+    pub(crate) fn upload(&self, id: TensorId, buf: &TensorBuffer) -> Result<()> {
         const PIECE_BYTES: usize = 16 << 20;
         let (t, init, _) = self.param_entry(id)?;
         let of = match init {

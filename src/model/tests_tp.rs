@@ -218,3 +218,49 @@ fn sycl_devices_match_single_cpu_device() {
         }
     }
 }
+
+#[test]
+fn a_tied_output_splits_as_windows_into_the_single_embedding() {
+    // CPU devices of one process keep the mirrored embedding once; the untied output's
+    // vocabulary slices are windows into it (group-aligned, so the packed Q8_0 embedding serves
+    // the packed output kernels too) and results match one device.
+    for dtype in [DType::F32, DType::Q8_0] {
+        let mut c = config(dtype);
+        c.tied_output = true;
+        let model = LlamaModel::new(c, SEED).unwrap();
+        let want = reference(&model);
+        let devs = registry().select("cpu:2").unwrap();
+        let (got, (copies, per_dev)) = tp_run(&model, &devs, &[], |s| {
+            (s.shared_copies(), s.weight_bytes_per_device())
+        });
+        assert_eq!(
+            copies,
+            vec![("output.weight".to_string(), "token_embd.weight".to_string())],
+            "{dtype}"
+        );
+        let emb = model.context().tensors()[model.tok_embd().index()].nbytes();
+        // Device 1 holds neither the embedding nor any slice of its copy.
+        assert!(per_dev[1] + emb <= per_dev[0], "{dtype}: {per_dev:?}");
+        let tol = if dtype == DType::F32 { 1e-6 } else { 1e-5 };
+        for (g, w) in got.iter().zip(&want) {
+            let e = nmse(g, w);
+            assert!(e <= tol, "{dtype}: nmse {e:e}");
+        }
+    }
+}
+
+#[test]
+fn a_tied_output_whose_slices_miss_the_row_groups_gets_memory_of_its_own() {
+    // Ratios 1:2 cut the 256 vocabulary rows off a multiple of 16: no windows, a real copy.
+    let mut c = config(DType::Q8_0);
+    c.tied_output = true;
+    let model = LlamaModel::new(c, SEED).unwrap();
+    let want = reference(&model);
+    let devs = registry().select("cpu:2").unwrap();
+    let (got, copies) = tp_run(&model, &devs, &[1.0, 2.0], |s| s.shared_copies());
+    assert!(copies.is_empty(), "{copies:?}");
+    for (g, w) in got.iter().zip(&want) {
+        let e = nmse(g, w);
+        assert!(e <= 1e-5, "nmse {e:e}");
+    }
+}

@@ -94,9 +94,29 @@ impl<'m> TpSession<'m> {
                 model.is_cache(id) && model.context().tensors()[id.index()].name() == t.name()
             })
         };
-        let weights = meta
-            .weight_buffer_type()
+        // An untied output is a copy of the embedding: where the embedding is kept once for
+        // all devices, each device's vocabulary slice of the output is a window into it.
+        let names = |id: crate::TensorId| model.context().tensors()[id.index()].name().to_string();
+        let copies: Vec<(String, String)> = ids
+            .iter()
+            .filter_map(|&id| model.copy_of(id).map(|of| (names(id), names(of))))
+            .collect();
+        let copy_refs: Vec<(&str, &str)> = copies
+            .iter()
+            .map(|(c, o)| (c.as_str(), o.as_str()))
+            .collect();
+        let weights = meta.meta_weight_buffer_type().with_copies(&copy_refs);
+        let weights = (&weights as &dyn crate::BufferType)
             .alloc_tensors_where(model.context(), |t| t.flags().param && !is_cache(t))?;
+        let placement = |id: crate::TensorId| {
+            let slot = weights.bindings().slot(id)?;
+            weights
+                .buffer()
+                .as_any()
+                .downcast_ref::<crate::meta::MetaBuffer>()?
+                .placement_at(slot.offset)
+                .map(|p| (p.window_of.is_some(), p.state.is_mirrored()))
+        };
         let caches = meta
             .buffer_type()
             .alloc_tensors_where(model.context(), |t| t.flags().param && is_cache(t))?;
@@ -111,7 +131,14 @@ impl<'m> TpSession<'m> {
                 let len = model.context().tensors()[id.index()].nbytes();
                 caches.buffer().memset(slot.offset, len, 0)?;
             } else {
-                model.with_weight_bytes(id, |bytes| weights.set(id, bytes))?;
+                match placement(id) {
+                    // A window into its original, written with it.
+                    Some((true, _)) => {}
+                    // The same rows everywhere: in pieces, each released from the file once
+                    // copied.
+                    Some((false, true)) => model.upload(id, &weights)?,
+                    _ => model.with_weight_bytes(id, |bytes| weights.set(id, bytes))?,
+                }
             }
             progress(i + 1, ids.len());
         }
@@ -152,6 +179,22 @@ impl<'m> TpSession<'m> {
         (0..w.len().max(c.len()))
             .map(|j| w.get(j).copied().unwrap_or(0) + c.get(j).copied().unwrap_or(0))
             .collect()
+    }
+
+    /// Weights stored as windows into another weight's single copy (an untied output into the
+    /// embedding, see [`crate::meta::MetaBufferType::with_copies`]), as (copy, original).
+    pub fn shared_copies(&self) -> Vec<(String, String)> {
+        self.weights
+            .buffer()
+            .as_any()
+            .downcast_ref::<crate::meta::MetaBuffer>()
+            .map(|b| {
+                b.placements()
+                    .iter()
+                    .filter_map(|p| Some((p.desc.name().to_string(), p.window_of.clone()?)))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Cache rows filled so far.

@@ -16,6 +16,9 @@ use tessera_core::{Buffer, BufferType, Error, Result, TensorDesc};
 /// Alignment of CPU allocations and tensor offsets (one cache line, AVX-512 width).
 pub const CPU_ALIGNMENT: usize = 64;
 
+/// Buffers from this size on are anonymous memory maps rather than C heap blocks.
+const MAP_FROM: usize = 1 << 20;
+
 /// The CPU buffer type.
 #[derive(Debug)]
 pub struct CpuBufferType {
@@ -67,16 +70,23 @@ impl BufferType for CpuBufferType {
 }
 
 enum Memory {
+    /// `ptr` is `base` rounded up to [`CPU_ALIGNMENT`]; `base` and `layout` are what was
+    /// allocated.
     Owned {
         ptr: NonNull<u8>,
+        base: NonNull<u8>,
         layout: Layout,
+    },
+    /// Large buffers: anonymous pages straight from the kernel (zero until written, resident
+    /// only once touched, and given back whole on drop, where the C heap may keep freed blocks
+    /// that a later model load then cannot use).
+    Mapped {
+        _map: memmap2::MmapMut,
+        ptr: NonNull<u8>,
     },
     /// The owner plus the address and length read once at wrap time: an `AsRef` impl may return
     /// different slices on later calls, so the buffer never asks it again.
-    Host {
-        _owner: HostMemory,
-        ptr: *const u8,
-    },
+    Host { _owner: HostMemory, ptr: *const u8 },
 }
 
 /// Host memory a CPU stream computes on.
@@ -112,29 +122,50 @@ impl std::fmt::Debug for CpuBuffer {
 
 impl CpuBuffer {
     fn alloc(device: &str, size: usize) -> Result<CpuBuffer> {
-        let layout = Layout::from_size_align(size.max(1), CPU_ALIGNMENT).map_err(|_| {
-            Error::OutOfMemory {
-                device: device.to_string(),
-                requested: size,
-            }
-        })?;
-        // SAFETY: the layout has non-zero size. Zeroed memory keeps unwritten tensors defined.
-        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(|| {
-            Error::OutOfMemory {
-                device: device.to_string(),
-                requested: size,
-            }
-        })?;
-        Ok(CpuBuffer {
+        let oom = || Error::OutOfMemory {
+            device: device.to_string(),
+            requested: size,
+        };
+        if size >= MAP_FROM {
+            // Page-aligned, so CPU_ALIGNMENT-aligned.
+            let mut map = memmap2::MmapMut::map_anon(size).map_err(|_| oom())?;
+            let ptr = NonNull::new(map.as_mut_ptr()).ok_or_else(oom)?;
+            return Ok(CpuBuffer::owned(
+                device,
+                Memory::Mapped { _map: map, ptr },
+                size,
+            ));
+        }
+        // Zeroed memory keeps unwritten tensors defined. Asked with the allocator's own
+        // alignment, a zeroed allocation is `calloc`, whose large blocks are fresh pages the
+        // kernel zeroes on first touch: memory never written (the tail of a KV cache) is then
+        // never resident, where an over-aligned request would be cleared byte by byte up front.
+        // The extra bytes let the start be rounded up to CPU_ALIGNMENT.
+        let padded = size.max(1).checked_add(CPU_ALIGNMENT).ok_or_else(oom)?;
+        let layout = Layout::from_size_align(padded, 16).map_err(|_| oom())?;
+        // SAFETY: the layout has non-zero size.
+        let base = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(oom)?;
+        let skip = (CPU_ALIGNMENT - base.as_ptr() as usize % CPU_ALIGNMENT) % CPU_ALIGNMENT;
+        // SAFETY: skip < CPU_ALIGNMENT, so `base + skip .. + size` lies inside the allocation.
+        let ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(skip)) };
+        Ok(CpuBuffer::owned(
+            device,
+            Memory::Owned { ptr, base, layout },
+            size,
+        ))
+    }
+
+    fn owned(device: &str, mem: Memory, size: usize) -> CpuBuffer {
+        CpuBuffer {
             name: format!("{device} buffer"),
             device: device.to_string(),
-            mem: Memory::Owned { ptr, layout },
+            mem,
             size,
             access: Arc::default(),
             packs: false,
             has_packed: AtomicBool::new(false),
             regions: Mutex::default(),
-        })
+        }
     }
 
     pub(crate) fn from_host(device: &str, mem: HostMemory) -> CpuBuffer {
@@ -314,13 +345,13 @@ impl CpuBuffer {
 
     /// Whether graphs may write into this buffer.
     pub(crate) fn writable(&self) -> bool {
-        matches!(self.mem, Memory::Owned { .. })
+        matches!(self.mem, Memory::Owned { .. } | Memory::Mapped { .. })
     }
 
     /// Base address for graph runs. Writing through it is allowed only for writable buffers.
     pub(crate) fn base_ptr(&self) -> *mut u8 {
         match &self.mem {
-            Memory::Owned { ptr, .. } => ptr.as_ptr(),
+            Memory::Owned { ptr, .. } | Memory::Mapped { ptr, .. } => ptr.as_ptr(),
             Memory::Host { ptr, .. } => *ptr as *mut u8,
         }
     }
@@ -328,10 +359,10 @@ impl CpuBuffer {
 
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
-        if let Memory::Owned { ptr, layout } = self.mem {
+        if let Memory::Owned { base, layout, .. } = self.mem {
             // SAFETY: allocated in `alloc` with this layout; graphs hold an Arc to the buffer while
             // they run, so no one uses the memory any more.
-            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) }
+            unsafe { std::alloc::dealloc(base.as_ptr(), layout) }
         }
     }
 }

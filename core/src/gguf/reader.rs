@@ -169,7 +169,11 @@ impl GgufFile {
         let io = |e| GgufError::new(&source, GgufErrorKind::Io(e));
         let file = std::fs::File::open(path).map_err(io)?;
         let bytes = GgufBytes::map(&file).map_err(io)?;
-        GgufFile::parse(source.as_str().into(), Arc::new(bytes), opts)
+        let parsed = GgufFile::parse(source.as_str().into(), Arc::new(bytes), opts)?;
+        // The header and metadata (a large vocabulary is tens of MiB) now live in Rust values:
+        // their mapped pages need not stay resident.
+        parsed.bytes.release(0, parsed.data_offset);
+        Ok(parsed)
     }
 
     /// Parses a GGUF image held in memory; errors name `source`.

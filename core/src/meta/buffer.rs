@@ -19,6 +19,9 @@ pub struct MetaBufferType {
     inner: Arc<MetaInner>,
     /// Parts come from the devices' weight buffer types ([`crate::Device::weight_buffer_type`]).
     weights: bool,
+    /// (copy, original) tensor names: the copy holds the original's values (see
+    /// [`MetaBufferType::with_copies`]).
+    copies: Vec<(String, String)>,
 }
 
 impl MetaBufferType {
@@ -26,18 +29,39 @@ impl MetaBufferType {
         MetaBufferType {
             inner,
             weights: false,
+            copies: Vec::new(),
         }
     }
     pub(crate) fn weights(inner: Arc<MetaInner>) -> MetaBufferType {
         MetaBufferType {
             inner,
             weights: true,
+            copies: Vec::new(),
         }
+    }
+
+    /// This weight buffer type, told that each `(copy, original)` pair of tensor names holds
+    /// the same values (a tied output projection untied so that it can split over the
+    /// vocabulary while the embedding stays whole for GET_ROWS). Where the original is kept
+    /// once for all devices (mirrored, every device reading device 0's memory) and the copy
+    /// splits along its rows at multiples of [`COPY_ROW_ALIGN`], each device's slice of the copy
+    /// is a window into the original's memory instead of memory of its own. Such a copy is
+    /// read-only in this buffer: write the original.
+    pub fn with_copies(mut self, copies: &[(&str, &str)]) -> MetaBufferType {
+        self.copies = copies
+            .iter()
+            .map(|(c, o)| (c.to_string(), o.to_string()))
+            .collect();
+        self
     }
     pub(crate) fn inner(&self) -> &Arc<MetaInner> {
         &self.inner
     }
 }
+
+/// Rows at which a copy's slices must start to be windows into its original (so that devices
+/// storing rows in groups, as the CPU's packed weights do, find whole groups).
+pub const COPY_ROW_ALIGN: usize = 16;
 
 /// Where one tensor of a meta buffer lives.
 #[derive(Clone, Debug)]
@@ -55,6 +79,9 @@ pub struct Placement {
     /// Per device: the part (device index) whose buffer holds its slice. Its own, except for a
     /// MIRRORED weight every device can read from device 0's memory: then one copy serves all.
     pub home: Vec<usize>,
+    /// The name of the tensor whose memory this tensor's slices are windows into
+    /// ([`MetaBufferType::with_copies`]); such a tensor is not written.
+    pub window_of: Option<String>,
 }
 
 impl Placement {
@@ -142,6 +169,10 @@ impl BufferType for MetaBufferType {
                     desc.dtype()
                 )));
             }
+            if let Some(p) = self.window(desc, &state, offset, &placements)? {
+                placements.push(p);
+                continue;
+            }
             let mut local_offset = Vec::with_capacity(n);
             let mut local_bytes = Vec::with_capacity(n);
             let shared = can_share && state.is_mirrored();
@@ -176,6 +207,7 @@ impl BufferType for MetaBufferType {
                 local_offset,
                 local_bytes,
                 home,
+                window_of: None,
             });
         }
         placements.sort_by_key(|p| p.offset);
@@ -208,6 +240,56 @@ impl BufferType for MetaBufferType {
     }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+impl MetaBufferType {
+    /// The placement of `desc` as windows into its original's single copy, if it is a declared
+    /// copy whose original was placed (earlier) once for all devices and whose row slices
+    /// start at multiples of [`COPY_ROW_ALIGN`].
+    fn window(
+        &self,
+        desc: &TensorDesc,
+        state: &SplitState,
+        offset: usize,
+        placed: &[Placement],
+    ) -> Result<Option<Placement>> {
+        let Some((_, original)) = self.copies.iter().find(|(c, _)| c == desc.name()) else {
+            return Ok(None);
+        };
+        let Some(orig) = placed.iter().find(|p| p.desc.name() == original) else {
+            return Ok(None);
+        };
+        let n = self.inner.devices.len();
+        let single = orig.home.iter().all(|&h| h == 0) && n > 1;
+        let same = orig.desc.dtype() == desc.dtype()
+            && orig.desc.ne() == desc.ne()
+            && desc.is_contiguous()
+            && desc.ne()[2] == 1
+            && desc.ne()[3] == 1;
+        if !single || !same || state.kind() != SplitKind::Axis(1) {
+            return Ok(None);
+        }
+        let row = desc.row_bytes();
+        let (mut start, mut local_offset, mut local_bytes) = (0usize, Vec::new(), Vec::new());
+        for j in 0..n {
+            if !start.is_multiple_of(COPY_ROW_ALIGN) {
+                return Ok(None);
+            }
+            let (ne, _) = slice_desc(desc, state, j)?;
+            local_offset.push(orig.local_offset[0] + start * row);
+            local_bytes.push(ne[1] * row);
+            start += ne[1];
+        }
+        Ok(Some(Placement {
+            offset,
+            desc: desc.clone(),
+            state: state.clone(),
+            local_offset,
+            local_bytes,
+            home: vec![0; n],
+            window_of: Some(original.clone()),
+        }))
     }
 }
 
@@ -267,6 +349,17 @@ impl MetaBuffer {
         }
     }
 
+    /// A copy placed as windows into its original is read-only here.
+    fn check_writable(p: &Placement) -> Result<()> {
+        match &p.window_of {
+            Some(orig) => Err(Error::ReadOnly(format!(
+                "tensor {} shares the memory of '{orig}' in this buffer: write '{orig}'",
+                name_of(&p.desc)
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn check_partial(p: &Placement, rel: usize, len: usize) -> Result<()> {
         if !rel.is_multiple_of(4) || !len.is_multiple_of(4) {
             return Err(Error::InvalidArgument(format!(
@@ -294,6 +387,7 @@ impl Buffer for MetaBuffer {
             return Ok(());
         }
         let (p, rel) = self.locate(offset, src.len())?;
+        Self::check_writable(p)?;
         match p.state.kind() {
             SplitKind::Mirrored => {
                 for (j, part) in self.parts.iter().enumerate() {
@@ -332,6 +426,25 @@ impl Buffer for MetaBuffer {
     }
     fn set_tensor(&self, t: &TensorDesc, offset: usize, src: &[u8]) -> Result<()> {
         let (p, rel) = self.locate(offset, src.len())?;
+        Self::check_writable(p)?;
+        // Whole rows of a mirrored tensor (a loader's piece): the same rows on every device
+        // that stores a copy, as a tensor of their own.
+        let row = p.desc.row_bytes();
+        if p.state.is_mirrored()
+            && row > 0
+            && t.dtype() == p.desc.dtype()
+            && t.ne()[0] == p.desc.ne()[0]
+            && rel.is_multiple_of(row)
+            && src.len() == t.nbytes()
+            && (rel != 0 || src.len() != p.desc.nbytes())
+        {
+            for (j, part) in self.parts.iter().enumerate() {
+                if p.home[j] == j {
+                    part.set_tensor(t, p.local_offset[j] + rel, src)?;
+                }
+            }
+            return Ok(());
+        }
         if rel != 0 || src.len() != p.desc.nbytes() || p.desc.dtype() != t.dtype() {
             return self.write(offset, src);
         }
@@ -410,6 +523,7 @@ impl Buffer for MetaBuffer {
             return Ok(());
         }
         let (p, rel) = self.locate(offset, len)?;
+        Self::check_writable(p)?;
         match p.state.kind() {
             SplitKind::Mirrored => {
                 for (j, part) in self.parts.iter().enumerate() {

@@ -219,6 +219,12 @@ impl MetaDevice {
         MetaBufferType::new(self.inner.clone())
     }
 
+    /// The weight buffer type ([`crate::Device::weight_buffer_type`]) with its concrete type, to
+    /// declare copies ([`MetaBufferType::with_copies`]).
+    pub fn meta_weight_buffer_type(&self) -> MetaBufferType {
+        MetaBufferType::weights(self.inner.clone())
+    }
+
     /// A stream of the meta device with its concrete type.
     ///
     /// # Errors

@@ -39,7 +39,7 @@ mod tests_propagate;
 #[cfg(test)]
 mod tests_split;
 
-pub use buffer::{MetaBuffer, MetaBufferType, Placement};
+pub use buffer::{COPY_ROW_ALIGN, MetaBuffer, MetaBufferType, Placement};
 pub use device::{MetaDevice, SplitLayout, SplitPolicy};
 pub use exec::{CommPath, MetaBackend, MetaStats};
 pub use policy::LlamaSplitPolicy;
