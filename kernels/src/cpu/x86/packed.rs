@@ -359,13 +359,60 @@ unsafe fn scale_min<const MIN: bool>(p: *const u8, j: usize) -> __m512i {
     }
 }
 
-/// Q4_K (`FIVE` false) or Q5_K (`FIVE` true): sixteen rows times `C` Q8_K columns.
+/// Q4_K (`FIVE` false) or Q5_K (`FIVE` true): sixteen rows times `C` Q8_K columns, with
+/// GFNI for Q5_K's fifth bits where the CPU has it.
 ///
 /// # Safety
 /// AVX-512 VNNI; `w` holds `nb` packed group super-blocks, `x[c]` `nb` Q8_K blocks, `out[c]` 16
 /// floats.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn kgroup_q45<const FIVE: bool, const C: usize>(
+    w: *const u8,
+    nb: usize,
+    x: &[*const u8; C],
+    out: &[*mut f32; C],
+) {
+    // SAFETY: the caller checked AVX-512 VNNI; GFNI is checked here.
+    unsafe {
+        if FIVE && has_gfni() {
+            kgroup_q45_gfni::<FIVE, C>(w, nb, x, out)
+        } else {
+            kgroup_q45_plain::<FIVE, C>(w, nb, x, out)
+        }
+    }
+}
+
+/// # Safety
+/// As [`kgroup_q45`], and GFNI must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,gfni")]
+unsafe fn kgroup_q45_gfni<const FIVE: bool, const C: usize>(
+    w: *const u8,
+    nb: usize,
+    x: &[*const u8; C],
+    out: &[*mut f32; C],
+) {
+    // SAFETY: as the caller guarantees.
+    unsafe { kgroup_q45_body::<FIVE, C, true>(w, nb, x, out) }
+}
+
+/// # Safety
+/// As [`kgroup_q45`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn kgroup_q45_plain<const FIVE: bool, const C: usize>(
+    w: *const u8,
+    nb: usize,
+    x: &[*const u8; C],
+    out: &[*mut f32; C],
+) {
+    // SAFETY: as the caller guarantees.
+    unsafe { kgroup_q45_body::<FIVE, C, false>(w, nb, x, out) }
+}
+
+/// The Q4_K/Q5_K kernel, inlined into a wrapper that enables the instruction sets it uses.
+///
+/// # Safety
+/// As [`kgroup_q45`]; GFNI when `GFNI`.
+#[inline(always)]
+unsafe fn kgroup_q45_body<const FIVE: bool, const C: usize, const GFNI: bool>(
     w: *const u8,
     nb: usize,
     x: &[*const u8; C],
@@ -399,7 +446,25 @@ unsafe fn kgroup_q45<const FIVE: bool, const C: usize>(
                     let raw = _mm512_loadu_si512(blk.add(pqs + (cc * 8 + p) * 64) as *const _);
                     let mut lo = _mm512_and_si512(raw, low4);
                     let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low4);
-                    if FIVE {
+                    if FIVE && GFNI {
+                        // Bit 2cc (2cc + 1) of each fifth-bit byte to bit 4, then merged under
+                        // the nibble: one affine and one ternary op each.
+                        let h = _mm512_loadu_si512(blk.add(pqh + p * 64) as *const _);
+                        let g_lo = _mm512_gf2p8affine_epi64_epi8::<0>(
+                            h,
+                            _mm512_set1_epi64((((1u64 << (2 * cc)) & 0xFF) << 24) as i64),
+                        );
+                        let g_hi = _mm512_gf2p8affine_epi64_epi8::<0>(
+                            h,
+                            _mm512_set1_epi64((((2u64 << (2 * cc)) & 0xFF) << 24) as i64),
+                        );
+                        lo = _mm512_ternarylogic_epi32::<0xE4>(raw, g_lo, low4);
+                        hi = _mm512_ternarylogic_epi32::<0xE4>(
+                            _mm512_srli_epi16::<4>(raw),
+                            g_hi,
+                            low4,
+                        );
+                    } else if FIVE {
                         let h = _mm512_loadu_si512(blk.add(pqh + p * 64) as *const _);
                         let klo =
                             _mm512_test_epi8_mask(h, _mm512_set1_epi8((1u8 << (2 * cc)) as i8));
@@ -449,12 +514,63 @@ unsafe fn kgroup_q45<const FIVE: bool, const C: usize>(
     }
 }
 
-/// Q6_K: sixteen rows times `C` Q8_K columns.
+/// Q6_K: sixteen rows times `C` Q8_K columns, with GFNI where the CPU has it.
 ///
 /// # Safety
 /// As [`kgroup_q45`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn kgroup_q6<const C: usize>(
+    w: *const u8,
+    nb: usize,
+    x: &[*const u8; C],
+    out: &[*mut f32; C],
+) {
+    // SAFETY: the caller checked AVX-512 VNNI; GFNI is checked here.
+    unsafe {
+        if has_gfni() {
+            kgroup_q6_gfni::<C>(w, nb, x, out)
+        } else {
+            kgroup_q6_plain::<C>(w, nb, x, out)
+        }
+    }
+}
+
+fn has_gfni() -> bool {
+    static GFNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GFNI.get_or_init(|| std::arch::is_x86_feature_detected!("gfni"))
+}
+
+/// # Safety
+/// As [`kgroup_q45`], and GFNI must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,gfni")]
+unsafe fn kgroup_q6_gfni<const C: usize>(
+    w: *const u8,
+    nb: usize,
+    x: &[*const u8; C],
+    out: &[*mut f32; C],
+) {
+    // SAFETY: as the caller guarantees.
+    unsafe { kgroup_q6_body::<C, true>(w, nb, x, out) }
+}
+
+/// # Safety
+/// As [`kgroup_q45`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn kgroup_q6_plain<const C: usize>(
+    w: *const u8,
+    nb: usize,
+    x: &[*const u8; C],
+    out: &[*mut f32; C],
+) {
+    // SAFETY: as the caller guarantees.
+    unsafe { kgroup_q6_body::<C, false>(w, nb, x, out) }
+}
+
+/// The Q6_K kernel, inlined into a wrapper that enables the instruction sets it uses.
+///
+/// # Safety
+/// As [`kgroup_q45`]; GFNI when `GFNI`.
+#[inline(always)]
+unsafe fn kgroup_q6_body<const C: usize, const GFNI: bool>(
     w: *const u8,
     nb: usize,
     x: &[*const u8; C],
@@ -491,22 +607,38 @@ unsafe fn kgroup_q6<const C: usize>(
                             blk.add(pqs + ((n * 8 + p) * 2 + 1) * 64) as *const _
                         );
                         let h = _mm512_loadu_si512(blk.add(pqh + (n * 8 + p) * 64) as *const _);
-                        let q1 = _mm512_or_si512(
-                            _mm512_and_si512(qa, low4),
-                            _mm512_and_si512(_mm512_slli_epi16::<4>(h), m30),
-                        );
-                        let q2 = _mm512_or_si512(
-                            _mm512_and_si512(qb, low4),
-                            _mm512_and_si512(_mm512_slli_epi16::<2>(h), m30),
-                        );
-                        let q3 = _mm512_or_si512(
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(qa), low4),
-                            _mm512_and_si512(h, m30),
-                        );
-                        let q4 = _mm512_or_si512(
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(qb), low4),
-                            _mm512_and_si512(_mm512_srli_epi16::<2>(h), m30),
-                        );
+                        // Low nibble from ql, bits 4-5 from the right pair of qh: `select(low4,
+                        // ql, hi)` is one ternary-logic op; GFNI moves each 2-bit pair in one.
+                        let (h1, h2, h3, h4) = if GFNI {
+                            (
+                                _mm512_gf2p8affine_epi64_epi8::<0>(
+                                    h,
+                                    _mm512_set1_epi64(0x0102_0000),
+                                ),
+                                _mm512_gf2p8affine_epi64_epi8::<0>(
+                                    h,
+                                    _mm512_set1_epi64(0x0408_0000),
+                                ),
+                                _mm512_and_si512(h, m30),
+                                _mm512_gf2p8affine_epi64_epi8::<0>(
+                                    h,
+                                    _mm512_set1_epi64(0x4080_0000),
+                                ),
+                            )
+                        } else {
+                            (
+                                _mm512_and_si512(_mm512_slli_epi16::<4>(h), m30),
+                                _mm512_and_si512(_mm512_slli_epi16::<2>(h), m30),
+                                _mm512_and_si512(h, m30),
+                                _mm512_and_si512(_mm512_srli_epi16::<2>(h), m30),
+                            )
+                        };
+                        let q1 = _mm512_ternarylogic_epi32::<0xE4>(qa, h1, low4);
+                        let q2 = _mm512_ternarylogic_epi32::<0xE4>(qb, h2, low4);
+                        let q3 =
+                            _mm512_ternarylogic_epi32::<0xE4>(_mm512_srli_epi16::<4>(qa), h3, low4);
+                        let q4 =
+                            _mm512_ternarylogic_epi32::<0xE4>(_mm512_srli_epi16::<4>(qb), h4, low4);
                         for c in 0..C {
                             let y = xb[c].add(4 + 128 * n + 4 * p);
                             acc[c][0] = _mm512_dpbusd_epi32(acc[c][0], q1, bcast4(y));
@@ -532,6 +664,65 @@ unsafe fn kgroup_q6<const C: usize>(
         }
         for c in 0..C {
             _mm512_storeu_ps(out[c], accf[c]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::features::{Isa, detected_isa};
+    use crate::cpu::{act_row_bytes, act_type, pack_group, prepare_act};
+
+    /// The GFNI and plain variants of the K-quant kernels give bit-identical results (the same
+    /// integer sums in the same order); on CPUs without both there is nothing to compare.
+    #[test]
+    fn gfni_and_plain_kquant_kernels_agree_bit_for_bit() {
+        if detected_isa() != Isa::Avx512 || !has_gfni() {
+            eprintln!("skipped: needs AVX-512 VNNI and GFNI");
+            return;
+        }
+        let k = 512;
+        for wt in [WeightType::Q5_K, WeightType::Q6_K] {
+            let rb = wt.row_bytes(k);
+            let vals: Vec<f32> = (0..PACK_ROWS * k)
+                .map(|i| ((i * 7919 % 2001) as f32 / 1000.0 - 1.0) * (1 + i % 3) as f32)
+                .collect();
+            let mut raw = vec![0u8; PACK_ROWS * rb];
+            for (s, d) in vals.chunks_exact(k).zip(raw.chunks_exact_mut(rb)) {
+                match wt {
+                    WeightType::Q5_K => crate::cpu::quantize_row_q5_k(s, d),
+                    _ => crate::cpu::quantize_row_q6_k(s, d),
+                }
+            }
+            let mut packed = vec![0u8; raw.len()];
+            pack_group(wt, k, &raw, &mut packed);
+            let xr = act_row_bytes(act_type(wt), k);
+            let mut x = vec![0u8; 3 * xr];
+            for c in 0..3 {
+                let v: Vec<f32> = (0..k).map(|i| ((i + 37 * c) % 17) as f32 - 8.0).collect();
+                prepare_act(act_type(wt), &v, &mut x[c * xr..(c + 1) * xr]);
+            }
+            let xp: [*const u8; 3] = std::array::from_fn(|c| x[c * xr..].as_ptr());
+            let (mut a, mut b) = ([[0f32; 16]; 3], [[0f32; 16]; 3]);
+            let ap: [*mut f32; 3] = std::array::from_fn(|c| a[c].as_mut_ptr());
+            let bp: [*mut f32; 3] = std::array::from_fn(|c| b[c].as_mut_ptr());
+            // SAFETY: AVX-512 VNNI and GFNI checked above; one packed group of `k / 256`
+            // super-blocks, three Q8_K columns, three 16-float outputs.
+            unsafe {
+                if wt == WeightType::Q5_K {
+                    kgroup_q45_gfni::<true, 3>(packed.as_ptr(), k / 256, &xp, &ap);
+                    kgroup_q45_plain::<true, 3>(packed.as_ptr(), k / 256, &xp, &bp);
+                } else {
+                    kgroup_q6_gfni::<3>(packed.as_ptr(), k / 256, &xp, &ap);
+                    kgroup_q6_plain::<3>(packed.as_ptr(), k / 256, &xp, &bp);
+                }
+            }
+            assert_eq!(a, b, "{wt:?}");
+            assert!(
+                a.iter().flatten().any(|v| *v != 0.0),
+                "{wt:?}: a real product"
+            );
         }
     }
 }
