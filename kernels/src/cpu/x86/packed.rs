@@ -15,6 +15,17 @@ use crate::cpu::matmul::WeightType;
 use crate::cpu::repack::{PACK_ROWS, kquant_parts, packed_offsets};
 use std::arch::x86_64::*;
 
+/// Expands `$call!(k)` for the column count `$n` among the listed literals, the last one also
+/// taking anything larger (the kernels take the column count as a const parameter).
+macro_rules! with_cols {
+    ($n:expr; $($k:literal),*; $last:literal; $call:ident) => {
+        match $n {
+            $($k => $call!($k),)*
+            _ => $call!($last),
+        }
+    };
+}
+
 /// Columns one kernel call handles: eight i32 and eight f32 accumulators fit the 32 registers
 /// with the weight vectors.
 const MAX_COLS: usize = 8;
@@ -108,16 +119,7 @@ fn tile<const KIND: u8>(
                     unsafe { group::<KIND, $c>(wg, nb, &xp, &sp, &op) }
                 }};
             }
-            match n {
-                1 => call!(1),
-                2 => call!(2),
-                3 => call!(3),
-                4 => call!(4),
-                5 => call!(5),
-                6 => call!(6),
-                7 => call!(7),
-                _ => call!(8),
-            }
+            with_cols!(n; 1, 2, 3, 4, 5, 6, 7; 8; call);
             c0 += n;
         }
     }
@@ -304,14 +306,7 @@ fn ktile<const KT: u8>(
                     }
                 }};
             }
-            match n {
-                1 => call!(1),
-                2 => call!(2),
-                3 => call!(3),
-                4 => call!(4),
-                5 => call!(5),
-                _ => call!(6),
-            }
+            with_cols!(n; 1, 2, 3, 4, 5; 6; call);
             c0 += n;
         }
     }
