@@ -12,6 +12,11 @@ use half::{bf16, f16};
 use tessera_core::{DType, TensorDesc};
 use tessera_kernels::cpu as k;
 
+thread_local! {
+    /// A packed row gathered back into ggml's layout before decoding (see `read_row`).
+    static UNPACKED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A tensor's storage: base pointer, shape and strides.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TView {
@@ -93,61 +98,66 @@ impl TView {
         unsafe { (p as *mut i32).write_unaligned(v) }
     }
 
+    /// Decodes one dense row's bytes `raw` of this view's dtype into `out`.
+    fn decode_raw(&self, raw: &[u8], out: &mut [f32]) {
+        match self.dtype {
+            DType::F32 => {
+                for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            DType::F16 => match bytemuck::try_cast_slice::<u8, f16>(raw) {
+                Ok(h) => k::f16_to_f32_row(h, out),
+                Err(_) => out
+                    .iter_mut()
+                    .zip(raw.chunks_exact(2))
+                    .for_each(|(o, c)| *o = f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            },
+            DType::BF16 => match bytemuck::try_cast_slice::<u8, bf16>(raw) {
+                Ok(h) => k::bf16_to_f32_row(h, out),
+                Err(_) => out
+                    .iter_mut()
+                    .zip(raw.chunks_exact(2))
+                    .for_each(|(o, c)| *o = bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+            },
+            DType::I32 => {
+                for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
+                    *o = i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32;
+                }
+            }
+            DType::Q8_0 => k::dequantize_row_q8_0(raw, out),
+            DType::Q4_0 => k::dequantize_row_q4_0(raw, out),
+            DType::Q5_0 => k::dequantize_row_q5_0(raw, out),
+            DType::Q4_1 => k::dequantize_row_q4_1(raw, out),
+            DType::Q5_1 => k::dequantize_row_q5_1(raw, out),
+            DType::Q4_K => k::dequantize_row_q4_k(raw, out),
+            DType::Q5_K => k::dequantize_row_q5_k(raw, out),
+            DType::Q6_K => k::dequantize_row_q6_k(raw, out),
+            DType::Q8_K => k::dequantize_row_q8_k(raw, out),
+            _ => out.fill(f32::NAN),
+        }
+    }
+
     /// Decodes row `(i1, i2, i3)` into `out` (`ne[0]` values), whatever the dtype and `nb[0]`.
     pub(crate) fn read_row(&self, i1: usize, i2: usize, i3: usize, out: &mut [f32]) {
         let n = self.ne[0];
         let out = &mut out[..n];
         let p = self.row_ptr(i1, i2, i3);
-        let mut unpacked = Vec::new();
         if let Some(wt) = self.packed {
-            // Groups of PACK_ROWS rows never straddle planes (`repack::layout_for`).
+            // Groups of PACK_ROWS rows never straddle planes (`repack::layout_for`). The row is
+            // gathered into a per-thread buffer (GET_ROWS reads one per token).
             let g0 = i1 - i1 % k::PACK_ROWS;
             let group = self.rows_raw(g0, k::PACK_ROWS, i2, i3);
-            unpacked.resize(self.row_bytes(), 0);
-            k::unpack_row(wt, n, group, i1 % k::PACK_ROWS, &mut unpacked);
+            UNPACKED.with_borrow_mut(|row| {
+                row.resize(self.row_bytes(), 0);
+                k::unpack_row(wt, n, group, i1 % k::PACK_ROWS, row);
+                self.decode_raw(row, out);
+            });
+            return;
         }
         if self.row_contiguous() {
-            let raw = if self.packed.is_some() {
-                &unpacked[..]
-            } else {
-                self.row_raw(i1, i2, i3)
-            };
-            match self.dtype {
-                DType::F32 => {
-                    for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
-                        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                    }
-                }
-                DType::F16 => match bytemuck::try_cast_slice::<u8, f16>(raw) {
-                    Ok(h) => k::f16_to_f32_row(h, out),
-                    Err(_) => out
-                        .iter_mut()
-                        .zip(raw.chunks_exact(2))
-                        .for_each(|(o, c)| *o = f16::from_le_bytes([c[0], c[1]]).to_f32()),
-                },
-                DType::BF16 => match bytemuck::try_cast_slice::<u8, bf16>(raw) {
-                    Ok(h) => k::bf16_to_f32_row(h, out),
-                    Err(_) => out
-                        .iter_mut()
-                        .zip(raw.chunks_exact(2))
-                        .for_each(|(o, c)| *o = bf16::from_le_bytes([c[0], c[1]]).to_f32()),
-                },
-                DType::I32 => {
-                    for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
-                        *o = i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32;
-                    }
-                }
-                DType::Q8_0 => k::dequantize_row_q8_0(raw, out),
-                DType::Q4_0 => k::dequantize_row_q4_0(raw, out),
-                DType::Q5_0 => k::dequantize_row_q5_0(raw, out),
-                DType::Q4_1 => k::dequantize_row_q4_1(raw, out),
-                DType::Q5_1 => k::dequantize_row_q5_1(raw, out),
-                DType::Q4_K => k::dequantize_row_q4_k(raw, out),
-                DType::Q5_K => k::dequantize_row_q5_k(raw, out),
-                DType::Q6_K => k::dequantize_row_q6_k(raw, out),
-                DType::Q8_K => k::dequantize_row_q8_k(raw, out),
-                _ => out.fill(f32::NAN),
-            }
+            let raw = self.row_raw(i1, i2, i3);
+            self.decode_raw(raw, out);
             return;
         }
         // Strided elements (permuted/transposed views); quantized tensors are always row-contiguous.

@@ -314,13 +314,13 @@ pub fn mul_mat_tile_with_isa(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cpu::affine::*;
     use crate::cpu::kquant::*;
     use crate::cpu::quant::{dequantize_row_q4_0, dequantize_row_q8_0, quantize_row_q4_0};
 
-    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+    pub(crate) fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
         (0..n)
             .map(|_| {
@@ -334,7 +334,7 @@ mod tests {
 
     /// Encodes `vals` (one row) as weight type `wt`; returns the bytes and
     /// the values the bytes decode to.
-    fn encode_row(wt: WeightType, vals: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    pub(crate) fn encode_row(wt: WeightType, vals: &[f32]) -> (Vec<u8>, Vec<f32>) {
         let k = vals.len();
         let mut bytes = vec![0u8; wt.row_bytes(k)];
         let mut dec = vec![0.0f32; k];

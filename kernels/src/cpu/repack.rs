@@ -354,37 +354,14 @@ pub fn mul_mat_tile_packed(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::matmul::tests::{encode_row, rand_vec};
     use crate::cpu::{active_isa, mul_mat_tile_with_isa, prepare_act};
 
-    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
-
+    /// `vals` as rows of `k` elements of `wt`, back to back.
     fn quantize(wt: WeightType, vals: &[f32], k: usize) -> Vec<u8> {
-        let rb = wt.row_bytes(k);
-        let mut out = vec![0u8; vals.len() / k * rb];
-        for (s, d) in vals.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
-            match wt {
-                WeightType::Q8_0 => crate::cpu::quantize_row_q8_0(s, d),
-                WeightType::Q4_0 => crate::cpu::quantize_row_q4_0(s, d),
-                WeightType::Q5_0 => crate::cpu::quantize_row_q5_0(s, d),
-                WeightType::Q4_1 => crate::cpu::quantize_row_q4_1(s, d),
-                WeightType::Q5_1 => crate::cpu::quantize_row_q5_1(s, d),
-                WeightType::Q4_K => crate::cpu::quantize_row_q4_k(s, d),
-                WeightType::Q5_K => crate::cpu::quantize_row_q5_k(s, d),
-                WeightType::Q6_K => crate::cpu::quantize_row_q6_k(s, d),
-                _ => unreachable!(),
-            }
-        }
-        out
+        vals.chunks_exact(k)
+            .flat_map(|r| encode_row(wt, r).0)
+            .collect()
     }
 
     const PACKABLE: [WeightType; 8] = [
