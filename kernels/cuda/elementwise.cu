@@ -37,6 +37,7 @@ extern "C" __global__ void k_binary(Tensor dst, Tensor a, Tensor b, int op, i64 
 #define MAP_TANH 8
 #define MAP_NEG 9
 #define MAP_EXP 10
+#define MAP_SIGMOID 11
 
 __device__ __forceinline__ float silu(float x) {
     return x / (1.0f + expf(-x));
@@ -59,6 +60,7 @@ __device__ __forceinline__ float map_one(int op, float x, float p0, float p1) {
     case MAP_RELU: return fmaxf(x, 0.0f);
     case MAP_TANH: return tanhf(x);
     case MAP_NEG: return -x;
+    case MAP_SIGMOID: return 1.0f / (1.0f + expf(-x));
     default: return expf(x);
     }
 }

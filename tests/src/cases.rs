@@ -388,6 +388,7 @@ pub fn all_cases() -> Vec<Case> {
     rope_cases(&mut v);
     mul_mat_cases(&mut v);
     flash_attn_cases(&mut v);
+    moe_cases(&mut v);
     get_rows_cases(&mut v);
     set_rows_cases(&mut v);
     cpy_cases(&mut v);
@@ -1015,12 +1016,13 @@ struct Fa {
     max_bias: f32,
     softcap: f32,
     kv: DType,
+    sinks: bool,
 }
 
 fn flash_attn_case(c: Fa) -> Case {
     let mask = c.mask.map_or("none".to_string(), |t| t.to_string());
     let params = format!(
-        "hsk={},hsv={},nh={},nr={},kv={},nb={},b={},mask={mask},max_bias={},logit_softcap={},type_KV={}",
+        "hsk={},hsv={},nh={},nr={},kv={},nb={},b={},mask={mask},sinks={},max_bias={},logit_softcap={},type_KV={}",
         c.d,
         c.dv,
         c.h_kv,
@@ -1028,6 +1030,7 @@ fn flash_attn_case(c: Fa) -> Case {
         c.n_kv,
         c.n_q,
         c.batch,
+        u8::from(c.sinks),
         c.max_bias,
         c.softcap,
         c.kv
@@ -1047,7 +1050,12 @@ fn flash_attn_case(c: Fa) -> Case {
         };
         let scale = 1.0 / (c.d as f32).sqrt();
         let y = ctx.flash_attn_ext(q, k, v, m, scale, c.max_bias, c.softcap)?;
-        let built = Built::out(y);
+        let mut built = Built::out(y);
+        if c.sinks {
+            let s = ctx.new_tensor(DType::F32, [c.h])?;
+            ctx.flash_attn_ext_add_sinks(y, s)?;
+            built = built.init(s, Init::Uniform { lo: -2.0, hi: 4.0 });
+        }
         Ok(match m {
             Some(m) => built.init(m, Init::Mask),
             None => built,
@@ -1068,8 +1076,19 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
         max_bias: 0.0,
         softcap: 0.0,
         kv: DType::F16,
+        sinks: false,
     };
     for kv in [DType::F16, DType::F32] {
+        // gpt-oss: attention sinks, one query and a block of queries.
+        for n_q in [1, 5] {
+            v.push(flash_attn_case(Fa {
+                n_q,
+                mask: Some(DType::F16),
+                sinks: true,
+                kv,
+                ..base
+            }));
+        }
         for mask in [None, Some(DType::F16)] {
             for softcap in [0.0, 30.0] {
                 for h_kv in [2, 1] {
@@ -1121,6 +1140,110 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
             kv,
             ..base
         }));
+    }
+}
+
+/// MUL_MAT_ID, ADD_ID, ARGSORT / top-k and SWIGLU_OAI: the ops of mixture-of-experts blocks.
+fn moe_cases(v: &mut Vec<Case>) {
+    let types = [
+        DType::F32,
+        DType::F16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_1,
+        DType::Q4_K,
+        DType::Q6_K,
+    ];
+    // (n_expert, n_used, tokens, activation columns per token: 1 = shared by the slots)
+    let shapes = [(4, 2, 1, 1), (8, 2, 5, 1), (8, 3, 33, 3), (6, 6, 7, 6)];
+    for type_a in types {
+        let (k, m) = if type_a.block_size() == DType::QK_K {
+            (256, 32)
+        } else {
+            (64, 24)
+        };
+        for (n_expert, n_used, n_tok, n_b) in shapes {
+            let params = format!(
+                "type_a={type_a},type_b=f32,n_mats={n_expert},n_used={n_used},b={},m={m},n={n_tok},k={k}",
+                u8::from(n_b > 1)
+            );
+            v.push(Case::new(
+                "MUL_MAT_ID",
+                params,
+                mul_mat_tol(type_a),
+                move |ctx| {
+                    let a = ctx.new_tensor(type_a, [k, m, n_expert])?;
+                    let b = ctx.new_tensor(DType::F32, [k, n_b, n_tok])?;
+                    let ids = ctx.new_tensor(DType::I32, [n_used, n_tok])?;
+                    let y = ctx.mul_mat_id(a, b, ids)?;
+                    Ok(Built::out(y).init(ids, Init::DistinctIds { n: n_expert }))
+                },
+            ));
+        }
+    }
+    for (n, n_expert, n_used, n_tok) in [(32, 4, 2, 3), (67, 8, 3, 1)] {
+        let params = format!("type=f32,ne=[{n},{n_used},{n_tok}],n_experts={n_expert}");
+        v.push(Case::new(
+            "ADD_ID",
+            params,
+            Tolerance::Nmse(NMSE_F32),
+            move |ctx| {
+                let a = ctx.new_tensor(DType::F32, [n, n_used, n_tok])?;
+                let b = ctx.new_tensor(DType::F32, [n, n_expert])?;
+                let ids = ctx.new_tensor(DType::I32, [n_used, n_tok])?;
+                let y = ctx.add_id(a, b, ids)?;
+                Ok(Built::out(y).init(ids, Init::DistinctIds { n: n_expert }))
+            },
+        ));
+    }
+    for dtype in [DType::F32, DType::F16] {
+        for ne in [[8, 5, 1, 1], [128, 3, 2, 1], [1, 4, 1, 1], [33, 2, 1, 1]] {
+            for descending in [false, true] {
+                let params = format!(
+                    "type={dtype},ne={},order={}",
+                    ne_str(ne),
+                    if descending { "desc" } else { "asc" }
+                );
+                v.push(Case::new("ARGSORT", params, Tolerance::Exact, move |ctx| {
+                    let a = ctx.new_tensor(dtype, ne)?;
+                    Ok(Built::out(ctx.argsort(a, descending)?))
+                }));
+            }
+        }
+        for (ne, k) in [([8, 5, 1, 1], 2), ([128, 3, 1, 1], 8), ([60, 4, 1, 1], 4)] {
+            let params = format!("type={dtype},ne={},k={k}", ne_str(ne));
+            v.push(Case::new("TOP_K", params, Tolerance::Exact, move |ctx| {
+                let a = ctx.new_tensor(dtype, ne)?;
+                let top = ctx.top_k(a, k)?;
+                Ok(Built::out(ctx.cont(top)?))
+            }));
+        }
+        for (ne, layout) in [
+            ([128, 3, 2, 1], Layout::Contiguous),
+            ([64, 5, 1, 1], Layout::Permuted),
+        ] {
+            let params = format!(
+                "type={dtype},ne={},alpha=1.702,limit=7{}",
+                ne_str(ne),
+                layout.tag()
+            );
+            v.push(Case::new(
+                "SWIGLU_OAI",
+                params,
+                float_tol(&[dtype], NMSE_F32_MATH),
+                move |ctx| {
+                    let g = source(ctx, dtype, ne, layout)?;
+                    let u = source(ctx, dtype, ne, layout)?;
+                    let y = ctx.swiglu_oai(g, u, 1.702, 7.0)?;
+                    let wide = Init::Uniform {
+                        lo: -10.0,
+                        hi: 10.0,
+                    };
+                    Ok(Built::out(y).init(g, wide).init(u, wide))
+                },
+            ));
+        }
     }
 }
 

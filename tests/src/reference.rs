@@ -472,6 +472,7 @@ pub fn unary(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::Tanh => x.tanh(),
         UnaryOp::Neg => -x,
         UnaryOp::Exp => x.exp(),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
     }
 }
 
@@ -772,6 +773,43 @@ impl RefMemory {
                 self.write(id, &out)
             }
             Op::MulMat => self.mul_mat(id, src(0)?, src(1)?),
+            Op::MulMatId => self.mul_mat_id(id, src(0)?, src(1)?, src(2)?),
+            Op::AddId => {
+                let n_expert = self.desc(src(1)?)?.ne()[1];
+                for i2 in 0..ne[2] {
+                    for i1 in 0..ne[1] {
+                        let e = self.index(src(2)?, [i1, i2, 0], n_expert)?;
+                        let a = self.read_row(src(0)?, i1, i2, 0)?;
+                        let b = self.read_row(src(1)?, e, 0, 0)?;
+                        let out: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+                        self.write_row(id, [i1, i2, 0], &out)?;
+                    }
+                }
+                Ok(())
+            }
+            Op::Argsort { descending } => self.rows(id, src(0)?, |row| {
+                let mut order: Vec<usize> = (0..row.len()).collect();
+                // Stable: ties keep index order.
+                order.sort_by(|&p, &q| {
+                    let o = row[p].total_cmp(&row[q]);
+                    if descending { o.reverse() } else { o }
+                });
+                order.into_iter().map(|i| i as f64).collect()
+            }),
+            Op::SwigluOai { alpha, limit } => {
+                let (g, u) = (self.read(src(0)?)?, self.read(src(1)?)?);
+                let (alpha, limit) = (f64::from(alpha), f64::from(limit));
+                let out: Vec<f64> = g
+                    .iter()
+                    .zip(&u)
+                    .map(|(&g, &u)| {
+                        let g = g.min(limit);
+                        let u = u.clamp(-limit, limit);
+                        g / (1.0 + (-alpha * g).exp()) * (u + 1.0)
+                    })
+                    .collect();
+                self.write(id, &out)
+            }
             Op::FlashAttnExt {
                 scale,
                 max_bias,
@@ -779,7 +817,7 @@ impl RefMemory {
             } => self.flash_attn(
                 id,
                 [src(0)?, src(1)?, src(2)?],
-                t.src(3),
+                [t.src(3), t.src(4)],
                 scale,
                 max_bias,
                 softcap,
@@ -939,15 +977,46 @@ impl RefMemory {
         self.write(id, &out)
     }
 
+    fn mul_mat_id(
+        &mut self,
+        id: TensorId,
+        a: TensorId,
+        b: TensorId,
+        ids: TensorId,
+    ) -> RefResult<()> {
+        let [_, _, n_expert, _] = self.desc(a)?.ne();
+        let n_b = self.desc(b)?.ne()[1];
+        let [_, n_used, n_tok, _] = self.desc(id)?.ne();
+        for t in 0..n_tok {
+            for i in 0..n_used {
+                let e = self.index(ids, [i, t, 0], n_expert)?;
+                let x = self.read_row(b, i % n_b, t, 0)?;
+                let m = self.desc(a)?.ne()[1];
+                let out = (0..m)
+                    .map(|r| {
+                        let w = self.read_row(a, r, e, 0)?;
+                        Ok(w.iter().zip(&x).map(|(p, q)| p * q).sum())
+                    })
+                    .collect::<RefResult<Vec<f64>>>()?;
+                self.write_row(id, [i, t, 0], &out)?;
+            }
+        }
+        Ok(())
+    }
+
     fn flash_attn(
         &mut self,
         id: TensorId,
         [q, k, v]: [TensorId; 3],
-        mask: Option<TensorId>,
+        [mask, sinks]: [Option<TensorId>; 2],
         scale: f32,
         max_bias: f32,
         softcap: f32,
     ) -> RefResult<()> {
+        let sinks = match sinks {
+            Some(s) => Some(self.read(s)?),
+            None => None,
+        };
         let nq = self.desc(q)?.ne();
         let nk = self.desc(k)?.ne();
         let nv = self.desc(v)?.ne();
@@ -982,7 +1051,15 @@ impl RefMemory {
                             x
                         })
                         .collect();
+                    // A sink is one more logit with no value: softmax over it, then drop it.
+                    let sink = sinks.as_ref().and_then(|v| v.get(ih).copied());
+                    if let Some(x) = sink {
+                        s.push(x);
+                    }
                     softmax_in_place(&mut s);
+                    if sink.is_some() {
+                        s.pop();
+                    }
                     let o = flat(out_ne, [0, ih, iq, ib]);
                     for (j, p) in s.iter().enumerate() {
                         let vrow = &vv[flat(nv, [0, j, ikv, ib])..][..dv];

@@ -397,7 +397,7 @@ impl Context {
         let (dtype, ne, nb) = (tb.dtype, tb.ne, tb.nb);
         let mut t = TensorDesc::new(dtype, ne, op);
         t.nb = nb;
-        t.src = [Some(a), Some(b), None, None];
+        t.src = [Some(a), Some(b), None, None, None];
         t.view = Some(ViewOf { src: b, offset: 0 });
         Ok(self.push(t))
     }
@@ -490,7 +490,7 @@ impl Context {
         let (dtype, ne, nb) = (td.dtype, td.ne, td.nb);
         let mut t = TensorDesc::new(dtype, ne, op);
         t.nb = nb;
-        t.src = [Some(src), Some(ids), None, None];
+        t.src = [Some(src), Some(ids), None, None, None];
         t.view = Some(ViewOf {
             src: dst,
             offset: 0,
@@ -868,6 +868,173 @@ impl Context {
         )?;
         let ne = [ta.ne[1], tb.ne[1], tb.ne[2], tb.ne[3]];
         self.node(op, DType::F32, ne, &[a, b])
+    }
+
+    /// Expert-indexed `aᵀ·b` (ggml's `mul_mat_id`): `a` `[k, m, n_expert]` weights, `b`
+    /// `[k, n_b, T]` float activations, `ids` i32 `[n_used, T]` with `n_used` a multiple of
+    /// `n_b` → f32 `[m, n_used, T]`; column `(i, t)` is `a[ids[i, t]]ᵀ · b[:, i mod n_b, t]`.
+    /// An id outside `0..n_expert` is a run-time error of the backend.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOp`] on mismatched `k`, token counts or expert slots, a non-i32 `ids`,
+    /// or 4-D operands.
+    pub fn mul_mat_id(&mut self, a: TensorId, b: TensorId, ids: TensorId) -> Result<TensorId> {
+        let op = Op::MulMatId;
+        let ta = self.get(&op, a)?;
+        let tb = self.check_float(&op, b)?;
+        let ti = self.get(&op, ids)?;
+        self.check(&op, a, ta.dtype != DType::I32 && ta.ne[3] == 1, || {
+            format!(
+                "weights must be a 3-D non-i32 stack, got {} {:?}",
+                ta.dtype, ta.ne
+            )
+        })?;
+        self.check(&op, a, ta.is_row_contiguous(), || {
+            "weight rows must be contiguous".into()
+        })?;
+        self.check(&op, b, ta.ne[0] == tb.ne[0] && tb.ne[3] == 1, || {
+            format!("activations {:?} do not match weights {:?}", tb.ne, ta.ne)
+        })?;
+        self.check(
+            &op,
+            ids,
+            ti.dtype == DType::I32
+                && ti.ne[1] == tb.ne[2]
+                && ti.ne[2] == 1
+                && ti.ne[3] == 1
+                && tb.ne[1] != 0
+                && ti.ne[0] % tb.ne[1] == 0,
+            || {
+                format!(
+                    "ids must be i32 [n_used, {}] with n_used a multiple of {}, got {} {:?}",
+                    tb.ne[2], tb.ne[1], ti.dtype, ti.ne
+                )
+            },
+        )?;
+        let ne = [ta.ne[1], ti.ne[0], ti.ne[1], 1];
+        self.node(op, DType::F32, ne, &[a, b, ids])
+    }
+
+    /// `a` `[n, n_used, T]` plus row `ids[i, t]` of `b` `[n, n_expert]` (ggml's `add_id`:
+    /// per-expert biases after [`Context::mul_mat_id`]) → f32 `[n, n_used, T]`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOp`] on mismatched shapes or a non-i32 `ids`.
+    pub fn add_id(&mut self, a: TensorId, b: TensorId, ids: TensorId) -> Result<TensorId> {
+        let op = Op::AddId;
+        let ta = self.check_float(&op, a)?;
+        let tb = self.check_float(&op, b)?;
+        let ti = self.get(&op, ids)?;
+        self.check(
+            &op,
+            b,
+            ta.dtype == DType::F32
+                && tb.dtype == DType::F32
+                && tb.ne[0] == ta.ne[0]
+                && tb.ne[2] == 1
+                && tb.ne[3] == 1
+                && ta.ne[3] == 1,
+            || format!("biases {:?} do not match {:?} (both f32)", tb.ne, ta.ne),
+        )?;
+        self.check(
+            &op,
+            ids,
+            ti.dtype == DType::I32 && ti.ne[0] == ta.ne[1] && ti.ne[1] == ta.ne[2] && ti.ne[2] == 1,
+            || {
+                format!(
+                    "ids {} {:?} must be i32 [{}, {}]",
+                    ti.dtype, ti.ne, ta.ne[1], ta.ne[2]
+                )
+            },
+        )?;
+        let ne = ta.ne;
+        self.node(op, DType::F32, ne, &[a, b, ids])
+    }
+
+    /// The i32 indices that sort each row of `a`, largest first when `descending`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOp`] on a non-float operand or rows longer than `i32::MAX`.
+    pub fn argsort(&mut self, a: TensorId, descending: bool) -> Result<TensorId> {
+        let op = Op::Argsort { descending };
+        let t = self.check_float(&op, a)?;
+        self.check(&op, a, i32::try_from(t.ne[0]).is_ok(), || {
+            "rows are longer than i32::MAX".into()
+        })?;
+        let ne = t.ne;
+        self.node(op, DType::I32, ne, &[a])
+    }
+
+    /// The indices of the `k` largest elements of each row, largest first (ggml's
+    /// `argsort_top_k`: a descending [`Context::argsort`] and a view of its first `k` columns).
+    ///
+    /// # Errors
+    /// As [`Context::argsort`]; [`Error::InvalidOp`] if `k` is 0 or exceeds the row length.
+    pub fn top_k(&mut self, a: TensorId, k: usize) -> Result<TensorId> {
+        let op = Op::Argsort { descending: true };
+        let t = self.check_float(&op, a)?;
+        self.check(&op, a, k > 0 && k <= t.ne[0], || {
+            format!("top-k of {k} from rows of {}", t.ne[0])
+        })?;
+        let sorted = self.argsort(a, true)?;
+        let st = &self.tensors[sorted.index()];
+        let (mut ne, nb) = (st.ne, st.nb);
+        ne[0] = k;
+        self.view(sorted, ne, [nb[1], nb[2], nb[3]], 0)
+    }
+
+    /// gpt-oss's clamped SwiGLU (ggml's `swiglu_oai`): `g·σ(α·g)·(u + 1)` with
+    /// `g = min(gate, limit)` and `u = clamp(up, −limit, limit)`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOp`] on non-float operands or different shapes.
+    pub fn swiglu_oai(
+        &mut self,
+        gate: TensorId,
+        up: TensorId,
+        alpha: f32,
+        limit: f32,
+    ) -> Result<TensorId> {
+        let op = Op::SwigluOai { alpha, limit };
+        let tg = self.check_float(&op, gate)?;
+        let tu = self.check_float(&op, up)?;
+        self.check(&op, up, tg.ne == tu.ne, || {
+            format!("gate {:?} and up {:?} differ", tg.ne, tu.ne)
+        })?;
+        self.check(&op, gate, alpha.is_finite() && limit.is_finite(), || {
+            format!("alpha {alpha} and limit {limit} must be finite")
+        })?;
+        let (dtype, ne) = (tg.dtype, tg.ne);
+        self.node(op, dtype, ne, &[gate, up])
+    }
+
+    /// Gives the FLASH_ATTN_EXT node `fa` attention sinks (ggml's `flash_attn_ext_add_sinks`):
+    /// f32 `[n_head]`, one logit per head that joins each softmax denominator with no value.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOp`] if `fa` is not FLASH_ATTN_EXT or `sinks` is not f32 `[n_head]`.
+    pub fn flash_attn_ext_add_sinks(&mut self, fa: TensorId, sinks: TensorId) -> Result<()> {
+        let tf = self.tensor(fa)?;
+        let op = *tf.op();
+        let n_head = tf.ne[1];
+        // Sources are also read as a dense list (`srcs()`): the sinks are the fifth only after a
+        // mask.
+        let has_mask = tf.src[3].is_some();
+        self.check(
+            &op,
+            fa,
+            op.kind() == crate::ops::OpKind::FlashAttnExt && has_mask,
+            || "sinks go on a FLASH_ATTN_EXT node with a mask".into(),
+        )?;
+        let ts = self.get(&op, sinks)?;
+        self.check(
+            &op,
+            sinks,
+            ts.dtype == DType::F32 && ts.ne == [n_head, 1, 1, 1],
+            || format!("sinks must be f32 [{n_head}], got {} {:?}", ts.dtype, ts.ne),
+        )?;
+        self.tensors[fa.index()].src[4] = Some(sinks);
+        Ok(())
     }
 
     /// Fused attention: `softmax(scale·q·kᵀ + mask)·v` per head with grouped KV heads.

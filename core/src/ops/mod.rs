@@ -22,11 +22,13 @@ pub enum UnaryOp {
     Neg,
     /// eˣ.
     Exp,
+    /// 1 / (1 + e⁻ˣ).
+    Sigmoid,
 }
 
 impl UnaryOp {
     /// Every unary op.
-    pub const ALL: [UnaryOp; 7] = [
+    pub const ALL: [UnaryOp; 8] = [
         UnaryOp::Silu,
         UnaryOp::Gelu,
         UnaryOp::GeluQuick,
@@ -34,6 +36,7 @@ impl UnaryOp {
         UnaryOp::Tanh,
         UnaryOp::Neg,
         UnaryOp::Exp,
+        UnaryOp::Sigmoid,
     ];
 
     /// ggml spelling.
@@ -46,6 +49,7 @@ impl UnaryOp {
             UnaryOp::Tanh => "TANH",
             UnaryOp::Neg => "NEG",
             UnaryOp::Exp => "EXP",
+            UnaryOp::Sigmoid => "SIGMOID",
         }
     }
 }
@@ -179,8 +183,28 @@ pub enum Op {
     Rope(RopeParams),
     /// src0ᵀ · src1: src0 `[k, m, ...]` weights, src1 `[k, n, ...]` activations → `[m, n, ...]` f32.
     MulMat,
+    /// Expert-indexed MUL_MAT: src0 weights `[k, m, n_expert]`, src1 activations
+    /// `[k, n_b, T]`, src2 i32 expert ids `[n_used, T]` → f32 `[m, n_used, T]`, where output
+    /// column `(i, t)` is `src0[ids[i, t]]ᵀ · src1[:, i mod n_b, t]`.
+    MulMatId,
+    /// src0 `[n, n_used, T]` + row `ids[i, t]` of src1 `[n, n_expert]` (per-expert biases).
+    AddId,
+    /// Indices that sort each row (i32), ascending or descending; ties keep index order.
+    Argsort {
+        /// Largest first.
+        descending: bool,
+    },
+    /// gpt-oss's clamped SwiGLU of gate src0 and up src1:
+    /// `g·σ(α·g)·(u + 1)` with `g = min(gate, limit)`, `u = clamp(up, −limit, limit)`.
+    SwigluOai {
+        /// The sigmoid's slope (1.702).
+        alpha: f32,
+        /// The clamp (7).
+        limit: f32,
+    },
     /// Fused attention: q `[d, n_q, h, b]`, k `[d, n_kv, h_kv, b]`, v `[dv, n_kv, h_kv, b]`,
-    /// optional mask `[n_kv, ≥n_q]` → `[dv, h, n_q, b]` f32.
+    /// optional mask `[n_kv, ≥n_q]` (src3), optional attention sinks f32 `[h]` (src4: one extra
+    /// logit per head in the softmax denominator, with no value) → `[dv, h, n_q, b]` f32.
     FlashAttnExt {
         /// Multiplier of q·k.
         scale: f32,
@@ -224,6 +248,10 @@ pub enum OpKind {
     Rope,
     MulMat,
     FlashAttnExt,
+    MulMatId,
+    AddId,
+    Argsort,
+    SwigluOai,
 }
 
 impl OpKind {
@@ -258,6 +286,10 @@ impl OpKind {
             OpKind::Rope => "ROPE",
             OpKind::MulMat => "MUL_MAT",
             OpKind::FlashAttnExt => "FLASH_ATTN_EXT",
+            OpKind::MulMatId => "MUL_MAT_ID",
+            OpKind::AddId => "ADD_ID",
+            OpKind::Argsort => "ARGSORT",
+            OpKind::SwigluOai => "SWIGLU_OAI",
         }
     }
 
@@ -308,6 +340,10 @@ impl Op {
             Op::Rope(_) => OpKind::Rope,
             Op::MulMat => OpKind::MulMat,
             Op::FlashAttnExt { .. } => OpKind::FlashAttnExt,
+            Op::MulMatId => OpKind::MulMatId,
+            Op::AddId => OpKind::AddId,
+            Op::Argsort { .. } => OpKind::Argsort,
+            Op::SwigluOai { .. } => OpKind::SwigluOai,
         }
     }
 

@@ -31,7 +31,7 @@ pub const ENTRY_SYMBOL: &str = "tessera_backend_init";
 /// Magic number at the start of every table (`"TESSERA\0"` little-endian).
 pub const ABI_MAGIC: u64 = u64::from_le_bytes(*b"TESSERA\0");
 /// The ABI version this build speaks.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Success.
 pub const STATUS_OK: i32 = 0;
@@ -277,7 +277,7 @@ pub struct RawTensor {
     /// Byte strides.
     pub nb: [u64; 4],
     /// Sources, [`NO_TENSOR`] where absent.
-    pub src: [u32; 4],
+    pub src: [u32; 5],
     /// The viewed tensor, or [`NO_TENSOR`].
     pub view_src: u32,
     /// Byte offset into the viewed tensor.

@@ -42,6 +42,10 @@ const OP_SOFT_MAX: u32 = 24;
 const OP_ROPE: u32 = 25;
 const OP_MUL_MAT: u32 = 26;
 const OP_FLASH_ATTN_EXT: u32 = 27;
+const OP_MUL_MAT_ID: u32 = 28;
+const OP_ADD_ID: u32 = 29;
+const OP_ARGSORT: u32 = 30;
+const OP_SWIGLU_OAI: u32 = 31;
 
 fn unary_code(u: UnaryOp) -> u32 {
     match u {
@@ -52,6 +56,7 @@ fn unary_code(u: UnaryOp) -> u32 {
         UnaryOp::Tanh => 4,
         UnaryOp::Neg => 5,
         UnaryOp::Exp => 6,
+        UnaryOp::Sigmoid => 7,
     }
 }
 
@@ -134,6 +139,13 @@ pub fn encode_op(op: &Op) -> RawOp {
         } => {
             r.floats[..3].copy_from_slice(&[scale, max_bias, softcap]);
             (OP_FLASH_ATTN_EXT, 0)
+        }
+        Op::MulMatId => (OP_MUL_MAT_ID, 0),
+        Op::AddId => (OP_ADD_ID, 0),
+        Op::Argsort { descending } => (OP_ARGSORT, descending as u32),
+        Op::SwigluOai { alpha, limit } => {
+            r.floats[..2].copy_from_slice(&[alpha, limit]);
+            (OP_SWIGLU_OAI, 0)
         }
     };
     r.kind = kind;
@@ -229,6 +241,19 @@ pub fn decode_op(r: &RawOp, what: &str) -> Result<Op> {
             max_bias: f[1],
             softcap: f[2],
         },
+        OP_MUL_MAT_ID => Op::MulMatId,
+        OP_ADD_ID => Op::AddId,
+        OP_ARGSORT => Op::Argsort {
+            descending: match r.sub {
+                0 => false,
+                1 => true,
+                _ => return Err(bad("sort order")),
+            },
+        },
+        OP_SWIGLU_OAI => Op::SwigluOai {
+            alpha: f[0],
+            limit: f[1],
+        },
         _ => return Err(bad("kind")),
     })
 }
@@ -240,7 +265,7 @@ fn id_code(id: Option<TensorId>, remap: &dyn Fn(TensorId) -> Option<u32>) -> u32
 /// The flat form of one descriptor; `remap` turns ids into indices of the flat array (a source
 /// outside the array becomes [`NO_TENSOR`]). The name is borrowed from `t`.
 pub fn encode_tensor(t: &TensorDesc, remap: &dyn Fn(TensorId) -> Option<u32>) -> RawTensor {
-    let mut src = [NO_TENSOR; 4];
+    let mut src = [NO_TENSOR; MAX_SRC];
     for (d, s) in src.iter_mut().zip(&t.src) {
         *d = id_code(*s, remap);
     }
@@ -386,7 +411,7 @@ impl<'a> FlatGraph<'a> {
             .map(|&id| {
                 let mut r = encode_tensor(&tensors[id.index()], &remap);
                 if id != node {
-                    r.src = [NO_TENSOR; 4];
+                    r.src = [NO_TENSOR; MAX_SRC];
                 }
                 r
             })

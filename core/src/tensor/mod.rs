@@ -12,7 +12,7 @@ use std::fmt;
 /// Maximum rank.
 pub const MAX_DIMS: usize = 4;
 /// Maximum number of sources of one op.
-pub const MAX_SRC: usize = 4;
+pub const MAX_SRC: usize = 5;
 
 /// Index of a tensor in its [`crate::graph::Context`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

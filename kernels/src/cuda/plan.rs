@@ -382,6 +382,7 @@ impl Planner<'_> {
                             UnaryOp::Tanh => 8,
                             UnaryOp::Neg => 9,
                             UnaryOp::Exp => 10,
+                            UnaryOp::Sigmoid => 11,
                         },
                         0.0,
                         0.0,

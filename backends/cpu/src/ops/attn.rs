@@ -35,6 +35,8 @@ pub(crate) fn flash_attn_ext(
         exec.src(node, 2),
     );
     let mask = t.src(3).map(|m| exec.view(m));
+    let sinks = t.src(4).map(|m| exec.view(m));
+    let mut sink_row = Vec::new();
     let (d, n_q, n_head, n_batch) = (q.ne[0], q.ne[1], q.ne[2], q.ne[3]);
     let (dv, n_kv, n_head_kv) = (vt.ne[0], kt.ne[1], kt.ne[2]);
     let group = n_head / n_head_kv;
@@ -63,6 +65,13 @@ pub(crate) fn flash_attn_ext(
         task += nqb;
         let hk = h / group;
         let slope = alibi_slope(max_bias, h, n_head);
+        // An attention sink is one more logit in the denominator (as is, not scaled), with no
+        // value.
+        let sink = sinks.map(|sv| {
+            sink_row.resize(sv.ne[0], 0.0);
+            sv.read_row(0, 0, 0, &mut sink_row);
+            sink_row[h]
+        });
         if cached != Some((hk, b)) {
             // Keys no query of the node sees (the causal future, a padded span) are never
             // decoded or scored: the span ends after the last key any mask row shows.
@@ -123,7 +132,12 @@ pub(crate) fn flash_attn_ext(
                 smax = smax.max(x);
             }
             // Normalised probabilities; a query that sees no key gets zeros.
-            if smax > f32::NEG_INFINITY {
+            if let Some(sink) = sink.filter(|&x| x > f32::NEG_INFINITY) {
+                let m = smax.max(sink);
+                let sum = k::vecmath::exp_shifted_sum(s, m) + (sink - m).exp();
+                let inv = 1.0 / sum;
+                s.iter_mut().for_each(|p| *p *= inv);
+            } else if smax > f32::NEG_INFINITY {
                 let inv = 1.0 / k::vecmath::exp_shifted_sum(s, smax);
                 s.iter_mut().for_each(|p| *p *= inv);
             } else {

@@ -14,6 +14,7 @@ fn unary(f: UnaryOp, x: f32) -> f32 {
         UnaryOp::Tanh => x.tanh(),
         UnaryOp::Neg => -x,
         UnaryOp::Exp => x.exp(),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
     }
 }
 
@@ -82,12 +83,17 @@ pub(crate) fn map(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &
 pub(crate) fn glu(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &mut ThreadScratch) {
     let dst = exec.view(node);
     let t = exec.desc(node);
-    let Op::Glu { op, swapped } = *t.op() else {
-        return;
-    };
-    let act = match op {
-        GluOp::Swiglu => Gate::Silu,
-        GluOp::Geglu => Gate::Gelu,
+    let (act, swapped) = match *t.op() {
+        Op::Glu {
+            op: GluOp::Swiglu,
+            swapped,
+        } => (Some(Gate::Silu), swapped),
+        Op::Glu {
+            op: GluOp::Geglu,
+            swapped,
+        } => (Some(Gate::Gelu), swapped),
+        // SWIGLU_OAI always has two sources.
+        _ => (None, false),
     };
     let n = dst.ne[0];
     let split = t.src(1).is_some();
@@ -111,7 +117,17 @@ pub(crate) fn glu(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &
                 }
             }
         };
-        vecmath::glu_row(act, gate, up, &mut out[..n]);
+        match (act, *t.op()) {
+            (Some(act), _) => vecmath::glu_row(act, gate, up, &mut out[..n]),
+            (None, Op::SwigluOai { alpha, limit }) => {
+                for ((o, &g), &u) in out[..n].iter_mut().zip(gate).zip(up) {
+                    let g = g.min(limit);
+                    let u = u.clamp(-limit, limit);
+                    *o = g / (1.0 + (-alpha * g).exp()) * (u + 1.0);
+                }
+            }
+            _ => {}
+        }
         dst.write_row(i1, i2, i3, out);
     }
 }

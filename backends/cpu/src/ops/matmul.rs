@@ -9,15 +9,15 @@ use tessera_kernels::cpu::{self as k, ActType, WeightType};
 
 /// Weight rows per chunk when there is one column (GEMV): small, so all threads stay busy (and a
 /// multiple of the packed layout's group of rows).
-const GEMV_ROWS: usize = 16;
+pub(crate) const GEMV_ROWS: usize = 16;
 const _: () =
     assert!(GEMV_ROWS.is_multiple_of(k::PACK_ROWS) && GEMM_ROWS.is_multiple_of(k::PACK_ROWS));
 /// Most weight rows per GEMV chunk of packed weights.
 const PACKED_GEMV_MAX_ROWS: usize = 256;
 /// Weight rows per chunk for GEMM.
-const GEMM_ROWS: usize = 64;
+pub(crate) const GEMM_ROWS: usize = 64;
 /// Activation columns per chunk for GEMM.
-const GEMM_COLS: usize = 64;
+pub(crate) const GEMM_COLS: usize = 64;
 
 /// The kernels' weight type for a MUL_MAT weight dtype, or `None` if there is no kernel for it
 /// (`supports` refuses those nodes).

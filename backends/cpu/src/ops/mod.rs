@@ -8,6 +8,7 @@ mod attn;
 mod copy;
 mod elementwise;
 mod matmul;
+mod moe;
 
 pub(crate) use matmul::weight_type;
 mod norm;
@@ -185,7 +186,10 @@ fn compute_node(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &mu
         Op::Scale { .. } | Op::Sqr | Op::Sqrt | Op::Clamp { .. } | Op::Unary(_) => {
             elementwise::map(exec, node, ith, nth, ts)
         }
-        Op::Glu { .. } => elementwise::glu(exec, node, ith, nth, ts),
+        Op::Glu { .. } | Op::SwigluOai { .. } => elementwise::glu(exec, node, ith, nth, ts),
+        Op::MulMatId => moe::mul_mat_id(exec, node, ith, nth, ts),
+        Op::AddId => moe::add_id(exec, node, ith, nth, ts),
+        Op::Argsort { .. } => moe::argsort(exec, node, ith, nth, ts),
         Op::RmsNorm { .. } | Op::Norm { .. } => norm::norm(exec, node, ith, nth, ts),
         Op::SumRows => norm::sum_rows(exec, node, ith, nth, ts),
         Op::Argmax => norm::argmax(exec, node, ith, nth, ts),
@@ -217,9 +221,11 @@ pub(crate) fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
             Support::No("FLASH_ATTN_EXT needs f16 or f32 K/V".into())
         }
         // Q8_K is an activation format (as in ggml): no weight kernel takes it.
-        OpKind::MulMat if src_dtype(0).is_some_and(|d| matmul::weight_type(d).is_none()) => {
+        k @ (OpKind::MulMat | OpKind::MulMatId)
+            if src_dtype(0).is_some_and(|d| matmul::weight_type(d).is_none()) =>
+        {
             Support::No(format!(
-                "MUL_MAT has no CPU kernel for {} weights",
+                "{k} has no CPU kernel for {} weights",
                 src_dtype(0).map_or("unknown".into(), |d| d.to_string())
             ))
         }
@@ -250,7 +256,11 @@ pub(crate) fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
         | OpKind::SoftMax
         | OpKind::Rope
         | OpKind::MulMat
-        | OpKind::FlashAttnExt => Support::Yes,
+        | OpKind::FlashAttnExt
+        | OpKind::MulMatId
+        | OpKind::AddId
+        | OpKind::Argsort
+        | OpKind::SwigluOai => Support::Yes,
         other => Support::No(format!("{other} has no CPU kernel")),
     }
 }
@@ -262,10 +272,10 @@ pub(crate) fn shared_scratch_bytes(graph: &Graph) -> usize {
         .iter()
         .map(|&n| {
             let t = &graph.tensors()[n.index()];
-            if t.op().kind() == OpKind::MulMat {
-                matmul::act_bytes(graph.tensors(), t)
-            } else {
-                0
+            match t.op().kind() {
+                OpKind::MulMat => matmul::act_bytes(graph.tensors(), t),
+                OpKind::MulMatId => moe::act_bytes(graph.tensors(), t),
+                _ => 0,
             }
         })
         .max()

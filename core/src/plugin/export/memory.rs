@@ -102,7 +102,7 @@ unsafe extern "C" fn buft_alloc_size(h: *mut c_void, tensor: *const RawTensor) -
         let raw = unsafe { tensor.as_ref() }
             .ok_or_else(|| Error::InvalidArgument("null tensor".into()))?;
         let mut alone = *raw;
-        alone.src = [crate::plugin::abi::NO_TENSOR; 4];
+        alone.src = [crate::plugin::abi::NO_TENSOR; crate::tensor::MAX_SRC];
         alone.view_src = crate::plugin::abi::NO_TENSOR;
         // SAFETY: the name is readable for the call (ABI contract).
         let t = unsafe { decode_tensor(&alone, 0, 1) }?;

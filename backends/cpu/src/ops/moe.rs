@@ -1,0 +1,277 @@
+//! Mixture-of-experts ops: MUL_MAT_ID (expert-indexed matmul), ADD_ID (per-expert biases) and
+//! ARGSORT (the router's top-k).
+//!
+//! MUL_MAT_ID groups the `(slot, token)` pairs by expert, so each expert's weights stream once
+//! per step for all the tokens routed to it (as ggml does): every thread derives the same grouping
+//! from the ids, prepares a share of the activation columns in expert order into shared scratch,
+//! and then takes (expert × row-block × column-block) chunks from a shared counter.
+
+use super::matmul::{GEMM_COLS, GEMM_ROWS, GEMV_ROWS, weight_type};
+use super::{Exec, ThreadScratch, my_rows, split_range};
+use crate::tview::TView;
+use std::sync::atomic::Ordering;
+use tessera_core::{Op, TensorDesc, TensorId};
+use tessera_kernels::cpu::{self as k, ActType};
+
+/// `(slot, token)` pairs grouped by expert: `pairs[start[e]..start[e + 1]]` route to expert `e`.
+struct Routing {
+    pairs: Vec<(usize, usize)>,
+    start: Vec<usize>,
+}
+
+/// Groups the pairs of `ids` `[n_used, T]` by expert, or names the first id outside
+/// `0..n_expert`.
+fn route(ids: &TView, n_expert: usize) -> Result<Routing, String> {
+    let (n_used, n_tok) = (ids.ne[0], ids.ne[1]);
+    let mut count = vec![0usize; n_expert + 1];
+    for t in 0..n_tok {
+        for i in 0..n_used {
+            let e = ids.get_i32([i, t, 0, 0]);
+            match usize::try_from(e).ok().filter(|&e| e < n_expert) {
+                Some(e) => count[e + 1] += 1,
+                None => {
+                    return Err(format!(
+                        "expert id {e} at slot {i} of token {t} is outside 0..{n_expert}"
+                    ));
+                }
+            }
+        }
+    }
+    for e in 0..n_expert {
+        count[e + 1] += count[e];
+    }
+    let start = count.clone();
+    let mut next = count;
+    let mut pairs = vec![(0, 0); n_used * n_tok];
+    for t in 0..n_tok {
+        for i in 0..n_used {
+            let e = ids.get_i32([i, t, 0, 0]) as usize;
+            pairs[next[e]] = (i, t);
+            next[e] += 1;
+        }
+    }
+    Ok(Routing { pairs, start })
+}
+
+/// Shared scratch bytes for the prepared activations of MUL_MAT_ID node `t`: one column per
+/// `(slot, token)` pair.
+pub(crate) fn act_bytes(tensors: &[TensorDesc], t: &TensorDesc) -> usize {
+    let (Some(a), Some(b)) = (t.src(0), t.src(1)) else {
+        return 0;
+    };
+    let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
+    let Some(wt) = weight_type(a.dtype()) else {
+        return 0;
+    };
+    k::act_row_bytes(k::act_type(wt), b.ne()[0]) * t.ne()[1] * t.ne()[2]
+}
+
+pub(crate) fn mul_mat_id(
+    exec: &Exec<'_>,
+    node: TensorId,
+    ith: usize,
+    nth: usize,
+    ts: &mut ThreadScratch,
+) {
+    let (dst, w, x, ids) = (
+        exec.view(node),
+        exec.src(node, 0),
+        exec.src(node, 1),
+        exec.src(node, 2),
+    );
+    let label = || exec.graph.label(node);
+    let Some(wt) = weight_type(w.dtype) else {
+        if ith == 0 {
+            exec.fail(format!(
+                "MUL_MAT_ID {}: no kernel for {} weights",
+                label(),
+                w.dtype
+            ));
+        }
+        return;
+    };
+    // Every thread sees the same ids, so all of them skip the barrier below together on error.
+    let routing = match route(&ids, w.ne[2]) {
+        Ok(r) => r,
+        Err(e) => {
+            if ith == 0 {
+                exec.fail(format!("MUL_MAT_ID {}: {e}", label()));
+            }
+            return;
+        }
+    };
+    let kdim = w.ne[0];
+    let act = k::act_type(wt);
+    let arb = k::act_row_bytes(act, kdim);
+    let n_b = x.ne[1];
+
+    // Phase 1: activation columns in expert order.
+    for p in split_range(routing.pairs.len(), ith, nth) {
+        let (i, t) = routing.pairs[p];
+        let (row, _, _) = ts.rows(kdim);
+        x.read_row(i % n_b, t, 0, row);
+        // SAFETY: column `p`'s range is written by this thread alone before the barrier below.
+        #[allow(unsafe_code)]
+        let out = unsafe { exec.shared.slice_mut(p * arb..(p + 1) * arb) };
+        match act {
+            ActType::F32 => {
+                for (o, v) in out.chunks_exact_mut(4).zip(row.iter()) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            ActType::Q8_0 | ActType::Q8_1 | ActType::Q8_K => k::prepare_act(act, row, out),
+        }
+    }
+    if ith == 0 {
+        exec.counter.store(0, Ordering::Relaxed);
+    }
+    exec.barrier.wait();
+
+    // Phase 2: chunks of each used expert. A decode step routes one column to most experts, so
+    // those run as GEMV chunks; prompt steps gather many columns per expert.
+    let m = dst.ne[0];
+    let n_expert = w.ne[2];
+    let shape = |cols: usize| -> (usize, usize) {
+        if cols == 1 {
+            (GEMV_ROWS, 1)
+        } else {
+            (GEMM_ROWS, GEMM_COLS)
+        }
+    };
+    // First chunk index of each expert (every thread computes the same table).
+    let mut first_chunk = Vec::with_capacity(n_expert + 1);
+    let mut total = 0usize;
+    for e in 0..n_expert {
+        first_chunk.push(total);
+        let cols = routing.start[e + 1] - routing.start[e];
+        if cols > 0 {
+            let (rp, cp) = shape(cols);
+            total += m.div_ceil(rp) * cols.div_ceil(cp);
+        }
+    }
+    first_chunk.push(total);
+    let tile = &mut ts.tile;
+    loop {
+        let chunk = exec.counter.fetch_add(1, Ordering::Relaxed);
+        if chunk >= total {
+            break;
+        }
+        let e = first_chunk.partition_point(|&c| c <= chunk) - 1;
+        let cols_e = routing.start[e + 1] - routing.start[e];
+        let (rows_per, cols_per) = shape(cols_e);
+        let col_blocks = cols_e.div_ceil(cols_per);
+        let local = chunk - first_chunk[e];
+        let (rb, cb) = (local / col_blocks, local % col_blocks);
+        let r0 = rb * rows_per;
+        let rows = rows_per.min(m - r0);
+        let c0 = cb * cols_per;
+        let cols = cols_per.min(cols_e - c0);
+        let wbytes = w.rows_raw(r0, rows, e, 0);
+        let p0 = routing.start[e] + c0;
+        let xbytes = exec.shared.slice(p0 * arb..(p0 + cols) * arb);
+        tile.clear();
+        tile.resize(rows * cols, 0.0);
+        if w.packed.is_some() {
+            // Packed planes hold whole groups of PACK_ROWS rows and chunk rows are multiples of it.
+            k::mul_mat_tile_packed(
+                k::active_isa(),
+                wt,
+                wbytes,
+                rows,
+                xbytes,
+                arb,
+                cols,
+                kdim,
+                tile,
+                rows,
+                &mut ts.bytes,
+            );
+        } else {
+            k::mul_mat_tile(
+                wt,
+                wbytes,
+                w.nb[1],
+                rows,
+                xbytes,
+                arb,
+                cols,
+                kdim,
+                tile,
+                rows,
+                &mut ts.bytes,
+            );
+        }
+        for c in 0..cols {
+            let (i, t) = routing.pairs[p0 + c];
+            dst.write_f32_at(r0, i, t, 0, &tile[c * rows..(c + 1) * rows]);
+        }
+    }
+}
+
+pub(crate) fn add_id(
+    exec: &Exec<'_>,
+    node: TensorId,
+    ith: usize,
+    nth: usize,
+    ts: &mut ThreadScratch,
+) {
+    let (dst, a, b, ids) = (
+        exec.view(node),
+        exec.src(node, 0),
+        exec.src(node, 1),
+        exec.src(node, 2),
+    );
+    let n = dst.ne[0];
+    let n_expert = b.ne[1];
+    for (i1, i2, i3) in my_rows(dst.ne, ith, nth) {
+        let e = ids.get_i32([i1, i2, 0, 0]);
+        let Some(e) = usize::try_from(e).ok().filter(|&e| e < n_expert) else {
+            exec.fail(format!(
+                "ADD_ID {}: expert id {e} at slot {i1} of token {i2} is outside 0..{n_expert}",
+                exec.graph.label(node)
+            ));
+            continue;
+        };
+        let (x, y, _) = ts.rows(n);
+        a.read_row(i1, i2, i3, x);
+        b.read_row(e, 0, 0, y);
+        x.iter_mut().zip(y.iter()).for_each(|(v, w)| *v += *w);
+        dst.write_row(i1, i2, i3, x);
+    }
+}
+
+pub(crate) fn argsort(
+    exec: &Exec<'_>,
+    node: TensorId,
+    ith: usize,
+    nth: usize,
+    ts: &mut ThreadScratch,
+) {
+    let (dst, a) = (exec.view(node), exec.src(node, 0));
+    let Op::Argsort { descending } = *exec.desc(node).op() else {
+        return;
+    };
+    let n = a.ne[0];
+    let mut order: Vec<usize> = Vec::with_capacity(n);
+    for (i1, i2, i3) in my_rows(a.ne, ith, nth) {
+        let (x, _, _) = ts.rows(n);
+        a.read_row(i1, i2, i3, x);
+        order.clear();
+        order.extend(0..n);
+        // Stable, so ties keep index order; NaNs sort last either way.
+        if descending {
+            order.sort_by(|&p, &q| {
+                x[q].partial_cmp(&x[p])
+                    .unwrap_or(x[p].is_nan().cmp(&x[q].is_nan()))
+            });
+        } else {
+            order.sort_by(|&p, &q| {
+                x[p].partial_cmp(&x[q])
+                    .unwrap_or(x[p].is_nan().cmp(&x[q].is_nan()))
+            });
+        }
+        for (j, &o) in order.iter().enumerate() {
+            dst.set_i32([j, i1, i2, i3], o as i32);
+        }
+    }
+}
