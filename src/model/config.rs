@@ -15,11 +15,35 @@ pub enum Arch {
     /// Gemma 3: QK-norm, norms after attention and feed-forward, GeGLU, embeddings scaled by
     /// √n_embd, sliding-window layers with their own RoPE base, output tied to the embedding.
     Gemma3,
+    /// Qwen3 MoE: Qwen3 with a mixture-of-experts feed-forward in every block (softmax router,
+    /// top-k weights renormalised).
+    Qwen3Moe,
+    /// gpt-oss: biases on Q/K/V/O, attention sinks, every other layer a sliding window, YaRN on
+    /// every layer, and mixture-of-experts blocks with biased experts, a biased router whose
+    /// top-k logits are softmaxed, and the clamped SwiGLU (`swiglu_oai`).
+    GptOss,
+}
+
+/// How a mixture-of-experts router turns its logits into the weights of the chosen experts
+/// (llama.cpp's `llama_expert_gating_func_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Gating {
+    /// Softmax over every expert, then the top-k probabilities (optionally renormalised).
+    Softmax,
+    /// Top-k of the raw logits, then a softmax over those k.
+    SoftmaxWeight,
 }
 
 impl Arch {
     /// Every supported architecture.
-    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
+    pub const ALL: [Arch; 6] = [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Gemma3,
+        Arch::Qwen3Moe,
+        Arch::GptOss,
+    ];
 
     /// The GGUF `general.architecture` name.
     pub fn name(self) -> &'static str {
@@ -28,6 +52,8 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -49,23 +75,41 @@ impl Arch {
     pub fn rope_mode(self) -> crate::RopeMode {
         match self {
             Arch::Llama => crate::RopeMode::Normal,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => crate::RopeMode::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::GptOss => {
+                crate::RopeMode::Neox
+            }
         }
     }
 
     /// Q/K/V projections carry biases.
     pub fn attn_bias(self) -> bool {
         match self {
-            Arch::Qwen2 => true,
-            Arch::Llama | Arch::Qwen3 | Arch::Gemma3 => false,
+            Arch::Qwen2 | Arch::GptOss => true,
+            Arch::Llama | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => false,
+        }
+    }
+
+    /// The attention output projection carries a bias.
+    pub fn attn_out_bias(self) -> bool {
+        match self {
+            Arch::GptOss => true,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => false,
+        }
+    }
+
+    /// Every head has an attention sink (`attn_sinks.weight`).
+    pub fn attn_sinks(self) -> bool {
+        match self {
+            Arch::GptOss => true,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => false,
         }
     }
 
     /// Q and K are RMS-normed per head before RoPE.
     pub fn qk_norm(self) -> bool {
         match self {
-            Arch::Qwen3 | Arch::Gemma3 => true,
-            Arch::Llama | Arch::Qwen2 => false,
+            Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => true,
+            Arch::Llama | Arch::Qwen2 | Arch::GptOss => false,
         }
     }
 
@@ -73,7 +117,7 @@ impl Arch {
     pub fn post_norms(self) -> bool {
         match self {
             Arch::Gemma3 => true,
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => false,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss => false,
         }
     }
 
@@ -81,7 +125,7 @@ impl Arch {
     pub fn scales_embeddings(self) -> bool {
         match self {
             Arch::Gemma3 => true,
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => false,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss => false,
         }
     }
 
@@ -91,7 +135,68 @@ impl Arch {
     pub fn default_swa_period(self) -> usize {
         match self {
             Arch::Gemma3 => 6,
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => 0,
+            Arch::GptOss => 2,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => 0,
+        }
+    }
+
+    /// Sliding-window layers rotate with the global layers' scaling (YaRN or linear) too:
+    /// gpt-oss sets `rope_freq_scale_train_swa` to the global value, Gemma 3 leaves them unscaled.
+    pub fn scales_swa_rope(self) -> bool {
+        match self {
+            Arch::GptOss => true,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => false,
+        }
+    }
+
+    /// The file's feed-forward blocks are mixtures of experts whatever `expert_count` says
+    /// (llama can be either: Mixtral is `llama` with experts).
+    pub fn requires_experts(self) -> bool {
+        match self {
+            Arch::Qwen3Moe | Arch::GptOss => true,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => false,
+        }
+    }
+
+    /// Mixture-of-experts blocks are possible at all.
+    pub fn allows_experts(self) -> bool {
+        match self {
+            Arch::Llama | Arch::Qwen3Moe | Arch::GptOss => true,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => false,
+        }
+    }
+
+    /// The router's gating function.
+    pub fn gating(self) -> Gating {
+        match self {
+            Arch::GptOss => Gating::SoftmaxWeight,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => {
+                Gating::Softmax
+            }
+        }
+    }
+
+    /// The chosen experts' weights are renormalised to sum to 1 (llama.cpp's `norm_w`).
+    pub fn normalises_expert_weights(self) -> bool {
+        match self {
+            Arch::Llama | Arch::Qwen3Moe => true,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::GptOss => false,
+        }
+    }
+
+    /// The router and every expert carry biases (`ffn_gate_inp.bias`, `ffn_*_exps.bias`).
+    pub fn expert_biases(self) -> bool {
+        match self {
+            Arch::GptOss => true,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => false,
+        }
+    }
+
+    /// The GGUF name of the norm before the feed-forward block (`blk.{i}.NAME.weight`).
+    pub fn ffn_norm_name(self) -> &'static str {
+        match self {
+            Arch::GptOss => "post_attention_norm",
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => "ffn_norm",
         }
     }
 
@@ -100,7 +205,7 @@ impl Arch {
     pub fn uses_rope_freqs(self) -> bool {
         match self {
             Arch::Llama => true,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => false,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::GptOss => false,
         }
     }
 
@@ -108,7 +213,7 @@ impl Arch {
     pub fn reads_logit_softcap(self) -> bool {
         match self {
             Arch::Gemma3 => true,
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => false,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss => false,
         }
     }
 
@@ -117,7 +222,7 @@ impl Arch {
     pub fn rotates_whole_head(self) -> bool {
         match self {
             Arch::Llama => true,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => false,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::GptOss => false,
         }
     }
 
@@ -125,7 +230,9 @@ impl Arch {
     pub fn glu(self) -> crate::GluOp {
         match self {
             Arch::Gemma3 => crate::GluOp::Geglu,
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => crate::GluOp::Swiglu,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss => {
+                crate::GluOp::Swiglu
+            }
         }
     }
 }
@@ -184,6 +291,12 @@ pub struct LlamaConfig {
     /// trained context the factor extends (`rope.scaling.original_context_length`); 0 without
     /// YaRN. With it, [`LlamaConfig::rope_freq_scale`] is `1 / factor`.
     pub yarn_orig_ctx: usize,
+    /// Experts per mixture-of-experts block (`{arch}.expert_count`); 0: dense feed-forward.
+    pub n_expert: usize,
+    /// Experts each token is routed to (`{arch}.expert_used_count`).
+    pub n_expert_used: usize,
+    /// Hidden size of one expert (`{arch}.expert_feed_forward_length`; llama: `n_ff`).
+    pub n_ff_exp: usize,
 }
 
 impl LlamaConfig {
@@ -214,6 +327,9 @@ impl LlamaConfig {
             logit_softcap: 0.0,
             rope_freqs: false,
             yarn_orig_ctx: 0,
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_exp: 0,
         }
     }
 
@@ -242,6 +358,9 @@ impl LlamaConfig {
             logit_softcap: 0.0,
             rope_freqs: false,
             yarn_orig_ctx: 0,
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_exp: 0,
         }
     }
 
@@ -262,6 +381,28 @@ impl LlamaConfig {
         c
     }
 
+    /// Whether the feed-forward blocks are mixtures of experts.
+    pub fn is_moe(&self) -> bool {
+        self.n_expert > 0
+    }
+
+    /// [`LlamaConfig::tiny`] as a mixture of `n_expert` experts of which `n_used` are active,
+    /// each of hidden size `n_ff_exp`, shaped as `arch` (llama: Mixtral's layout).
+    pub fn tiny_moe(arch: Arch, n_expert: usize, n_used: usize, n_ff_exp: usize) -> LlamaConfig {
+        let mut c = LlamaConfig::tiny_arch(arch);
+        c.n_expert = n_expert;
+        c.n_expert_used = n_used;
+        c.n_ff_exp = n_ff_exp;
+        if arch == Arch::Llama {
+            c.n_ff = n_ff_exp;
+        }
+        if arch == Arch::GptOss {
+            c.n_swa = 4;
+            c.swa_period = 2;
+        }
+        c
+    }
+
     /// Whether layer `il` attends through a sliding window.
     pub fn is_swa(&self, il: usize) -> bool {
         self.n_swa > 0 && (self.swa_period == 0 || !(il + 1).is_multiple_of(self.swa_period))
@@ -272,7 +413,12 @@ impl LlamaConfig {
     pub fn kq_scale(&self) -> f32 {
         let d = match self.arch {
             Arch::Gemma3 if self.n_layer == 62 => self.n_embd / self.n_head,
-            Arch::Gemma3 | Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => self.head_dim,
+            Arch::Gemma3
+            | Arch::Llama
+            | Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Qwen3Moe
+            | Arch::GptOss => self.head_dim,
         };
         1.0 / (d as f32).sqrt()
     }
@@ -329,11 +475,25 @@ impl LlamaConfig {
     pub fn param_count(&self) -> usize {
         let (e, q, kv, ff) = (self.n_embd, self.n_embd_q(), self.n_embd_kv(), self.n_ff);
         let a = self.arch;
+        let ffn = if self.is_moe() {
+            let (n, f) = (self.n_expert, self.n_ff_exp);
+            e * n
+                + 3 * e * f * n
+                + if a.expert_biases() {
+                    n + (2 * f + e) * n
+                } else {
+                    0
+                }
+        } else {
+            3 * e * ff
+        };
         let per_layer = 2 * e
             + 2 * e * q
             + 2 * e * kv
-            + 3 * e * ff
+            + ffn
             + if a.attn_bias() { q + 2 * kv } else { 0 }
+            + if a.attn_out_bias() { e } else { 0 }
+            + if a.attn_sinks() { self.n_head } else { 0 }
             + if a.qk_norm() { 2 * self.head_dim } else { 0 }
             + if a.post_norms() { 2 * e } else { 0 };
         let embeddings = if self.tied_output { 1 } else { 2 };
@@ -441,6 +601,46 @@ impl LlamaConfig {
         }
         if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0) {
             return bad(format!("norm_eps {} must be ≥ 0", self.norm_eps));
+        }
+        if self.arch.scales_swa_rope()
+            && self.yarn_orig_ctx > 0
+            && self.n_swa > 0
+            && self.rope_base_swa != self.rope_base
+        {
+            // YaRN's ramp depends on the base; the divisors are built once, for the global one.
+            return bad(format!(
+                "YaRN with a local RoPE base {} other than the global {} is not supported",
+                self.rope_base_swa, self.rope_base
+            ));
+        }
+        if self.arch.requires_experts() && !self.is_moe() {
+            return bad(format!(
+                "{} needs experts (expert_count > 0)",
+                self.arch.name()
+            ));
+        }
+        if self.is_moe() {
+            if !self.arch.allows_experts() {
+                return bad(format!(
+                    "{} has no mixture-of-experts blocks",
+                    self.arch.name()
+                ));
+            }
+            if self.n_expert_used == 0 || self.n_expert_used > self.n_expert {
+                return bad(format!(
+                    "expert_used_count {} must be in 1..={} (expert_count)",
+                    self.n_expert_used, self.n_expert
+                ));
+            }
+            if self.n_ff_exp == 0 || !self.n_ff_exp.is_multiple_of(bs) {
+                return bad(format!(
+                    "expert feed-forward length {} must be a positive multiple of {}'s block size {bs}",
+                    self.n_ff_exp, self.weight_dtype
+                ));
+            }
+            if self.n_expert > i32::MAX as usize {
+                return bad("expert_count must fit in i32".into());
+            }
         }
         if i32::try_from(self.n_ctx).is_err() || i32::try_from(self.n_vocab).is_err() {
             return bad("n_ctx and n_vocab must fit in i32".into());

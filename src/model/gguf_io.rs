@@ -124,6 +124,22 @@ impl LlamaModel {
         if c.logit_softcap > 0.0 {
             w.set(&format!("{arch}.final_logit_softcapping"), c.logit_softcap)?;
         }
+        if c.is_moe() {
+            w.set(
+                &format!("{arch}.expert_count"),
+                u32_of("n_expert", c.n_expert)?,
+            )?;
+            w.set(
+                &format!("{arch}.expert_used_count"),
+                u32_of("n_expert_used", c.n_expert_used)?,
+            )?;
+            if c.arch != Arch::Llama {
+                w.set(
+                    &format!("{arch}.expert_feed_forward_length"),
+                    u32_of("n_ff_exp", c.n_ff_exp)?,
+                )?;
+            }
+        }
         let (tokens, scores, types) = synthetic_vocab(c.n_vocab);
         w.set(KEY_MODEL, "llama")?;
         w.set(KEY_TOKENS, tokens)?;
@@ -251,6 +267,33 @@ impl LlamaConfig {
             }
             _ => (0, 0),
         };
+        let n_expert = match md.get(&key("expert_count")) {
+            Some(_) => md.get_usize(&key("expert_count"))?,
+            None => 0,
+        };
+        let n_ff = md.get_usize(&key("feed_forward_length")).or_else(|e| {
+            // MoE-only architectures may omit the dense width.
+            if arch.requires_experts() {
+                Ok(0)
+            } else {
+                Err(e)
+            }
+        })?;
+        let (n_expert_used, n_ff_exp) = if n_expert > 0 {
+            let used = md.get_usize(&key("expert_used_count"))?;
+            // llama (Mixtral) experts are n_ff wide; the others say so, or (qwen3moe, as
+            // llama.cpp) default to n_ff / n_expert_used.
+            let ff_exp = match md.get(&key("expert_feed_forward_length")) {
+                Some(_) if arch != Arch::Llama => {
+                    md.get_usize(&key("expert_feed_forward_length"))?
+                }
+                _ if arch == Arch::Llama => n_ff,
+                _ => n_ff.checked_div(used).unwrap_or(0),
+            };
+            (used, ff_exp)
+        } else {
+            (0, 0)
+        };
         let rope_freqs = file.tensor_info("rope_freqs.weight").is_ok();
         if rope_freqs && !arch.uses_rope_freqs() {
             return Err(Error::InvalidArgument(format!(
@@ -265,7 +308,11 @@ impl LlamaConfig {
             n_head,
             n_head_kv,
             head_dim,
-            n_ff: md.get_usize(&key("feed_forward_length"))?,
+            n_ff: if n_expert > 0 && n_ff == 0 {
+                n_ff_exp
+            } else {
+                n_ff
+            },
             n_ctx: n_ctx_train,
             rope_base,
             norm_eps: md.get_float(&key("attention.layer_norm_rms_epsilon"))?,
@@ -273,7 +320,15 @@ impl LlamaConfig {
             arch,
             n_swa,
             swa_period,
-            rope_base_swa: float_or("rope.freq_base_swa", 10000.0)?,
+            // gpt-oss's local layers share the global base unless the file says otherwise.
+            rope_base_swa: float_or(
+                "rope.freq_base_swa",
+                if arch.scales_swa_rope() {
+                    rope_base
+                } else {
+                    10000.0
+                },
+            )?,
             tied_output: file.tensor_info("output.weight").is_err(),
             n_rot,
             rope_freq_scale,
@@ -285,6 +340,9 @@ impl LlamaConfig {
             },
             rope_freqs,
             yarn_orig_ctx,
+            n_expert,
+            n_expert_used,
+            n_ff_exp,
         };
         let mut check = config.clone();
         check.weight_dtype = crate::DType::F32;

@@ -91,9 +91,11 @@ impl LlamaModel {
             // llama.cpp never scales the positions of sliding-window layers. YaRN scales the
             // global ones through per-pair divisors (times any file factors) and a magnitude
             // scale on Q and K, folded into the attention scale.
-            let (rope, factors, layer_kq_scale) = if swa {
+            // gpt-oss scales its local layers like the global ones (with their own base).
+            let base = if swa { c.rope_base_swa } else { c.rope_base };
+            let (rope, factors, layer_kq_scale) = if swa && !c.arch.scales_swa_rope() {
                 let rope = RopeParams {
-                    freq_base: c.rope_base_swa,
+                    freq_base: base,
                     freq_scale: 1.0,
                     ..rope
                 };
@@ -101,11 +103,16 @@ impl LlamaModel {
             } else if let Some(f) = yarn_factors {
                 let m = c.yarn_mscale();
                 let rope = RopeParams {
+                    freq_base: base,
                     freq_scale: 1.0,
                     ..rope
                 };
                 (rope, Some(f), kq_scale * m * m)
             } else {
+                let rope = RopeParams {
+                    freq_base: base,
+                    ..rope
+                };
                 (rope, self.rope_freqs(), kq_scale)
             };
             let x = ctx.rms_norm(h, eps)?;
@@ -154,8 +161,14 @@ impl LlamaModel {
                 0.0,
                 0.0,
             )?;
+            if let Some(sinks) = l.sinks {
+                ctx.flash_attn_ext_add_sinks(attn, sinks)?;
+            }
             let attn = ctx.reshape(attn, [hd * nh, t])?;
             let mut o = ctx.mul_mat(l.wo, attn)?;
+            if let Some(b) = l.bias_o {
+                o = ctx.add(o, b)?;
+            }
             ctx.set_name(o, format!("attn_out.{il}"))?;
             if let Some([post_attn, _]) = l.post_norms {
                 o = ctx.rms_norm(o, eps)?;
@@ -165,10 +178,14 @@ impl LlamaModel {
 
             let x = ctx.rms_norm(h, eps)?;
             let x = ctx.mul(x, l.ffn_norm)?;
-            let gate = ctx.mul_mat(l.ffn_gate, x)?;
-            let up = ctx.mul_mat(l.ffn_up, x)?;
-            let act = ctx.glu_split(gate, up, c.arch.glu())?;
-            let mut down = ctx.mul_mat(l.ffn_down, act)?;
+            let mut down = if l.moe.is_some() {
+                super::moe::moe_ffn(ctx, c, l, x, il)?
+            } else {
+                let gate = ctx.mul_mat(l.ffn_gate, x)?;
+                let up = ctx.mul_mat(l.ffn_up, x)?;
+                let act = ctx.glu_split(gate, up, c.arch.glu())?;
+                ctx.mul_mat(l.ffn_down, act)?
+            };
             if let Some([_, post_ffn]) = l.post_norms {
                 down = ctx.rms_norm(down, eps)?;
                 down = ctx.mul(down, post_ffn)?;

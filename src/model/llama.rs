@@ -56,12 +56,20 @@ pub struct LayerTensors {
     pub wo: TensorId,
     /// `blk.{i}.ffn_norm.weight` F32 `[n_embd]`.
     pub ffn_norm: TensorId,
-    /// `blk.{i}.ffn_gate.weight` `[n_embd, n_ff]`.
+    /// `blk.{i}.ffn_gate.weight` `[n_embd, n_ff]`, or in a mixture-of-experts block the stack
+    /// `ffn_gate_exps.weight` `[n_embd, n_ff_exp, n_expert]`.
     pub ffn_gate: TensorId,
-    /// `blk.{i}.ffn_up.weight` `[n_embd, n_ff]`.
+    /// `blk.{i}.ffn_up.weight` `[n_embd, n_ff]` (MoE: `ffn_up_exps.weight`).
     pub ffn_up: TensorId,
-    /// `blk.{i}.ffn_down.weight` `[n_ff, n_embd]`.
+    /// `blk.{i}.ffn_down.weight` `[n_ff, n_embd]` (MoE: `ffn_down_exps.weight`
+    /// `[n_ff_exp, n_embd, n_expert]`).
     pub ffn_down: TensorId,
+    /// The router and expert biases of a mixture-of-experts block.
+    pub moe: Option<MoeTensors>,
+    /// `blk.{i}.attn_output.bias` F32 `[n_embd]` (gpt-oss).
+    pub bias_o: Option<TensorId>,
+    /// `blk.{i}.attn_sinks.weight` F32 `[n_head]` (gpt-oss).
+    pub sinks: Option<TensorId>,
     /// `blk.{i}.attn_q.bias`, `attn_k.bias`, `attn_v.bias` F32 (Qwen2).
     pub bias_qkv: Option<[TensorId; 3]>,
     /// `blk.{i}.attn_q_norm.weight`, `attn_k_norm.weight` F32 `[head_dim]` (QK-norm).
@@ -72,6 +80,18 @@ pub struct LayerTensors {
     pub cache_k: TensorId,
     /// `cache_v.{i}` F16 `[n_head_kv·head_dim, n_ctx]`.
     pub cache_v: TensorId,
+}
+
+/// The router of a mixture-of-experts block and its experts' biases.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeTensors {
+    /// `blk.{i}.ffn_gate_inp.weight` F32 `[n_embd, n_expert]`: the router.
+    pub gate_inp: TensorId,
+    /// `blk.{i}.ffn_gate_inp.bias` F32 `[n_expert]` (gpt-oss).
+    pub gate_inp_b: Option<TensorId>,
+    /// `blk.{i}.ffn_gate_exps.bias`, `ffn_up_exps.bias` F32 `[n_ff_exp, n_expert]` and
+    /// `ffn_down_exps.bias` F32 `[n_embd, n_expert]` (gpt-oss).
+    pub exps_b: Option<[TensorId; 3]>,
 }
 
 /// Which positions of a step produce logits.
@@ -211,7 +231,7 @@ impl LlamaModel {
         let mut param = |ctx: &mut Context,
                          name: String,
                          dtype: DType,
-                         shape: [usize; 2],
+                         shape: [usize; 3],
                          init: Init,
                          place: Placement|
          -> Result<TensorId> {
@@ -224,7 +244,7 @@ impl LlamaModel {
                             src.label()
                         ))
                     })?;
-                    if ne != [shape[0], shape[1], 1, 1] {
+                    if ne != [shape[0], shape[1], shape[2], 1] {
                         return Err(Error::InvalidArgument(format!(
                             "{}: tensor '{name}' has shape {ne:?}, the model expects {shape:?}",
                             src.label()
@@ -251,28 +271,124 @@ impl LlamaModel {
             &mut ctx,
             "token_embd.weight".into(),
             DType::F32,
-            [e, c.n_vocab],
+            [e, c.n_vocab, 1],
             Init::Uniform(1.0),
             Placement::Input,
         )?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let p = Placement::Layer(i);
-            let mut w = |ctx: &mut Context, what: &str, dtype, shape, init| {
-                param(ctx, format!("blk.{i}.{what}.weight"), dtype, shape, init, p)
+            let mut w = |ctx: &mut Context, what: &str, dtype, [a, b]: [usize; 2], init| {
+                param(
+                    ctx,
+                    format!("blk.{i}.{what}.weight"),
+                    dtype,
+                    [a, b, 1],
+                    init,
+                    p,
+                )
             };
             let attn_norm = w(&mut ctx, "attn_norm", DType::F32, [e, 1], Init::Norm)?;
             let wq = w(&mut ctx, "attn_q", wt, [e, q], proj(e))?;
             let wk = w(&mut ctx, "attn_k", wt, [e, kv], proj(e))?;
             let wv = w(&mut ctx, "attn_v", wt, [e, kv], proj(e))?;
             let wo = w(&mut ctx, "attn_output", wt, [q, e], proj(q))?;
-            let ffn_norm = w(&mut ctx, "ffn_norm", DType::F32, [e, 1], Init::Norm)?;
-            let ffn_gate = w(&mut ctx, "ffn_gate", wt, [e, ff], proj(e))?;
-            let ffn_up = w(&mut ctx, "ffn_up", wt, [e, ff], proj(e))?;
-            let ffn_down = w(&mut ctx, "ffn_down", wt, [ff, e], proj(ff))?;
+            let ffn_norm = w(
+                &mut ctx,
+                c.arch.ffn_norm_name(),
+                DType::F32,
+                [e, 1],
+                Init::Norm,
+            )?;
+            let (ffn_gate, ffn_up, ffn_down, moe) = if c.is_moe() {
+                let (n, f) = (c.n_expert, c.n_ff_exp);
+                let mut exps = |ctx: &mut Context, what: &str, shape, init| {
+                    param(ctx, format!("blk.{i}.{what}.weight"), wt, shape, init, p)
+                };
+                let gate = exps(&mut ctx, "ffn_gate_exps", [e, f, n], proj(e))?;
+                let up = exps(&mut ctx, "ffn_up_exps", [e, f, n], proj(e))?;
+                let down = exps(&mut ctx, "ffn_down_exps", [f, e, n], proj(f))?;
+                // The router in F32 (as converted files keep it), drawn wide enough that each
+                // token prefers other experts.
+                let gate_inp = param(
+                    &mut ctx,
+                    format!("blk.{i}.ffn_gate_inp.weight"),
+                    DType::F32,
+                    [e, n, 1],
+                    Init::Uniform((12.0 / e as f32).sqrt()),
+                    p,
+                )?;
+                let mut bias = |ctx: &mut Context, what: &str, shape, a: f32| {
+                    param(
+                        ctx,
+                        format!("blk.{i}.{what}.bias"),
+                        DType::F32,
+                        shape,
+                        Init::Uniform(a),
+                        p,
+                    )
+                };
+                let (gate_inp_b, exps_b) = if c.arch.expert_biases() {
+                    (
+                        Some(bias(&mut ctx, "ffn_gate_inp", [n, 1, 1], 0.5)?),
+                        Some([
+                            bias(&mut ctx, "ffn_gate_exps", [f, n, 1], 0.1)?,
+                            bias(&mut ctx, "ffn_up_exps", [f, n, 1], 0.1)?,
+                            bias(&mut ctx, "ffn_down_exps", [e, n, 1], 0.1)?,
+                        ]),
+                    )
+                } else {
+                    (None, None)
+                };
+                let moe = MoeTensors {
+                    gate_inp,
+                    gate_inp_b,
+                    exps_b,
+                };
+                (gate, up, down, Some(moe))
+            } else {
+                let mut w = |ctx: &mut Context, what: &str, dtype, [a, b]: [usize; 2], init| {
+                    param(
+                        ctx,
+                        format!("blk.{i}.{what}.weight"),
+                        dtype,
+                        [a, b, 1],
+                        init,
+                        p,
+                    )
+                };
+                (
+                    w(&mut ctx, "ffn_gate", wt, [e, ff], proj(e))?,
+                    w(&mut ctx, "ffn_up", wt, [e, ff], proj(e))?,
+                    w(&mut ctx, "ffn_down", wt, [ff, e], proj(ff))?,
+                    None,
+                )
+            };
             let hd = c.head_dim;
             let mut named = |ctx: &mut Context, name: &str, n: usize, init| {
-                param(ctx, format!("blk.{i}.{name}"), DType::F32, [n, 1], init, p)
+                param(
+                    ctx,
+                    format!("blk.{i}.{name}"),
+                    DType::F32,
+                    [n, 1, 1],
+                    init,
+                    p,
+                )
+            };
+            let bias_o = if c.arch.attn_out_bias() {
+                Some(named(&mut ctx, "attn_output.bias", e, Init::Uniform(0.1))?)
+            } else {
+                None
+            };
+            let sinks = if c.arch.attn_sinks() {
+                Some(named(
+                    &mut ctx,
+                    "attn_sinks.weight",
+                    c.n_head,
+                    Init::Uniform(2.0),
+                )?)
+            } else {
+                None
             };
             let bias_qkv = if c.arch.attn_bias() {
                 Some([
@@ -303,7 +419,7 @@ impl LlamaModel {
                 &mut ctx,
                 format!("cache_k.{i}"),
                 DType::F16,
-                [kv, c.n_ctx],
+                [kv, c.n_ctx, 1],
                 Init::Zero,
                 p,
             )?;
@@ -311,7 +427,7 @@ impl LlamaModel {
                 &mut ctx,
                 format!("cache_v.{i}"),
                 DType::F16,
-                [kv, c.n_ctx],
+                [kv, c.n_ctx, 1],
                 Init::Zero,
                 p,
             )?;
@@ -325,6 +441,9 @@ impl LlamaModel {
                 ffn_gate,
                 ffn_up,
                 ffn_down,
+                moe,
+                bias_o,
+                sinks,
                 bias_qkv,
                 qk_norm,
                 post_norms,
@@ -339,7 +458,7 @@ impl LlamaModel {
                     ctx,
                     name.into(),
                     DType::F32,
-                    [c.n_rot / 2, 1],
+                    [c.n_rot / 2, 1, 1],
                     init,
                     Placement::Input,
                 )
@@ -362,7 +481,7 @@ impl LlamaModel {
             &mut ctx,
             "output_norm.weight".into(),
             DType::F32,
-            [e, 1],
+            [e, 1, 1],
             Init::Norm,
             Placement::Output,
         )?;
@@ -373,7 +492,7 @@ impl LlamaModel {
                 &mut ctx,
                 "output.weight".into(),
                 wt,
-                [e, c.n_vocab],
+                [e, c.n_vocab, 1],
                 proj(e),
                 Placement::Output,
             )?

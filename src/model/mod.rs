@@ -25,6 +25,7 @@ mod config;
 mod gguf_io;
 mod graph;
 mod llama;
+mod moe;
 pub mod reference;
 mod session;
 #[cfg(all(test, feature = "cpu"))]
@@ -43,9 +44,11 @@ pub mod tokenizer;
 mod tp;
 mod weights;
 
-pub use config::{Arch, LlamaConfig};
+pub use config::{Arch, Gating, LlamaConfig};
 pub use gguf_io::{ARCHITECTURE, llama_keys, synthetic_vocab};
-pub use llama::{KV_PAD, LayerTensors, LlamaModel, Outputs, Placement, Step, WeightSource};
+pub use llama::{
+    KV_PAD, LayerTensors, LlamaModel, MoeTensors, Outputs, Placement, Step, WeightSource,
+};
 pub use session::LlamaSession;
 pub use tokenizer::{Token, Tokenizer, TokenizerError};
 pub use tp::TpSession;

@@ -215,8 +215,8 @@ impl CpuBackend {
     }
 }
 
-/// A weight stored packed may be read only by kernels that know the layout: MUL_MAT and
-/// GET_ROWS as their first operand. Anything else (a view, a copy, another op, a write) would
+/// A weight stored packed may be read only by kernels that know the layout: MUL_MAT, MUL_MAT_ID
+/// and GET_ROWS as their first operand. Anything else (a view, a copy, another op, a write) would
 /// misread it, so the graph is refused with the tensor and op named.
 fn check_packed_reads(graph: &Graph, id: tessera_core::TensorId, whole: bool) -> Result<()> {
     let tensors = graph.tensors();
@@ -238,7 +238,9 @@ fn check_packed_reads(graph: &Graph, id: tessera_core::TensorId, whole: bool) ->
             let ok = i == 0
                 && matches!(
                     kind,
-                    tessera_core::OpKind::MulMat | tessera_core::OpKind::GetRows
+                    tessera_core::OpKind::MulMat
+                        | tessera_core::OpKind::MulMatId
+                        | tessera_core::OpKind::GetRows
                 );
             if s == id && !ok {
                 return refuse(format!("which {} {} cannot read", kind, graph.label(n)));
