@@ -50,7 +50,8 @@ enum Command {
         /// Output path.
         #[arg(short = 'o', long)]
         out: std::path::PathBuf,
-        /// Architecture: llama, qwen2, qwen3 or gemma3.
+        /// Architecture: llama, qwen2, qwen3, gemma3, qwen3moe or gpt-oss (the MoE ones get 8
+        /// experts, 2 used, with a dense preset).
         #[arg(long, default_value = "llama")]
         arch: String,
         /// Size preset.
@@ -172,13 +173,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     tessera::model::Arch::supported_names()
                 )
             })?;
-            let base = match model {
-                cli::bench::ModelPreset::Synthetic100m => {
-                    tessera::model::LlamaConfig::synthetic_100m()
-                }
-                cli::bench::ModelPreset::Tiny => tessera::model::LlamaConfig::tiny(),
-            };
+            let base = model.config();
             let mut config = tessera::model::LlamaConfig { arch, ..base };
+            if arch.requires_experts() && !config.is_moe() {
+                // The dense presets as 8 experts of the dense width, 2 used.
+                config.n_expert = 8;
+                config.n_expert_used = 2;
+                config.n_ff_exp = config.n_ff;
+            }
+            if config.is_moe() && !arch.allows_experts() {
+                anyhow::bail!("{} has no mixture-of-experts blocks", arch.name());
+            }
+            if arch == tessera::model::Arch::GptOss {
+                let g = tessera::model::LlamaConfig::tiny_moe(arch, 8, 2, 64);
+                config.n_swa = g.n_swa;
+                config.swa_period = g.swa_period;
+                config.rope_base_swa = config.rope_base;
+            }
             if arch == tessera::model::Arch::Gemma3 {
                 let g = tessera::model::LlamaConfig::tiny_arch(arch);
                 config.n_swa = g.n_swa;

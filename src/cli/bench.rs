@@ -101,8 +101,23 @@ pub enum ModelPreset {
     /// About 100M parameters, Q8_0 weights (`LlamaConfig::synthetic_100m`).
     #[value(name = "synthetic-100m")]
     Synthetic100m,
+    /// A Mixtral-layout mixture of experts (`LlamaConfig::synthetic_moe`): the 100M model's
+    /// attention with 8 experts of 512 per block, 2 used per token; Q8_0, 181M parameters.
+    #[value(name = "synthetic-moe")]
+    SyntheticMoe,
     /// The 0.1M-parameter test model (`LlamaConfig::tiny`).
     Tiny,
+}
+
+impl ModelPreset {
+    /// The preset's hyper-parameters.
+    pub fn config(self) -> LlamaConfig {
+        match self {
+            ModelPreset::Synthetic100m => LlamaConfig::synthetic_100m(),
+            ModelPreset::SyntheticMoe => LlamaConfig::synthetic_moe(),
+            ModelPreset::Tiny => LlamaConfig::tiny(),
+        }
+    }
 }
 
 /// Arguments of `tessera bench`.
@@ -139,7 +154,8 @@ pub struct BenchArgs {
         default_value = "synthetic-100m"
     )]
     pub model: ModelPreset,
-    /// A GGUF model file (llama, qwen2, qwen3, gemma3) instead of the synthetic model.
+    /// A GGUF model file (llama, qwen2, qwen3, gemma3, qwen3moe, gpt-oss) instead of the
+    /// synthetic model.
     #[arg(short = 'm', long = "model-file")]
     pub model_file: Option<std::path::PathBuf>,
 }
@@ -444,10 +460,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             LlamaModel::from_gguf(file, Some(n_ctx))?
         }
         None => {
-            let config = match args.model {
-                ModelPreset::Synthetic100m => LlamaConfig::synthetic_100m(),
-                ModelPreset::Tiny => LlamaConfig::tiny(),
-            };
+            let config = args.model.config();
             for (flag, n) in [("-p", args.n_prompt), ("-n", args.n_gen)] {
                 if n > config.n_ctx {
                     anyhow::bail!("{flag} {n} exceeds the model's context of {}", config.n_ctx);
@@ -487,6 +500,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "synthetic-llama {} {:?}",
             match args.model {
                 ModelPreset::Synthetic100m => "100M",
+                ModelPreset::SyntheticMoe => "8x2 MoE",
                 ModelPreset::Tiny => "tiny",
             },
             c.weight_dtype

@@ -54,6 +54,39 @@ fn cases(k: usize) -> Vec<BenchCase> {
             });
         }
     }
+    // MUL_MAT_ID at test-backend-ops' qwen3-30b-a3b shape: 128 experts of 768 rows, 8 used per
+    // token, each slot with its own activation column. The weight traffic counts the experts a
+    // step can touch.
+    let (n_mats, n_used, m_exp, k_exp) = (128usize, 8usize, 768usize, 2048usize);
+    for dtype in [
+        DType::F16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ] {
+        let Some(row) = dtype.row_size(k_exp) else {
+            continue;
+        };
+        for n in [1usize, 32, 512] {
+            let touched = n_mats.min(n_used * n);
+            v.push(BenchCase {
+                op: "MUL_MAT_ID",
+                label: format!(
+                    "MUL_MAT_ID(type_a={dtype},n_mats={n_mats},n_used={n_used},m={m_exp},n={n},k={k_exp})"
+                ),
+                build: Box::new(move |c| {
+                    let w = c.new_tensor(dtype, [k_exp, m_exp, n_mats])?;
+                    let x = c.new_tensor(DType::F32, [k_exp, n_used, n])?;
+                    let ids = c.new_tensor(DType::I32, [n_used, n])?;
+                    c.mul_mat_id(w, x, ids)
+                }),
+                flops: 2.0 * (m_exp * k_exp * n_used * n) as f64,
+                bytes: (row * m_exp * touched) as f64
+                    + (4 * k_exp * n_used * n + 4 * m_exp * n_used * n) as f64,
+            });
+        }
+    }
     let (ne0, rows) = (4096usize, 512usize);
     v.push(BenchCase {
         op: "RMS_NORM",
@@ -138,13 +171,16 @@ fn time_case(
 ) -> anyhow::Result<(usize, f64)> {
     let mut ctx = Context::new();
     let out = (case.build)(&mut ctx)?;
-    // MUL_MAT's weights live where a model's do: in the device's weight memory (the CPU's
+    // MUL_MAT('s and MUL_MAT_ID's) weights live where a model's do: in the device's weight memory (the CPU's
     // repacked layout), the rest in its plain memory.
     let weights: Vec<_> = ctx
         .build_forward(out)?
         .nodes()
         .iter()
-        .filter(|&&n| ctx.tensor(n).is_ok_and(|t| t.op().kind() == OpKind::MulMat))
+        .filter(|&&n| {
+            ctx.tensor(n)
+                .is_ok_and(|t| matches!(t.op().kind(), OpKind::MulMat | OpKind::MulMatId))
+        })
         .filter_map(|&n| ctx.tensor(n).ok().and_then(|t| t.src(0)))
         .collect();
     for (i, &w) in weights.iter().enumerate() {

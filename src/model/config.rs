@@ -333,6 +333,18 @@ impl LlamaConfig {
         }
     }
 
+    /// [`LlamaConfig::synthetic_100m`] with Mixtral's layout: every feed-forward block a mixture
+    /// of 8 experts of width 512, 2 used per token (181M parameters, 96M active).
+    pub fn synthetic_moe() -> LlamaConfig {
+        LlamaConfig {
+            n_ff: 512,
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_exp: 512,
+            ..LlamaConfig::synthetic_100m()
+        }
+    }
+
     /// A tiny model for tests: vocabulary 256, width 64, 2 layers of 4 query / 2 KV heads of 16,
     /// feed-forward 128, context 64, Q8_0 weights.
     pub fn tiny() -> LlamaConfig {
@@ -652,6 +664,23 @@ impl LlamaConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn moe_preset_is_valid_and_sized() {
+        let c = LlamaConfig::synthetic_moe();
+        c.validate().unwrap();
+        let p = c.param_count();
+        assert!((170_000_000..190_000_000).contains(&p), "{p}");
+        for arch in [Arch::Llama, Arch::Qwen3Moe, Arch::GptOss] {
+            LlamaConfig::tiny_moe(arch, 4, 2, 64).validate().unwrap();
+        }
+        let mut dense_only = LlamaConfig::tiny_moe(Arch::Qwen3, 4, 2, 64);
+        assert!(dense_only.validate().is_err());
+        dense_only.arch = Arch::Qwen3Moe;
+        dense_only.n_expert_used = 5;
+        assert!(dense_only.validate().is_err());
+        assert!(LlamaConfig::tiny_arch(Arch::GptOss).validate().is_err());
+    }
 
     #[test]
     fn presets_are_valid_and_sized() {

@@ -33,6 +33,8 @@ mod tests;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_arch;
 #[cfg(all(test, feature = "cpu"))]
+mod tests_moe;
+#[cfg(all(test, feature = "cpu"))]
 mod tests_outputs;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_real;
