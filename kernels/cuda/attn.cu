@@ -1,6 +1,7 @@
 // FLASH_ATTN_EXT: one warp per (query, head, batch), a single pass over the keys with an online
 // softmax. q [d, n_q, h, b] f32; k [d, n_kv, h_kv, b], v [dv, n_kv, h_kv, b] (f16 or f32);
-// optional mask [n_kv, >=n_q]; dst [dv, h, n_q, b] f32. d and dv are at most FA_MAX_D.
+// optional mask [n_kv, >=n_q]; optional sinks f32 [h] (one more logit per head in the softmax
+// denominator, as is, with no value); dst [dv, h, n_q, b] f32. d and dv are at most FA_MAX_D.
 #include "common.cuh"
 
 #define FA_WARPS 4
@@ -9,7 +10,7 @@
 // `scale` already divided by softcap when softcap != 0 (as ggml).
 extern "C" __global__ void k_flash_attn_ext(Tensor dst, Tensor q, Tensor k, Tensor v, Tensor mask, int has_mask,
                                             float scale, float softcap, int alibi, float m0, float m1,
-                                            int n_head_log2) {
+                                            int n_head_log2, Tensor sinks, int has_sinks) {
     TSHARED(float, qs, [FA_WARPS][FA_MAX_D]);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     i64 n_q = q.ne[1], n_head = q.ne[2], n_batch = q.ne[3];
@@ -64,6 +65,20 @@ extern "C" __global__ void k_flash_attn_ext(Tensor dst, Tensor q, Tensor k, Tens
             if (c < dv) {
                 acc[t] = acc[t] * corr + p * ld(v, c, j, hk, b);
             }
+        }
+    }
+    if (has_sinks) {
+        float sk = ld(sinks, h, 0, 0, 0);
+        if (sk > mmax) {
+            // The sink becomes the maximum: rescale what was summed (zeros if no key was seen).
+            float corr = expf(mmax - sk);
+            sum = sum * corr + 1.0f;
+#pragma unroll
+            for (int t = 0; t < FA_MAX_D / 32; t++) {
+                acc[t] *= corr;
+            }
+        } else if (sk > NEG_INF) {
+            sum += expf(sk - mmax);
         }
     }
     float inv = sum > 0.0f ? 1.0f / sum : 0.0f;

@@ -98,3 +98,15 @@ extern "C" __global__ void k_glu(Tensor dst, Tensor a, Tensor b, int has_b, int 
         st(dst, i[0], i[1], i[2], i[3], r);
     }
 }
+
+// SWIGLU_OAI (gpt-oss): dst = g·σ(alpha·g)·(u + 1), g = min(gate a, limit), u = up b clamped to
+// ±limit; a, b and dst of one shape.
+extern "C" __global__ void k_swiglu_oai(Tensor dst, Tensor a, Tensor b, float alpha, float limit, i64 n) {
+    GRID_STRIDE(e, n) {
+        i64 i[4];
+        unravel(e, dst.ne, i);
+        float g = fminf(ld(a, i[0], i[1], i[2], i[3]), limit);
+        float u = fminf(fmaxf(ld(b, i[0], i[1], i[2], i[3]), -limit), limit);
+        st(dst, i[0], i[1], i[2], i[3], g / (1.0f + expf(-alpha * g)) * (u + 1.0f));
+    }
+}

@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use tessera_core::backend::{EventImpl, copy_between};
 use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
+use tessera_kernels::cuda::host::status_error;
 use tessera_kernels::cuda::plan::{self, Arg, Launch};
 
 /// A SYCL event: completes when the queue's work before it has.
@@ -142,15 +143,10 @@ impl Backend for SyclBackend {
             self.queue
                 .memcpy(words.as_mut_ptr(), self.status.at(0, 8)?, 8, true)?
         };
-        let code = i32::from_ne_bytes([words[0], words[1], words[2], words[3]]);
-        if code != 0 {
-            let value = i32::from_ne_bytes([words[4], words[5], words[6], words[7]]);
+        if let Some(e) = status_error(&self.state.name, words) {
             // SAFETY: as above.
             unsafe { self.queue.memset(self.status.at(0, 8)?, 0, 8, true)? };
-            return Err(Error::Compute {
-                device: self.state.name.clone(),
-                reason: format!("GET_ROWS/SET_ROWS: row index {value} is out of range"),
-            });
+            return Err(e);
         }
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! SYCL backend checks beyond op conformance: devices and sub-devices, the ring all-reduce on
 //! both wires (f32 exact and bit-identical, bf16 within two roundings and identical on both
-//! devices), silent slices, declines, and the on-disk kernel cache. Without a runtime every
-//! trial is ignored with the reason in its name; `TESSERA_REQUIRE=sycl` makes that a failure.
+//! devices), silent slices, declines, the on-disk kernel cache, and out-of-range expert ids.
+//! Without a runtime every trial is ignored with the reason in its name; `TESSERA_REQUIRE=sycl`
+//! makes that a failure.
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
@@ -243,12 +244,58 @@ fn kernel_cache_is_written() -> TrialResult {
     check(entries > 0, || format!("{} is empty", dir.display()))
 }
 
+/// An expert id outside `0..n_expert` in MUL_MAT_ID or ADD_ID is a typed error from
+/// `synchronize` naming the id, and the stream runs the next graph normally.
+fn bad_expert_ids_are_errors() -> TrialResult {
+    use tessera_core::{Context, DType};
+    let dev = e(SyclRegistry::new().devices())?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Failed::from("no SYCL device"))?;
+    let mut stream = e(dev.init_backend(&BackendOptions::default()))?;
+    let (k, m, n_expert) = (32, 4, 3);
+    let mut ctx = Context::new();
+    let w = e(ctx.new_tensor(DType::F32, [k, m, n_expert]))?;
+    let x = e(ctx.new_tensor(DType::F32, [k, 1, 2]))?;
+    let ids = e(ctx.new_tensor(DType::I32, [2, 2]))?;
+    let bias = e(ctx.new_tensor(DType::F32, [m, n_expert]))?;
+    let y = e(ctx.mul_mat_id(w, x, ids))?;
+    let z = e(ctx.add_id(y, bias, ids))?;
+    let graph = e(ctx.build_forward(z))?;
+    let buf = e(dev.buffer_type().alloc_tensors(&ctx))?;
+    e(buf.set_f32(w, &values(k * m * n_expert, 1)))?;
+    e(buf.set_f32(x, &values(k * 2, 2)))?;
+    e(buf.set_f32(bias, &values(m * n_expert, 3)))?;
+    let ids_bytes = |v: [i32; 4]| -> Vec<u8> { v.iter().flat_map(|i| i.to_le_bytes()).collect() };
+    for (bad, at) in [(7, 1), (-1, 3)] {
+        let mut v = [0, 2, 1, 0];
+        v[at] = bad;
+        e(buf.set(ids, &ids_bytes(v)))?;
+        e(stream.compute(&graph, buf.bindings()))?;
+        match stream.synchronize() {
+            Err(err) => check(
+                err.to_string().contains(&format!("expert id {bad}")),
+                || format!("id {bad}: {err}"),
+            )?,
+            Ok(()) => return Err(format!("expert id {bad} of {n_expert} was accepted").into()),
+        }
+    }
+    e(buf.set(ids, &ids_bytes([0, 2, 1, 0])))?;
+    e(stream.compute(&graph, buf.bindings()))?;
+    e(stream.synchronize())?;
+    let out = e(buf.get_f32(z))?;
+    check(
+        out.len() == m * 4 && out.iter().all(|v| v.is_finite()),
+        || format!("valid ids after errors gave {out:?}"),
+    )
+}
+
 fn main() {
     let args = Arguments::from_args();
     let reason = SyclRegistry::new().reason();
     let require =
         std::env::var("TESSERA_REQUIRE").is_ok_and(|v| v.split(',').any(|b| b.trim() == "sycl"));
-    let tests: [Named; 6] = [
+    let tests: [Named; 7] = [
         ("devices_and_sub_devices", devices_and_sub_devices),
         (
             "ring_f32_wire_is_exact_and_identical",
@@ -267,6 +314,7 @@ fn main() {
             other_counts_and_foreign_memory_decline,
         ),
         ("kernel_cache_is_written", kernel_cache_is_written),
+        ("bad_expert_ids_are_errors", bad_expert_ids_are_errors),
     ];
     let trials = tests
         .into_iter()

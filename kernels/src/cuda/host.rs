@@ -58,9 +58,13 @@ impl<E, T> InFlight<E, T> {
 pub fn status_error(device: &str, words: [u8; 8]) -> Option<Error> {
     let code = i32::from_ne_bytes([words[0], words[1], words[2], words[3]]);
     let value = i32::from_ne_bytes([words[4], words[5], words[6], words[7]]);
+    // Codes as `ERR_*` in the kernels: 1 in common.cuh, 2 in moe.cu.
     (code != 0).then(|| Error::Compute {
         device: device.to_string(),
-        reason: format!("GET_ROWS/SET_ROWS: row index {value} is out of range"),
+        reason: match code {
+            2 => format!("MUL_MAT_ID/ADD_ID: expert id {value} is out of range"),
+            _ => format!("GET_ROWS/SET_ROWS: row index {value} is out of range"),
+        },
     })
 }
 
@@ -75,7 +79,13 @@ mod tests {
         w[..4].copy_from_slice(&1i32.to_ne_bytes());
         w[4..].copy_from_slice(&(-3i32).to_ne_bytes());
         let e = status_error("GPU0", w).unwrap().to_string();
-        assert!(e.contains("GPU0") && e.contains("-3"), "{e}");
+        assert!(
+            e.contains("GPU0") && e.contains("-3") && e.contains("row"),
+            "{e}"
+        );
+        w[..4].copy_from_slice(&2i32.to_ne_bytes());
+        let e = status_error("GPU0", w).unwrap().to_string();
+        assert!(e.contains("expert id -3"), "{e}");
     }
 
     #[test]

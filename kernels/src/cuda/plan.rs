@@ -181,6 +181,19 @@ impl Args {
 
 /// Largest head size FLASH_ATTN_EXT takes (`FA_MAX_D` in attn.cu).
 const FA_MAX_D: usize = 512;
+/// Longest row ARGSORT takes (`ARGSORT_MAX` in moe.cu: the row's keys sit in shared memory).
+const ARGSORT_MAX: usize = 4096;
+/// Weight types of MUL_MAT_ID: those `ld` in common.cuh dequantises, which k_mul_mat_id reads
+/// its weights with.
+const MUL_MAT_ID_WEIGHTS: [DType; 7] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_1,
+];
 /// Threads per block of the grid-stride kernels.
 const BLOCK: u32 = 256;
 /// Upper bound of blocks for grid-stride kernels (they loop past it).
@@ -213,7 +226,7 @@ pub fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
     };
     let src = |i: usize| t.src(i).and_then(|s| tensors.get(s.index()));
     let all_known = std::iter::once(t)
-        .chain((0..4).filter_map(src))
+        .chain((0..5).filter_map(src))
         .all(|d| type_code(d.dtype()) >= 0);
     if !all_known {
         return Support::No("a dtype without a CUDA kernel".into());
@@ -237,6 +250,20 @@ pub fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
                 Support::Yes
             }
         }
+        OpKind::MulMatId => match src(0) {
+            Some(w) if MUL_MAT_ID_WEIGHTS.contains(&w.dtype()) => Support::Yes,
+            Some(w) => Support::No(format!(
+                "MUL_MAT_ID has no kernel for {} weights",
+                w.dtype()
+            )),
+            None => Support::No("MUL_MAT_ID without weights".into()),
+        },
+        OpKind::Argsort => match src(0) {
+            Some(a) if a.ne()[0] <= ARGSORT_MAX && rows_fit(a) => Support::Yes,
+            _ => Support::No(format!(
+                "ARGSORT rows longer than {ARGSORT_MAX} or more than 2^31 rows"
+            )),
+        },
         OpKind::RmsNorm | OpKind::Norm | OpKind::SumRows | OpKind::Argmax | OpKind::SoftMax => {
             match src(0) {
                 Some(a) if rows_fit(a) => Support::Yes,
@@ -258,6 +285,8 @@ pub fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
         | OpKind::Clamp
         | OpKind::Unary
         | OpKind::Glu
+        | OpKind::SwigluOai
+        | OpKind::AddId
         | OpKind::Rope => Support::Yes,
         other => Support::No(format!("{other} has no CUDA kernel")),
     }
@@ -412,6 +441,49 @@ impl Planner<'_> {
                     .i64(n as i64);
                 self.go("k_glu", grid_1d(n), BLOCK, &mut args)
             }
+            Op::SwigluOai { alpha, limit } => {
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(self.src(node, 0)))
+                    .push_bytes(&self.kt(self.src(node, 1)))
+                    .f32(alpha)
+                    .f32(limit)
+                    .i64(n as i64);
+                self.go("k_swiglu_oai", grid_1d(n), BLOCK, &mut args)
+            }
+            Op::AddId => {
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(self.src(node, 0)))
+                    .push_bytes(&self.kt(self.src(node, 1)))
+                    .push_bytes(&self.kt(self.src(node, 2)))
+                    .ptr(self.status)
+                    .i64(n as i64);
+                self.go("k_add_id", grid_1d(n), BLOCK, &mut args)
+            }
+            Op::Argsort { descending } => {
+                let a = self.src(node, 0);
+                let ta = self.desc(a);
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(a))
+                    .i32(descending as i32);
+                self.go(
+                    "k_argsort",
+                    (ta.nrows() as u32, 1, 1),
+                    row_block(ta.ne()[0]),
+                    &mut args,
+                )
+            }
+            Op::MulMatId => {
+                let w = self.src(node, 0);
+                // One work block per (4 weight rows, slot, token); the kernel strides past the grid.
+                let blocks = self.desc(w).ne()[1].div_ceil(4) * t.ne()[1] * t.ne()[2];
+                args.push_bytes(&dst)
+                    .push_bytes(&self.kt(w))
+                    .push_bytes(&self.kt(self.src(node, 1)))
+                    .push_bytes(&self.kt(self.src(node, 2)))
+                    .ptr(self.status);
+                let grid = (blocks as u64).clamp(1, MAX_BLOCKS) as u32;
+                self.go("k_mul_mat_id", (grid, 1, 1), 128, &mut args)
+            }
             Op::RmsNorm { eps } | Op::Norm { eps } => {
                 let a = self.src(node, 0);
                 let mode = matches!(t.op(), Op::Norm { .. }) as i32;
@@ -490,7 +562,7 @@ impl Planner<'_> {
                 softcap,
             } => {
                 let (q, k, v) = (self.src(node, 0), self.src(node, 1), self.src(node, 2));
-                let mask = t.src(3);
+                let (mask, sinks) = (t.src(3), t.src(4));
                 let tq = self.desc(q);
                 let tasks = tq.ne()[1] * tq.ne()[2] * tq.ne()[3];
                 let (on, m0, m1, nl2) = alibi(max_bias, tq.ne()[2]);
@@ -510,7 +582,9 @@ impl Planner<'_> {
                     .i32(on)
                     .f32(m0)
                     .f32(m1)
-                    .i32(nl2);
+                    .i32(nl2)
+                    .push_bytes(&self.kt(sinks.unwrap_or(q)))
+                    .i32(sinks.is_some() as i32);
                 self.go(
                     "k_flash_attn_ext",
                     (tasks.div_ceil(4) as u32, 1, 1),
@@ -622,6 +696,40 @@ mod tests {
         assert_eq!(i64::from_ne_bytes(b[8..16].try_into().unwrap()), 3);
         assert_eq!(i64::from_ne_bytes(b[48..56].try_into().unwrap()), 6);
         assert_eq!(i32::from_ne_bytes(b[72..76].try_into().unwrap()), 1);
+    }
+
+    /// MUL_MAT_ID takes the listed weight types only, ARGSORT rows up to ARGSORT_MAX, and the
+    /// planned launches carry the arguments their kernels declare.
+    #[test]
+    fn moe_support_and_launches() {
+        let mut ctx = tessera_core::Context::new();
+        let w = ctx.new_tensor(DType::Q4_0, [64, 10, 4]).unwrap();
+        let wk = ctx.new_tensor(DType::Q4_K, [256, 10, 4]).unwrap();
+        let x = ctx.new_tensor(DType::F32, [64, 1, 3]).unwrap();
+        let xk = ctx.new_tensor(DType::F32, [256, 1, 3]).unwrap();
+        let ids = ctx.new_tensor(DType::I32, [2, 3]).unwrap();
+        let y = ctx.mul_mat_id(w, x, ids).unwrap();
+        let yk = ctx.mul_mat_id(wk, xk, ids).unwrap();
+        let short = ctx.new_tensor(DType::F32, [ARGSORT_MAX, 2]).unwrap();
+        let long = ctx.new_tensor(DType::F32, [ARGSORT_MAX + 1, 2]).unwrap();
+        let s = ctx.argsort(short, true).unwrap();
+        let l = ctx.argsort(long, false).unwrap();
+        let ts = ctx.tensors();
+        assert_eq!(supports(ts, y), Support::Yes);
+        assert!(matches!(supports(ts, yk), Support::No(_)));
+        assert_eq!(supports(ts, s), Support::Yes);
+        assert!(matches!(supports(ts, l), Support::No(_)));
+
+        let ptrs = vec![0x100u64; ts.len()];
+        let l = plan(ts, &ptrs, 0x40, y).unwrap();
+        assert_eq!((l.kernel, l.block), ("k_mul_mat_id", 128));
+        // ceil(10 / 4) row blocks × 2 slots × 3 tokens.
+        assert_eq!(l.grid, (18, 1, 1));
+        assert_eq!(l.args.len(), 5);
+        assert_eq!(l.args[4], Arg::Ptr(0x40));
+        let l = plan(ts, &ptrs, 0x40, s).unwrap();
+        assert_eq!((l.kernel, l.grid, l.block), ("k_argsort", (2, 1, 1), 256));
+        assert_eq!(l.args[2], Arg::I32(1));
     }
 
     #[test]
