@@ -13,7 +13,7 @@ pub(crate) const GEMV_ROWS: usize = 16;
 const _: () =
     assert!(GEMV_ROWS.is_multiple_of(k::PACK_ROWS) && GEMM_ROWS.is_multiple_of(k::PACK_ROWS));
 /// Most weight rows per GEMV chunk of packed weights.
-const PACKED_GEMV_MAX_ROWS: usize = 256;
+pub(crate) const PACKED_GEMV_MAX_ROWS: usize = 256;
 /// Weight rows per chunk for GEMM.
 pub(crate) const GEMM_ROWS: usize = 64;
 /// Activation columns per chunk for GEMM.

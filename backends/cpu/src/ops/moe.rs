@@ -6,7 +6,7 @@
 //! from the ids, prepares a share of the activation columns in expert order into shared scratch,
 //! and then takes (expert × row-block × column-block) chunks from a shared counter.
 
-use super::matmul::{GEMM_COLS, GEMM_ROWS, GEMV_ROWS, weight_type};
+use super::matmul::{GEMM_COLS, GEMM_ROWS, GEMV_ROWS, PACKED_GEMV_MAX_ROWS, weight_type};
 use super::{Exec, ThreadScratch, my_rows, split_range};
 use crate::tview::TView;
 use std::sync::atomic::Ordering;
@@ -131,8 +131,14 @@ pub(crate) fn mul_mat_id(
     // those run as GEMV chunks; prompt steps gather many columns per expert.
     let m = dst.ne[0];
     let n_expert = w.ne[2];
+    let packed = w.packed.is_some();
     let shape = |cols: usize| -> (usize, usize) {
-        if cols == 1 {
+        if cols == 1 && packed {
+            // As MUL_MAT: the packed kernel sums each activation block once per call, so
+            // larger row chunks amortise it while leaving several chunks per thread.
+            let per = (m / (nth * 8)).clamp(GEMV_ROWS, PACKED_GEMV_MAX_ROWS);
+            (per - per % k::PACK_ROWS, 1)
+        } else if cols == 1 {
             (GEMV_ROWS, 1)
         } else {
             (GEMM_ROWS, GEMM_COLS)
