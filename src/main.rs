@@ -77,6 +77,10 @@ enum Command {
         /// Use the generic all-reduce even where the backend has its own.
         #[arg(long)]
         generic: bool,
+        /// tensor (a dense llama model) or expert (a mixture-of-experts model with whole
+        /// experts per device).
+        #[arg(long, value_parser = cli::bench::parse_split_mode, default_value = "tensor")]
+        split_mode: cli::bench::SplitMode,
     },
     /// Time the all-reduce between devices (size, time, algbw, busbw, path).
     BenchAllreduce {
@@ -223,9 +227,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             devices,
             ratios,
             generic,
+            split_mode,
         } => {
             let devs = tessera::registry().select(&devices)?;
-            Ok(if cli::test_tp::run(&devs, &ratios, generic)? {
+            Ok(if cli::test_tp::run(&devs, &ratios, generic, split_mode)? {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

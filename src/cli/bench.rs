@@ -25,16 +25,28 @@ pub enum SplitMode {
     Layer,
     /// Every layer split across the devices (tensor parallelism, the meta device).
     Tensor,
+    /// As `Tensor`, with whole experts per device in the mixture-of-experts layers where that is
+    /// cheaper (expert parallelism).
+    Expert,
 }
 
 impl SplitMode {
-    const ACCEPTED: &str = "none, layer, tensor";
+    const ACCEPTED: &str = "none, layer, tensor, expert";
 
     pub(crate) fn name(self) -> &'static str {
         match self {
             SplitMode::None => "none",
             SplitMode::Layer => "layer",
             SplitMode::Tensor => "tensor",
+            SplitMode::Expert => "expert",
+        }
+    }
+
+    /// How a meta device splits expert stacks in this mode.
+    pub(crate) fn expert_split(self) -> tessera::meta::ExpertSplit {
+        match self {
+            SplitMode::Expert => tessera::meta::ExpertSplit::Expert,
+            _ => tessera::meta::ExpertSplit::Tensor,
         }
     }
 }
@@ -88,6 +100,7 @@ pub fn parse_split_mode(s: &str) -> Result<SplitMode, String> {
         "none" => Ok(SplitMode::None),
         "layer" => Ok(SplitMode::Layer),
         "tensor" => Ok(SplitMode::Tensor),
+        "expert" => Ok(SplitMode::Expert),
         _ => Err(format!(
             "unknown split mode '{s}'; accepted modes: {}",
             SplitMode::ACCEPTED
@@ -164,6 +177,9 @@ pub struct BenchArgs {
 /// there is nothing to compare with).
 struct ModeResult {
     mode: SplitMode,
+    /// The split-mode cell of the table: the mode, and for `expert` the layers whose experts
+    /// split whole (EP) or along `n_ff_exp` (TP).
+    label: String,
     devices: Vec<Arc<dyn Device>>,
     pp: Vec<f64>,
     tg: Vec<f64>,
@@ -183,14 +199,14 @@ pub(crate) fn devices_for(
             Ok(d) => vec![d],
             Err(_) => reg.devices().into_iter().take(1).collect(),
         },
-        (None, SplitMode::Layer | SplitMode::Tensor) => reg.select("cpu:2")?,
+        (None, SplitMode::Layer | SplitMode::Tensor | SplitMode::Expert) => reg.select("cpu:2")?,
     };
     if devs.is_empty() {
         anyhow::bail!("no device selected");
     }
     Ok(match mode {
         SplitMode::None => devs.into_iter().take(1).collect(),
-        SplitMode::Layer | SplitMode::Tensor => devs,
+        SplitMode::Layer | SplitMode::Tensor | SplitMode::Expert => devs,
     })
 }
 
@@ -260,7 +276,7 @@ pub(crate) fn open_session<'m>(
     let n_layer = model.config().n_layer;
     let layer_device = match mode {
         SplitMode::Layer => layer_devices(n_layer, &[], devices.len())?,
-        SplitMode::None | SplitMode::Tensor => vec![0; n_layer],
+        SplitMode::None | SplitMode::Tensor | SplitMode::Expert => vec![0; n_layer],
     };
     let names = device_names(devices);
     // `-t` is per device: more threads than cores in all makes the device streams fight over
@@ -295,8 +311,8 @@ pub(crate) fn open_session<'m>(
         }
     };
     let session = match mode {
-        SplitMode::Tensor => {
-            let meta = model.meta_device(devices, ratios)?;
+        SplitMode::Tensor | SplitMode::Expert => {
+            let meta = model.meta_device_with(devices, ratios, mode.expert_split())?;
             let opts = match threads {
                 Some(t) => BackendOptions::with_threads(t),
                 None => BackendOptions::default(),
@@ -359,20 +375,33 @@ fn run_mode(
                 );
             }
             Session::Tp(s) => eprintln!(
-                "tensor split over {names}: weights and caches per device [{}] MiB; compute memory \
-                 of the pp{} graph per device [{}] MiB; all-reduce path: {}",
+                "{} split over {names}: weights and caches per device [{}] MiB; compute memory \
+                 of the pp{} graph per device [{}] MiB; {}",
+                mode.name(),
                 mib(&s.weight_bytes_per_device()),
                 prompt.len(),
                 mib(s.backend().compute_bytes()),
-                s.backend().comm_path()
+                s.describe()
             ),
         }
     }
     if args.n_gen > 0 {
         run_tg(&mut session, 1, false)?;
     }
+    let label = match &session {
+        Session::Tp(s) if mode == SplitMode::Expert => {
+            let experts = s.expert_split_summary();
+            if experts.is_empty() {
+                mode.name().to_string()
+            } else {
+                format!("{} ({experts})", mode.name())
+            }
+        }
+        _ => mode.name().to_string(),
+    };
     let mut r = ModeResult {
         mode,
+        label,
         devices: devices.clone(),
         pp: Vec::new(),
         tg: Vec::new(),
@@ -532,7 +561,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 params,
                 backend_names(&r.devices),
                 device_names(&r.devices),
-                r.mode.name(),
+                r.label,
                 test,
                 format!("{mean:.2} ± {sd:.2}")
             );
@@ -602,6 +631,7 @@ mod tests {
         assert_eq!(parse_split_mode("none"), Ok(SplitMode::None));
         assert_eq!(parse_split_mode("Layer"), Ok(SplitMode::Layer));
         assert_eq!(parse_split_mode("tensor"), Ok(SplitMode::Tensor));
+        assert_eq!(parse_split_mode("Expert"), Ok(SplitMode::Expert));
         let e = parse_split_mode("rows").unwrap_err();
         assert!(e.contains("none, layer, tensor"), "{e}");
     }

@@ -23,7 +23,8 @@ pub struct RunArgs {
     /// Tokens to generate (stops early at end-of-sequence).
     #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
     pub n_predict: usize,
-    /// none, layer or tensor.
+    /// none, layer, tensor or expert (tensor with whole experts per device in mixture-of-experts
+    /// layers).
     #[arg(long, value_parser = parse_split_mode, default_value = "none")]
     pub split_mode: SplitMode,
     /// Devices: comma-separated names, or KIND:N (default: CPU for none, cpu:2 otherwise).

@@ -5,9 +5,11 @@
 //! the backend's difference from the CPU backend is reported separately, against that backend's
 //! own tolerance.
 
+use super::bench::SplitMode;
 use anyhow::Context as _;
 use std::sync::Arc;
-use tessera::model::{LlamaConfig, LlamaModel, LlamaSession, Outputs, TpSession, nmse};
+use tessera::meta::ExpertSplit;
+use tessera::model::{Arch, LlamaConfig, LlamaModel, LlamaSession, Outputs, TpSession, nmse};
 use tessera::sched::{SchedOptions, layer_devices};
 use tessera::{BackendOptions, DType, Device, registry};
 
@@ -44,20 +46,40 @@ pub struct Row {
 ///
 /// # Errors
 /// Device selection, split and compute errors.
-pub fn run(devices: &[Arc<dyn Device>], ratios: &[f32], generic: bool) -> anyhow::Result<bool> {
+pub fn run(
+    devices: &[Arc<dyn Device>],
+    ratios: &[f32],
+    generic: bool,
+    mode: SplitMode,
+) -> anyhow::Result<bool> {
     let names: Vec<&str> = devices.iter().map(|d| d.name()).collect();
+    let experts = match mode {
+        SplitMode::Tensor => ExpertSplit::Tensor,
+        SplitMode::Expert => ExpertSplit::Expert,
+        other => anyhow::bail!(
+            "test-tp checks the meta device: --split-mode tensor or expert, not {}",
+            other.name()
+        ),
+    };
     println!(
-        "tensor-parallel check on {} ({} devices, ratios {}), llama tiny model",
+        "{}-parallel check on {} ({} devices, ratios {}), {}",
+        mode.name(),
         names.join(","),
         devices.len(),
         if ratios.is_empty() {
             "even".to_string()
         } else {
             format!("{ratios:?}")
+        },
+        if experts == ExpertSplit::Expert {
+            "qwen3moe tiny model (8 experts, 2 used)"
+        } else {
+            "llama tiny model"
         }
     );
     let mut ok = true;
     let mut path = String::new();
+    let mut described = String::new();
     let first = devices
         .first()
         .cloned()
@@ -65,10 +87,14 @@ pub fn run(devices: &[Arc<dyn Device>], ratios: &[f32], generic: bool) -> anyhow
     // By backend, not device type: the SYCL OpenCL device is a CPU too, with other kernels.
     let on_cpu = first.backend_name() == "cpu";
     for dtype in [DType::F32, DType::Q8_0] {
+        let base = match experts {
+            ExpertSplit::Expert => LlamaConfig::tiny_moe(Arch::Qwen3Moe, 8, 2, 64),
+            _ => LlamaConfig::tiny(),
+        };
         let config = LlamaConfig {
             weight_dtype: dtype,
             n_layer: 3,
-            ..LlamaConfig::tiny()
+            ..base
         };
         let model = LlamaModel::new(config, SEED)?;
         let ld = layer_devices(model.config().n_layer, &[], 1)?;
@@ -90,7 +116,7 @@ pub fn run(devices: &[Arc<dyn Device>], ratios: &[f32], generic: bool) -> anyhow
             )?)
         };
         let meta = model
-            .meta_device(devices, ratios)
+            .meta_device_with(devices, ratios, experts)
             .context("making the meta device")?
             .with_vendor_comm(!generic);
         let mut tp = TpSession::new(&model, meta, &BackendOptions::default(), |_, _| {})
@@ -142,6 +168,7 @@ pub fn run(devices: &[Arc<dyn Device>], ratios: &[f32], generic: bool) -> anyhow
                 );
             }
         }
+        described = tp.describe();
         let per_dev: Vec<String> = tp
             .weight_bytes_per_device()
             .iter()
@@ -155,6 +182,9 @@ pub fn run(devices: &[Arc<dyn Device>], ratios: &[f32], generic: bool) -> anyhow
         );
     }
     println!("all-reduce path: {path}");
+    if !described.is_empty() {
+        println!("{described}");
+    }
     println!("{}", if ok { "PASS" } else { "FAIL" });
     Ok(ok)
 }

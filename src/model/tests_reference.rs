@@ -16,6 +16,7 @@
 use super::reference::{ReferenceModel, reference_models};
 use super::*;
 use crate::gguf::GgufFile;
+use crate::meta::ExpertSplit;
 use crate::sched::{SchedOptions, layer_devices};
 use crate::{BackendOptions, registry};
 use std::sync::Arc;
@@ -175,12 +176,28 @@ fn with_each_mode(
         return;
     }
     let three = registry().select("cpu:3").unwrap();
-    for (label, devs, ratios) in [
-        ("tensor/2", &two, &[][..]),
-        ("tensor/3 5:1:3", &three, &[5.0, 1.0, 3.0][..]),
-    ] {
+    let mut modes = vec![
+        ("tensor/2", &two, &[][..], ExpertSplit::Tensor),
+        (
+            "tensor/3 5:1:3",
+            &three,
+            &[5.0, 1.0, 3.0][..],
+            ExpertSplit::Tensor,
+        ),
+    ];
+    if model.config().is_moe() {
+        // Expert parallelism changes only the expert stacks: dense models would repeat tensor.
+        modes.push(("expert/2", &two, &[][..], ExpertSplit::Expert));
+        modes.push((
+            "expert/3 5:1:3",
+            &three,
+            &[5.0, 1.0, 3.0][..],
+            ExpertSplit::Expert,
+        ));
+    }
+    for (label, devs, ratios, experts) in modes {
         let meta = model
-            .meta_device(devs, ratios)
+            .meta_device_with(devs, ratios, experts)
             .unwrap_or_else(|e| panic!("{label}: {e}"));
         let tp = TpSession::new(model, meta, &BackendOptions::default(), |_, _| {})
             .unwrap_or_else(|e| panic!("{label}: {e}"));
@@ -188,6 +205,44 @@ fn with_each_mode(
         f(label, &mut |t| s.borrow_mut().eval(t).unwrap(), &mut || {
             s.borrow_mut().reset()
         });
+        if model.config().is_moe() {
+            check_moe_reduces(label, &s.borrow(), model.config(), experts);
+        }
+    }
+}
+
+/// A split mixture-of-experts model does one all-reduce per expert block, of `n_embd·T` values
+/// on its output `ffn_moe_out.{il}` (the weighted sum over the chosen experts), not of the
+/// `n_embd·n_used·T` expert outputs; under `expert` the describe line names the EP layers.
+fn check_moe_reduces(label: &str, s: &TpSession<'_>, c: &LlamaConfig, experts: ExpertSplit) {
+    let reduces = s.backend().reduces();
+    let d = s.describe();
+    // The last step decoded one token.
+    let n_embd = c.n_embd;
+    for il in 0..c.n_layer {
+        let name = format!("ffn_moe_out.{il}");
+        let hits: Vec<usize> = reduces
+            .iter()
+            .filter(|(n, _)| n.starts_with("ffn_moe"))
+            .filter(|(n, _)| n.ends_with(&format!(".{il}")))
+            .map(|(_, len)| *len)
+            .collect();
+        assert_eq!(
+            hits.len(),
+            1,
+            "{label}: layer {il}: {} all-reduces in the expert block, want 1 ({d})",
+            hits.len()
+        );
+        assert!(
+            reduces.iter().any(|(n, len)| *n == name && *len == n_embd),
+            "{label}: layer {il}: the block's all-reduce is not one of n_embd values on {name} ({d})"
+        );
+    }
+    if experts == ExpertSplit::Expert {
+        assert!(
+            d.contains("EP layers"),
+            "{label}: no layer splits whole experts: {d}"
+        );
     }
 }
 

@@ -1,8 +1,9 @@
 //! [`TpSession`]: a [`LlamaModel`] split across devices by a [`MetaDevice`] (tensor
-//! parallelism, `--split-mode tensor`), evaluated step by step through its split KV caches.
+//! parallelism, `--split-mode tensor`, and expert parallelism for mixture-of-experts layers,
+//! `--split-mode expert`), evaluated step by step through its split KV caches.
 
 use super::llama::{LlamaModel, Outputs};
-use crate::meta::{LlamaSplitPolicy, MetaBackend, MetaDevice};
+use crate::meta::{ExpertSplit, LlamaSplitPolicy, MetaBackend, MetaDevice};
 use crate::{Backend, BackendOptions, Bindings, Buffer, Device, Error, Result, TensorBuffer};
 use std::sync::Arc;
 
@@ -63,7 +64,23 @@ impl LlamaModel {
     /// # Errors
     /// As [`MetaDevice::new`] and [`MetaDevice::with_ratios`].
     pub fn meta_device(&self, devices: &[Arc<dyn Device>], ratios: &[f32]) -> Result<MetaDevice> {
-        let meta = MetaDevice::new(devices, self.split_policy(devices.len()))?;
+        self.meta_device_with(devices, ratios, ExpertSplit::Tensor)
+    }
+
+    /// [`LlamaModel::meta_device`] splitting expert stacks as `experts` says
+    /// ([`ExpertSplit::Expert`]: whole experts per device where that is cheaper, the
+    /// `--split-mode expert` of the CLI). Attention and dense layers split as in tensor mode.
+    ///
+    /// # Errors
+    /// As [`LlamaModel::meta_device`].
+    pub fn meta_device_with(
+        &self,
+        devices: &[Arc<dyn Device>],
+        ratios: &[f32],
+        experts: ExpertSplit,
+    ) -> Result<MetaDevice> {
+        let policy = self.split_policy(devices.len()).with_expert_split(experts);
+        let meta = MetaDevice::new(devices, policy)?;
         if ratios.is_empty() {
             Ok(meta)
         } else {
@@ -159,6 +176,35 @@ impl<'m> TpSession<'m> {
     /// The meta device.
     pub fn meta(&self) -> &MetaDevice {
         &self.meta
+    }
+
+    /// What the session runs on and how: the meta device's [`MetaDevice::describe`] (devices,
+    /// ratios, the expert split of every mixture-of-experts layer), the all-reduce path, and
+    /// the all-reduces of the last step (count, and per reduced node name its F32 values),
+    /// e.g. `...; all-reduce: cpu comm; last step: 4 all-reduces: ..., ffn_moe_out.0 ×64, ...`.
+    pub fn describe(&self) -> String {
+        let reduces = self.backend.reduces();
+        let list: Vec<String> = reduces
+            .iter()
+            .map(|(name, n)| format!("{name} ×{n}"))
+            .collect();
+        format!(
+            "{}; all-reduce: {}; last step: {} all-reduces{}{}",
+            self.meta.describe(),
+            self.backend.comm_path(),
+            reduces.len(),
+            if list.is_empty() { "" } else { ": " },
+            list.join(", ")
+        )
+    }
+
+    /// How the mixture-of-experts layers split their experts, e.g. `EP layers 0-3` or
+    /// `EP layers 0,2, TP layers 1` (EP: whole experts per device; TP: every expert along
+    /// `n_ff_exp`); empty for a dense model.
+    pub fn expert_split_summary(&self) -> String {
+        let line = self.meta.policy_description();
+        line.split_once("): ")
+            .map_or(String::new(), |(_, l)| l.to_string())
     }
 
     /// The stream (all-reduce path, counters, per-device compute memory).

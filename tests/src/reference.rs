@@ -773,7 +773,9 @@ impl RefMemory {
                 self.write(id, &out)
             }
             Op::MulMat => self.mul_mat(id, src(0)?, src(1)?),
-            Op::MulMatId => self.mul_mat_id(id, src(0)?, src(1)?, src(2)?),
+            Op::MulMatId { first_expert } => {
+                self.mul_mat_id(id, src(0)?, src(1)?, src(2)?, first_expert)
+            }
             Op::AddId => {
                 let n_expert = self.desc(src(1)?)?.ne()[1];
                 for i2 in 0..ne[2] {
@@ -983,15 +985,28 @@ impl RefMemory {
         a: TensorId,
         b: TensorId,
         ids: TensorId,
+        first_expert: Option<usize>,
     ) -> RefResult<()> {
-        let [_, _, n_expert, _] = self.desc(a)?.ne();
+        let [_, m, n_expert, _] = self.desc(a)?.ne();
         let n_b = self.desc(b)?.ne()[1];
         let [_, n_used, n_tok, _] = self.desc(id)?.ne();
         for t in 0..n_tok {
             for i in 0..n_used {
-                let e = self.index(ids, [i, t, 0], n_expert)?;
+                let e = match first_expert {
+                    None => self.index(ids, [i, t, 0], n_expert)?,
+                    // Local-range form: an expert outside first..first + n_expert gives zeros.
+                    Some(first) => {
+                        let e = self.index(ids, [i, t, 0], usize::MAX)?;
+                        match e.checked_sub(first).filter(|&l| l < n_expert) {
+                            Some(l) => l,
+                            None => {
+                                self.write_row(id, [i, t, 0], &vec![0.0; m])?;
+                                continue;
+                            }
+                        }
+                    }
+                };
                 let x = self.read_row(b, i % n_b, t, 0)?;
-                let m = self.desc(a)?.ne()[1];
                 let out = (0..m)
                     .map(|r| {
                         let w = self.read_row(a, r, e, 0)?;

@@ -879,7 +879,7 @@ impl Context {
     /// [`Error::InvalidOp`] on mismatched `k`, token counts or expert slots, a non-i32 `ids`,
     /// or 4-D operands.
     pub fn mul_mat_id(&mut self, a: TensorId, b: TensorId, ids: TensorId) -> Result<TensorId> {
-        let op = Op::MulMatId;
+        let op = Op::MulMatId { first_expert: None };
         let ta = self.get(&op, a)?;
         let tb = self.check_float(&op, b)?;
         let ti = self.get(&op, ids)?;

@@ -162,6 +162,12 @@ impl BufferType for MetaBufferType {
                     self.inner.name
                 )));
             }
+            if state.kind() == SplitKind::Routed {
+                return Err(Error::InvalidArgument(format!(
+                    "tensor {}: {state} is a compute state, a stored tensor cannot have it",
+                    name_of(desc)
+                )));
+            }
             if state.is_partial() && desc.dtype() != DType::F32 {
                 return Err(Error::InvalidArgument(format!(
                     "tensor {}: a PARTIAL tensor must be F32, not {}",
@@ -408,6 +414,7 @@ impl Buffer for MetaBuffer {
                     part.write(p.local_offset[j] + rel, data)?;
                 }
             }
+            SplitKind::Routed => return Err(routed_storage(p)),
             SplitKind::Axis(_) => {
                 for (j, part) in self.parts.iter().enumerate() {
                     let (lo, runs) = local_runs(&p.desc, &p.state, j, rel, src.len())?;
@@ -459,6 +466,7 @@ impl Buffer for MetaBuffer {
                 }
             }
             SplitKind::Partial => return self.write(offset, src),
+            SplitKind::Routed => return Err(routed_storage(p)),
             SplitKind::Axis(_) => {
                 for (j, part) in self.parts.iter().enumerate() {
                     let (lo, runs) = local_runs(&p.desc, &p.state, j, 0, src.len())?;
@@ -500,6 +508,7 @@ impl Buffer for MetaBuffer {
                     d.copy_from_slice(&a.to_le_bytes());
                 }
             }
+            SplitKind::Routed => return Err(routed_storage(p)),
             SplitKind::Axis(_) => {
                 for (j, part) in self.parts.iter().enumerate() {
                     let (lo, runs) = local_runs(&p.desc, &p.state, j, rel, dst.len())?;
@@ -540,6 +549,7 @@ impl Buffer for MetaBuffer {
                     part.memset(p.local_offset[j] + rel, len, v)?;
                 }
             }
+            SplitKind::Routed => return Err(routed_storage(p)),
             SplitKind::Axis(_) => {
                 for (j, part) in self.parts.iter().enumerate() {
                     let (lo, runs) = local_runs(&p.desc, &p.state, j, rel, len)?;
@@ -555,4 +565,14 @@ impl Buffer for MetaBuffer {
     fn as_any(&self) -> &dyn Any {
         self
     }
+}
+
+/// A placement never holds [`SplitKind::Routed`] (refused when placed); kept as an error for
+/// completeness of the matches.
+fn routed_storage(p: &Placement) -> Error {
+    Error::InvalidArgument(format!(
+        "tensor {}: {} is a compute state, not stored",
+        name_of(&p.desc),
+        p.state
+    ))
 }

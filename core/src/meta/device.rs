@@ -31,6 +31,13 @@ pub trait SplitPolicy: Send + Sync {
     /// # Errors
     /// [`Error::InvalidArgument`] when the tensor cannot be split as the policy wants.
     fn split_state(&self, desc: &TensorDesc, layout: &SplitLayout) -> Result<SplitState>;
+
+    /// Optional. One line on choices the policy makes beyond single tensors (e.g. how each
+    /// mixture-of-experts layer splits its experts) under `layout`, for
+    /// [`MetaDevice::describe`]. Default: empty.
+    fn describe(&self, _layout: &SplitLayout) -> String {
+        String::new()
+    }
 }
 
 impl<F> SplitPolicy for F
@@ -47,10 +54,20 @@ impl SplitPolicy for LlamaSplitPolicy {
         if self.n_devices == layout.n_devices && self.ratios == layout.ratios {
             return self.state_for(desc.name(), desc);
         }
+        self.for_layout(layout).state_for(desc.name(), desc)
+    }
+
+    fn describe(&self, layout: &SplitLayout) -> String {
+        self.for_layout(layout).describe_experts()
+    }
+}
+
+impl LlamaSplitPolicy {
+    fn for_layout(&self, layout: &SplitLayout) -> LlamaSplitPolicy {
         let mut p = self.clone();
         p.n_devices = layout.n_devices;
         p.ratios = layout.ratios.clone();
-        p.state_for(desc.name(), desc)
+        p
     }
 }
 
@@ -204,6 +221,27 @@ impl MetaDevice {
     /// Device count and ratios.
     pub fn layout(&self) -> &SplitLayout {
         &self.inner.layout
+    }
+
+    /// What the meta device is and how its policy splits: the devices, ratios and the
+    /// policy's own line (for a mixture-of-experts model, which layers split whole experts
+    /// (EP) and which split every expert along `n_ff_exp` (TP)), e.g.
+    /// `META(cpu0,cpu1): tensor-parallel over 2 devices; experts (expert split): EP layers 0-3`.
+    pub fn describe(&self) -> String {
+        let policy = self.policy_description();
+        format!(
+            "{}: {}{}{}",
+            self.inner.name,
+            self.description(),
+            if policy.is_empty() { "" } else { "; " },
+            policy
+        )
+    }
+
+    /// The policy's own line of [`MetaDevice::describe`] ([`SplitPolicy::describe`]), e.g.
+    /// `experts (expert split): EP layers 0-3`; empty where it has nothing to add.
+    pub fn policy_description(&self) -> String {
+        self.inner.policy.describe(&self.inner.layout)
     }
 
     /// The state the policy gives `desc`.

@@ -237,6 +237,29 @@ impl MetaBackend {
         self.stats
     }
 
+    /// The all-reduces of the last graph, in order: each reduced node's name (its label if unnamed) and its F32
+    /// element count (e.g. one `ffn_moe_out.{il}` of `n_embd·T` per mixture-of-experts block).
+    pub fn reduces(&self) -> Vec<(String, usize)> {
+        let Some(last) = self.last.as_ref() else {
+            return Vec::new();
+        };
+        let tensors = last.plan.tensors();
+        last.plan
+            .segments
+            .iter()
+            .filter_map(|(_, r)| *r)
+            .map(|r| {
+                let t = &tensors[r.index()];
+                let name = if t.name().is_empty() {
+                    tensor_label(tensors, r)
+                } else {
+                    t.name().to_string()
+                };
+                (name, t.nelements())
+            })
+            .collect()
+    }
+
     /// Compute-memory bytes each device reserved for the last graph (its share only).
     pub fn compute_bytes(&self) -> &[usize] {
         &self.compute_bytes

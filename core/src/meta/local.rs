@@ -11,6 +11,7 @@ use super::propagate::NodeStates;
 use super::split::{SplitKind, SplitState, slice_desc};
 use crate::error::{Error, Result};
 use crate::graph::Graph;
+use crate::ops::Op;
 use crate::tensor::{MAX_DIMS, TensorDesc, TensorId, contiguous_strides};
 
 fn fail(graph: &Graph, id: TensorId, j: usize, why: impl std::fmt::Display) -> Error {
@@ -45,6 +46,11 @@ pub(crate) fn local_tensors(
             let (ne, nb) = slice_desc(t, &st.own, j).map_err(|e| fail(graph, id, j, e))?;
             out[i].ne = ne;
             out[i].nb = nb;
+            if let Some(first) = local_expert_range(t, states, j) {
+                out[i].op = Op::MulMatId {
+                    first_expert: Some(first),
+                };
+            }
             continue;
         };
         let src = view.src.index();
@@ -161,4 +167,19 @@ pub(crate) fn local_tensors(
         root_of[i] = (root, goff, loff);
     }
     Ok(out)
+}
+
+/// For a MUL_MAT_ID whose expert stack is split by whole experts (A2): the first expert device
+/// `j` holds, so that its local op computes only the pairs routed to its own experts.
+fn local_expert_range(t: &TensorDesc, states: &[Option<NodeStates>], j: usize) -> Option<usize> {
+    if !matches!(t.op(), Op::MulMatId { first_expert: None }) {
+        return None;
+    }
+    let w = states.get(t.src(0)?.index())?.as_ref()?;
+    if w.own.kind() != SplitKind::Axis(2) {
+        return None;
+    }
+    // One contiguous range per device (checked by the MUL_MAT_ID rule): the experts before it.
+    let seg = w.own.segments().first()?;
+    Some(seg.lens.iter().take(j).sum())
 }

@@ -35,6 +35,8 @@ mod rules;
 pub mod split;
 
 #[cfg(test)]
+mod tests_moe;
+#[cfg(test)]
 mod tests_propagate;
 #[cfg(test)]
 mod tests_split;
@@ -42,7 +44,7 @@ mod tests_split;
 pub use buffer::{COPY_ROW_ALIGN, MetaBuffer, MetaBufferType, Placement};
 pub use device::{MetaDevice, SplitLayout, SplitPolicy};
 pub use exec::{CommPath, MetaBackend, MetaStats};
-pub use policy::LlamaSplitPolicy;
+pub use policy::{ExpertSplit, LlamaSplitPolicy};
 pub use propagate::{NodeStates, propagate, reduce_points};
 pub use ratio::split_lengths;
 pub use split::{

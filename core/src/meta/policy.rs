@@ -1,6 +1,13 @@
-//! The llama-family split policy (meta-backend.md §8, §9, §14) for dense llama / qwen / gemma
-//! models: which weights and caches are split along which axis, with what granularity and
-//! rotation.
+//! The llama-family split policy (meta-backend.md §8, §9, §14) for dense and mixture-of-experts
+//! llama / qwen / gemma / gpt-oss models: which weights and caches are split along which axis,
+//! with what granularity and rotation.
+//!
+//! Expert stacks (`ffn_{gate,up,gate_up,down}_exps`) split one of two ways per layer
+//! ([`ExpertSplit`]): like llama.cpp, every expert along `n_ff_exp` (gate/up A1, their biases
+//! A0, down A0), or, with expert parallelism, whole experts per device (every stack A2 along
+//! `n_expert`, gate/up biases MIRRORED). Either way the down biases are PARTIAL (the value on
+//! one device, zeros on the others) so that the whole block after the down MUL_MAT_ID stays
+//! linear and needs one all-reduce of `n_embd·T`, and the router is MIRRORED.
 //!
 //! Divergence from upstream: with MQA (`n_head_kv == 1`) the K/V projections, their biases and
 //! the KV caches stay MIRRORED and Q / `attn_output` are split by whole heads (granularity
@@ -12,7 +19,20 @@ use crate::meta::ratio::split_lengths;
 use crate::meta::split::{Segment, SplitState, slice_desc};
 use crate::tensor::TensorDesc;
 
-/// Split policy of a dense llama-family model over `n_devices` devices.
+/// How the expert stacks of mixture-of-experts layers are split (`--split-mode tensor` or
+/// `expert`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertSplit {
+    /// Every expert split along its FFN width `n_ff_exp`, as llama.cpp does.
+    #[default]
+    Tensor,
+    /// Expert parallelism: whole experts per device, by ratio, where that is cheaper for the
+    /// layer (see [`LlamaSplitPolicy::experts_by_expert`]); other layers fall back to
+    /// [`ExpertSplit::Tensor`].
+    Expert,
+}
+
+/// Split policy of a llama-family model over `n_devices` devices.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaSplitPolicy {
     /// Devices of the meta device (N ≥ 1).
@@ -34,8 +54,14 @@ pub struct LlamaSplitPolicy {
     /// Quant block size of each layer's `attn_output.weight` (missing layers: 1); see
     /// [`LlamaSplitPolicy::learn_partner_blocks`].
     pub attn_output_blocks: Vec<usize>,
-    /// Quant block size of each layer's `ffn_down.weight` (missing layers: 1).
+    /// Quant block size of each layer's `ffn_down.weight` or `ffn_down_exps.weight` (missing
+    /// layers: 1).
     pub ffn_down_blocks: Vec<usize>,
+    /// How expert stacks are split.
+    pub experts: ExpertSplit,
+    /// `(n_expert, n_ff_exp)` of each mixture-of-experts layer (`None`: dense), learned from
+    /// `ffn_down_exps.weight` by [`LlamaSplitPolicy::learn_partner_blocks`].
+    pub moe_layers: Vec<Option<(usize, usize)>>,
 }
 
 /// What a tensor name refers to.
@@ -111,19 +137,35 @@ impl LlamaSplitPolicy {
             n_layer,
             attn_output_blocks: Vec::new(),
             ffn_down_blocks: Vec::new(),
+            experts: ExpertSplit::Tensor,
+            moe_layers: Vec::new(),
         }
     }
 
+    /// The same policy splitting expert stacks as `experts` says.
+    pub fn with_expert_split(mut self, experts: ExpertSplit) -> LlamaSplitPolicy {
+        self.experts = experts;
+        self
+    }
+
     /// Records the quant block size of every layer's `attn_output.weight` and `ffn_down.weight`
-    /// (the row-split partners whose blocks set the granularity of Q/K/V and of the FFN).
+    /// (the row-split partners whose blocks set the granularity of Q/K/V and of the FFN; for
+    /// mixture-of-experts layers `ffn_down_exps.weight`, whose shape also gives the layer's
+    /// `(n_expert, n_ff_exp)`).
     pub fn learn_partner_blocks(&mut self, tensors: &[(String, TensorDesc)]) {
         for (name, desc) in tensors {
             let p = parse(name);
+            if let (Some(layer), "ffn_down_exps.weight") = (p.layer, p.base) {
+                if self.moe_layers.len() <= layer {
+                    self.moe_layers.resize(layer + 1, None);
+                }
+                self.moe_layers[layer] = Some((desc.ne()[2], desc.ne()[0]));
+            }
             let (Some(layer), blocks) = (
                 p.layer,
                 match p.base {
                     "attn_output.weight" => &mut self.attn_output_blocks,
-                    "ffn_down.weight" => &mut self.ffn_down_blocks,
+                    "ffn_down.weight" | "ffn_down_exps.weight" => &mut self.ffn_down_blocks,
                     _ => continue,
                 },
             ) else {
@@ -162,6 +204,79 @@ impl LlamaSplitPolicy {
         rot: usize,
     ) -> Result<SplitState> {
         SplitState::axis_lens(axis, self.lengths(name, ne, g, rot)?)
+    }
+
+    /// Whether layer `layer` (with `n_expert` experts of FFN width `n_ff_exp`, row-split
+    /// partner block `blck`) splits its experts whole (expert parallelism) rather than along
+    /// `n_ff_exp`. Only under [`ExpertSplit::Expert`], and only where that is no costlier: with
+    /// tokens routed evenly the busiest device does the share of the expert work its split gives
+    /// it, so whole experts are chosen when the busiest device's share of the experts is at most
+    /// its share of `n_ff_exp` under the tensor split (ties go to experts: no row-split matmul
+    /// of partial sums inside the block and whole-expert reads). With fewer experts than devices
+    /// of a positive ratio (or ratios that leave a device none while the tensor split would not)
+    /// the tensor split wins; a width that cannot be split by `blck` leaves experts only.
+    pub fn experts_by_expert(
+        &self,
+        layer: Option<usize>,
+        n_expert: usize,
+        n_ff_exp: usize,
+        blck: usize,
+    ) -> bool {
+        if self.experts != ExpertSplit::Expert || self.n_devices < 2 {
+            return false;
+        }
+        let rot = layer.unwrap_or(self.n_layer) % self.n_devices;
+        let busiest = |ne: usize, g: usize| -> Option<f64> {
+            let lens = split_lengths(ne, self.n_devices, &self.ratios, g, rot).ok()?;
+            let max = lens.iter().copied().max()?;
+            Some(max as f64 / ne.max(1) as f64)
+        };
+        match (busiest(n_expert, 1), busiest(n_ff_exp, blck.max(1))) {
+            (Some(e), Some(t)) => e <= t,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+
+    /// Per mixture-of-experts layer: whether its experts are split whole
+    /// ([`LlamaSplitPolicy::experts_by_expert`]), as `(layer, by_expert)`.
+    pub fn expert_layers(&self) -> Vec<(usize, bool)> {
+        self.moe_layers
+            .iter()
+            .enumerate()
+            .filter_map(|(l, m)| {
+                let (n_expert, n_ff_exp) = (*m)?;
+                let blck = Self::block(&self.ffn_down_blocks, Some(l));
+                Some((l, self.experts_by_expert(Some(l), n_expert, n_ff_exp, blck)))
+            })
+            .collect()
+    }
+
+    /// One line on how the expert stacks split, for `describe()` outputs: e.g.
+    /// `experts: whole experts (EP) on layers 0-3` or `... along n_ff_exp (TP) on layers 0,2`;
+    /// empty for a dense model.
+    pub fn describe_experts(&self) -> String {
+        let layers = self.expert_layers();
+        if layers.is_empty() {
+            return String::new();
+        }
+        let list = |want: bool| -> Option<String> {
+            let ls: Vec<usize> = layers
+                .iter()
+                .filter(|(_, e)| *e == want)
+                .map(|(l, _)| *l)
+                .collect();
+            (!ls.is_empty()).then(|| format!("{} {}", if want { "EP" } else { "TP" }, ranges(&ls)))
+        };
+        let parts: Vec<String> = [list(true), list(false)].into_iter().flatten().collect();
+        format!(
+            "experts ({} split): {}",
+            match self.experts {
+                ExpertSplit::Tensor => "tensor",
+                ExpertSplit::Expert => "expert",
+            },
+            parts.join(", ")
+        )
     }
 
     /// The state of the tensor `name` (GGUF naming: `blk.{i}.attn_q.weight`, `output.weight`,
@@ -263,11 +378,62 @@ impl LlamaSplitPolicy {
                 check_partner(blck_ffn)?;
                 self.split(name, 0, ne[0], g_f, rot)
             }
+            (
+                true,
+                base @ ("ffn_gate_exps.weight"
+                | "ffn_up_exps.weight"
+                | "ffn_gate_up_exps.weight"
+                | "ffn_down_exps.weight"),
+            ) => {
+                let down = base == "ffn_down_exps.weight";
+                // gate/up [n_embd, n_ff_exp (×2 fused), n_expert], down [n_ff_exp, n_embd, n_expert].
+                let fused = if base == "ffn_gate_up_exps.weight" {
+                    2
+                } else {
+                    1
+                };
+                let n_ff_exp = if down { ne[0] } else { ne[1] / fused };
+                if self.experts_by_expert(p.layer, ne[2], n_ff_exp, g_f) {
+                    return self.split(name, 2, ne[2], 1, rot);
+                }
+                if down {
+                    check_partner(blck_ffn)?;
+                    return self.split(name, 0, ne[0], g_f, rot);
+                }
+                let ff = self.lengths(name, n_ff_exp, g_f, rot)?;
+                SplitState::axis(1, vec![Segment::new(ff, fused)], ne[1])
+                    .map_err(|e| self.err(name, e))
+            }
+            (
+                true,
+                base @ ("ffn_gate_exps.bias" | "ffn_up_exps.bias" | "ffn_gate_up_exps.bias"),
+            ) => {
+                // [n_ff_exp (×2 fused), n_expert]: with whole experts per device the biases are
+                // small and stay MIRRORED (ADD_ID of a ROUTED value reads them whole).
+                let fused = if base == "ffn_gate_up_exps.bias" {
+                    2
+                } else {
+                    1
+                };
+                let n_ff_exp = ne[0] / fused;
+                if self.experts_by_expert(p.layer, ne[1], n_ff_exp, g_f) {
+                    return m;
+                }
+                let ff = self.lengths(name, n_ff_exp, g_f, rot)?;
+                SplitState::axis(0, vec![Segment::new(ff, fused)], ne[0])
+                    .map_err(|e| self.err(name, e))
+            }
+            // Added to every device's partial expert outputs: the value on one device, zeros
+            // on the others, so the block stays linear up to its one all-reduce.
+            (true, "ffn_down_exps.bias") if desc.dtype() == crate::dtype::DType::F32 => {
+                Ok(SplitState::partial())
+            }
             (true, "cache_k" | "cache_v") if !mqa => self.split(name, 0, ne[0], g_kv, rot),
             (false, "output.weight") => self.split(name, 1, ne[1], 1, rot),
             (false, "output.bias") => self.split(name, 0, ne[0], 1, rot),
             // attn_output.bias, ffn_down.bias (added after the reduce), norms, token_embd,
-            // MQA caches: replicated.
+            // the router ffn_gate_inp (weight and bias), attention sinks of unsplit heads, MQA
+            // caches: replicated.
             _ => m,
         }
     }
@@ -288,4 +454,23 @@ impl LlamaSplitPolicy {
         }
         Ok(out)
     }
+}
+
+/// `0-3,5,7-8`.
+fn ranges(ls: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ls.len() {
+        let mut j = i;
+        while j + 1 < ls.len() && ls[j + 1] == ls[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i {
+            format!("{}-{}", ls[i], ls[j])
+        } else {
+            ls[i].to_string()
+        });
+        i = j + 1;
+    }
+    format!("layers {}", out.join(","))
 }

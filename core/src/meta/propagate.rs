@@ -2,8 +2,8 @@
 //!
 //! PARTIAL handling (Tessera's rule, meta-backend.md §4–5): a PARTIAL value flows only through
 //! linear consumers — `ADD(P, P)`, `SUB(P, P)`, `SCALE` with bias 0, `MUL(P, M)` / `MUL(M, P)`,
-//! and `VIEW` / `RESHAPE` / `PERMUTE` / `TRANSPOSE` / `CONT`. Any other consumer reads the
-//! reduced (MIRRORED) value, which makes the producer a reduce point. The reduce is in place, so
+//! `ADD_ID(P, P, M)` (expert outputs plus per-expert biases), and `VIEW` / `RESHAPE` /
+//! `PERMUTE` / `TRANSPOSE` / `CONT`. Any other consumer reads the reduced (MIRRORED) value, which makes the producer a reduce point. The reduce is in place, so
 //! once a node is reduced every consumer reads the reduced value; a reduce needed by a pure view
 //! moves to the node the view looks at. The search runs to a fixed point (reduce points only
 //! grow), usually in two passes.
@@ -82,6 +82,9 @@ fn linear_in_partial(op: &Op, p: &[bool], seen: &[&SplitState]) -> bool {
                 && seen.iter().zip(p).all(|(s, &is_p)| is_p || s.is_mirrored())
         }
         Op::View | Op::Reshape | Op::Permute(_) | Op::Transpose | Op::Cont => true,
+        // A PARTIAL expert output plus PARTIAL per-expert biases (stored on one device, zero
+        // on the others), with MIRRORED ids: a sum of sums.
+        Op::AddId => p.len() == 3 && p[0] && p[1] && !p[2] && seen[2].is_mirrored(),
         _ => false,
     }
 }
@@ -178,6 +181,7 @@ fn check_static(graph: &Graph, id: TensorId, state: &SplitState) -> Result<()> {
         SplitKind::Mirrored => Ok(()),
         SplitKind::Partial if desc.dtype() == crate::dtype::DType::F32 => Ok(()),
         SplitKind::Partial => Err(bad(format!("PARTIAL needs F32, not {}", desc.dtype()))),
+        SplitKind::Routed => Err(bad("ROUTED is a compute state, never static".into())),
         SplitKind::Axis(_) => slice_desc(desc, state, 0)
             .map(|_| ())
             .map_err(|e| bad(e.to_string())),

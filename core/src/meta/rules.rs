@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::meta::remap;
 use crate::meta::split::{Segment, SplitKind, SplitState};
-use crate::ops::Op;
+use crate::ops::{Op, OpKind};
 use crate::tensor::{TensorDesc, TensorId};
 
 /// One node being evaluated: its sources (for SET_ROWS the destination is appended) and the
@@ -84,6 +84,11 @@ pub(crate) fn rule(c: &NodeCtx<'_>) -> Result<SplitState> {
     }
     let s0 = c.st(0)?.clone();
     let a0 = s0.split_axis();
+    if c.desc.op().kind() != OpKind::MulMatId
+        && c.states.iter().any(|s| s.kind() == SplitKind::Routed)
+    {
+        return routed(c, &s0);
+    }
     match *c.desc.op() {
         Op::None => Ok(s0),
         Op::Cont => Ok(s0),
@@ -143,6 +148,10 @@ pub(crate) fn rule(c: &NodeCtx<'_>) -> Result<SplitState> {
             }
         }
         Op::MulMat => mul_mat(c, &s0),
+        Op::MulMatId { first_expert } => mul_mat_id(c, &s0, first_expert),
+        Op::AddId => add_id(c, &s0),
+        Op::SwigluOai { .. } => glu(c, &s0),
+        Op::Argsort { .. } => per_row(c, &s0),
         Op::FlashAttnExt { max_bias, .. } => flash_attn(c, &s0, max_bias),
         #[allow(unreachable_patterns)]
         _ => Err(c.fail("op not supported by the meta device")),
@@ -323,4 +332,78 @@ fn flash_attn(c: &NodeCtx<'_>, q: &SplitState, max_bias: f32) -> Result<SplitSta
         );
     }
     Ok(q.with_axis(1))
+}
+
+/// MUL_MAT_ID (weights src0 `[k, m, n_expert]`, activations src1, ids src2, which must be
+/// MIRRORED). Tensor parallelism splits every expert: gate/up on A1 give A0 outputs, down on A0
+/// with A0 activations gives PARTIAL. Expert parallelism splits the stack on A2 (whole experts
+/// per device, one contiguous range each): gate/up give ROUTED outputs and down, reading them,
+/// gives PARTIAL (every column is computed on the device holding its expert, zero elsewhere).
+fn mul_mat_id(c: &NodeCtx<'_>, w: &SplitState, first_expert: Option<usize>) -> Result<SplitState> {
+    let (x, ids) = (c.st(1)?, c.st(2)?);
+    if !ids.is_mirrored() {
+        return Err(c.fail("the expert ids must be MIRRORED"));
+    }
+    if first_expert.is_some() {
+        return Err(c.fail("the local-range form is made per device by the meta device"));
+    }
+    match (w.kind(), x.kind()) {
+        (SplitKind::Axis(1), SplitKind::Mirrored) => Ok(w.with_axis(0)),
+        (SplitKind::Axis(0), SplitKind::Axis(0)) if w.equivalent(x) => Ok(SplitState::partial()),
+        (SplitKind::Axis(2), _) if w.segments().len() != 1 || w.segments()[0].repeats != 1 => {
+            Err(c.fail("an expert split must give each device one contiguous range"))
+        }
+        (SplitKind::Axis(2), SplitKind::Mirrored) => Ok(SplitState::routed(w.local_lens())),
+        (SplitKind::Axis(2), SplitKind::Routed) if x.local_lens() == w.local_lens() => {
+            Ok(SplitState::partial())
+        }
+        _ => Err(c.fail(
+            "supported: (A1, M), (A0, A0) alike, (A2, M) and (A2, ROUTED) over the same experts",
+        )),
+    }
+}
+
+/// ADD_ID: `src0 + bias[ids]` with MIRRORED ids. Split alike (A0: the expert FFN's own
+/// columns, with the bias split the same way) keeps the split. A PARTIAL sum and a PARTIAL bias
+/// are handled as linear ops before this rule.
+fn add_id(c: &NodeCtx<'_>, s0: &SplitState) -> Result<SplitState> {
+    let (b, ids) = (c.st(1)?, c.st(2)?);
+    if !ids.is_mirrored() {
+        return Err(c.fail("the expert ids must be MIRRORED"));
+    }
+    match s0.split_axis() {
+        Some(0) if s0.equivalent(b) => Ok(s0.clone()),
+        _ => Err(c.fail("src0 and the biases must be split alike along ne0")),
+    }
+}
+
+/// Consumers of a ROUTED value: only ops that keep every `(slot, token)` column on its own
+/// (elementwise ops of same-shape ROUTED operands, ADD_ID of MIRRORED biases, copies) keep it
+/// ROUTED, since a column is valid on one device and unspecified on the others.
+fn routed(c: &NodeCtx<'_>, s0: &SplitState) -> Result<SplitState> {
+    let r = c
+        .states
+        .iter()
+        .find(|s| s.kind() == SplitKind::Routed)
+        .cloned()
+        .unwrap_or_else(|| s0.clone());
+    let same_shape_routed =
+        |i: usize| -> Result<bool> { Ok(c.st(i)?.equivalent(&r) && c.src(i)?.ne() == c.desc.ne()) };
+    let ok = match *c.desc.op() {
+        Op::Unary(_) | Op::Scale { .. } | Op::Clamp { .. } | Op::Sqr | Op::Sqrt | Op::Cont => {
+            same_shape_routed(0)?
+        }
+        Op::Glu { .. } if c.srcs.len() == 1 => s0.equivalent(&r),
+        Op::Glu { .. } | Op::SwigluOai { .. } => same_shape_routed(0)? && same_shape_routed(1)?,
+        Op::AddId => same_shape_routed(0)? && c.st(1)?.is_mirrored() && c.st(2)?.is_mirrored(),
+        _ => false,
+    };
+    if ok {
+        Ok(r)
+    } else {
+        Err(c.fail(
+            "a ROUTED (expert-parallel) value only feeds elementwise ops, ADD_ID of MIRRORED \
+             biases and the down MUL_MAT_ID",
+        ))
+    }
 }

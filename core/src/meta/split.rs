@@ -19,6 +19,11 @@ pub enum SplitKind {
     Mirrored,
     /// Every device holds a full-shape addend; the value is their sum (F32 only).
     Partial,
+    /// Expert parallelism: a full-shape `[n, n_used, T]` value whose column `(i, t)` is valid
+    /// only on the device holding expert `ids[i, t]` and unspecified elsewhere (the output of an
+    /// expert-split MUL_MAT_ID and elementwise ops of it). The one segment holds the experts per
+    /// device. Only the down MUL_MAT_ID turns it back into a sum (PARTIAL); it is never static.
+    Routed,
 }
 
 /// One segment of an axis split: device `j` holds `lens[j]` elements of each of `repeats`
@@ -68,6 +73,14 @@ impl SplitState {
         SplitState {
             kind: SplitKind::Partial,
             segments: Vec::new(),
+        }
+    }
+
+    /// A [`SplitKind::Routed`] value over experts split `expert_lens` per device.
+    pub fn routed(expert_lens: Vec<usize>) -> SplitState {
+        SplitState {
+            kind: SplitKind::Routed,
+            segments: vec![Segment::new(expert_lens, 1)],
         }
     }
 
@@ -160,14 +173,14 @@ impl SplitState {
         &self.segments
     }
 
-    /// The device count an axis state was built for; `None` for mirrored and partial states,
-    /// which fit any device count.
+    /// The device count an axis or routed state was built for; `None` for mirrored and
+    /// partial states, which fit any device count.
     pub fn n_devices(&self) -> Option<usize> {
         self.segments.first().map(|s| s.lens.len())
     }
 
-    /// `L_j = Σ_s lens[s][j]·repeats[s]`, device `j`'s length along the split axis (0 for
-    /// non-axis kinds or an out-of-range `j`).
+    /// `L_j = Σ_s lens[s][j]·repeats[s]`, device `j`'s length along the split axis (its expert
+    /// count for routed states; 0 for mirrored and partial ones or an out-of-range `j`).
     pub fn local_len(&self, j: usize) -> usize {
         self.segments
             .iter()
@@ -229,6 +242,10 @@ impl fmt::Display for SplitState {
         match self.kind {
             SplitKind::Mirrored => f.write_str("M"),
             SplitKind::Partial => f.write_str("P"),
+            SplitKind::Routed => {
+                let lens: Vec<String> = self.local_lens().iter().map(|l| l.to_string()).collect();
+                write!(f, "R({})", lens.join(","))
+            }
             SplitKind::Axis(a) => {
                 write!(f, "A{a}(")?;
                 for (s, seg) in self.segments.iter().enumerate() {
@@ -310,7 +327,9 @@ pub fn slice_desc(
 ) -> Result<([usize; MAX_DIMS], [usize; MAX_DIMS])> {
     let a = match state.kind() {
         SplitKind::Axis(a) => a,
-        SplitKind::Mirrored | SplitKind::Partial => return Ok((desc.ne(), desc.nb())),
+        SplitKind::Mirrored | SplitKind::Partial | SplitKind::Routed => {
+            return Ok((desc.ne(), desc.nb()));
+        }
     };
     check_axis_state(desc, state, a)?;
     let n = state.n_devices().unwrap_or(0);
@@ -413,6 +432,9 @@ pub fn scatter(
             out.resize(n, zeros);
             return Ok(out);
         }
+        SplitKind::Routed => {
+            return Err(invalid(desc, format!("{state} is a compute state only")));
+        }
         SplitKind::Axis(a) => a,
     };
     if state.n_devices() != Some(n) {
@@ -471,6 +493,14 @@ pub fn gather(desc: &TensorDesc, state: &SplitState, parts: &[Vec<u8>]) -> Resul
                 }
             }
             return Ok(acc.iter().flat_map(|x| x.to_le_bytes()).collect());
+        }
+        SplitKind::Routed => {
+            return Err(invalid(
+                desc,
+                format!(
+                    "{state}: each column is valid on one device only; read the sum after the down MUL_MAT_ID"
+                ),
+            ));
         }
         SplitKind::Axis(a) => a,
     };

@@ -186,7 +186,13 @@ pub enum Op {
     /// Expert-indexed MUL_MAT: src0 weights `[k, m, n_expert]`, src1 activations
     /// `[k, n_b, T]`, src2 i32 expert ids `[n_used, T]` → f32 `[m, n_used, T]`, where output
     /// column `(i, t)` is `src0[ids[i, t]]ᵀ · src1[:, i mod n_b, t]`.
-    MulMatId,
+    MulMatId {
+        /// `None`: src0 holds every expert, and an id outside `0..n_expert` is an error.
+        /// `Some(first)`: the local-range form of expert parallelism: src0 holds experts
+        /// `first..first + ne2` only; pairs routed to other experts are skipped (never
+        /// computed) and their output columns are zero.
+        first_expert: Option<usize>,
+    },
     /// src0 `[n, n_used, T]` + row `ids[i, t]` of src1 `[n, n_expert]` (per-expert biases).
     AddId,
     /// Indices that sort each row (i32), ascending or descending; ties keep index order.
@@ -340,7 +346,7 @@ impl Op {
             Op::Rope(_) => OpKind::Rope,
             Op::MulMat => OpKind::MulMat,
             Op::FlashAttnExt { .. } => OpKind::FlashAttnExt,
-            Op::MulMatId => OpKind::MulMatId,
+            Op::MulMatId { .. } => OpKind::MulMatId,
             Op::AddId => OpKind::AddId,
             Op::Argsort { .. } => OpKind::Argsort,
             Op::SwigluOai { .. } => OpKind::SwigluOai,

@@ -140,7 +140,11 @@ pub fn encode_op(op: &Op) -> RawOp {
             r.floats[..3].copy_from_slice(&[scale, max_bias, softcap]);
             (OP_FLASH_ATTN_EXT, 0)
         }
-        Op::MulMatId => (OP_MUL_MAT_ID, 0),
+        Op::MulMatId { first_expert } => {
+            // sub 1: the local-range form, its first expert in ints[0].
+            r.ints[0] = first_expert.unwrap_or(0) as u64;
+            (OP_MUL_MAT_ID, u32::from(first_expert.is_some()))
+        }
         Op::AddId => (OP_ADD_ID, 0),
         Op::Argsort { descending } => (OP_ARGSORT, descending as u32),
         Op::SwigluOai { alpha, limit } => {
@@ -241,7 +245,13 @@ pub fn decode_op(r: &RawOp, what: &str) -> Result<Op> {
             max_bias: f[1],
             softcap: f[2],
         },
-        OP_MUL_MAT_ID => Op::MulMatId,
+        OP_MUL_MAT_ID => Op::MulMatId {
+            first_expert: match r.sub {
+                0 => None,
+                1 => Some(usize::try_from(r.ints[0]).map_err(|_| bad("first expert"))?),
+                _ => return Err(bad("mul_mat_id form")),
+            },
+        },
         OP_ADD_ID => Op::AddId,
         OP_ARGSORT => Op::Argsort {
             descending: match r.sub {

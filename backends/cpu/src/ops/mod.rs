@@ -187,7 +187,7 @@ fn compute_node(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &mu
             elementwise::map(exec, node, ith, nth, ts)
         }
         Op::Glu { .. } | Op::SwigluOai { .. } => elementwise::glu(exec, node, ith, nth, ts),
-        Op::MulMatId => moe::mul_mat_id(exec, node, ith, nth, ts),
+        Op::MulMatId { first_expert } => moe::mul_mat_id(exec, node, first_expert, ith, nth, ts),
         Op::AddId => moe::add_id(exec, node, ith, nth, ts),
         Op::Argsort { .. } => moe::argsort(exec, node, ith, nth, ts),
         Op::RmsNorm { .. } | Op::Norm { .. } => norm::norm(exec, node, ith, nth, ts),

@@ -13,26 +13,45 @@ use std::sync::atomic::Ordering;
 use tessera_core::{Op, TensorDesc, TensorId};
 use tessera_kernels::cpu::{self as k, ActType};
 
-/// `(slot, token)` pairs grouped by expert: `pairs[start[e]..start[e + 1]]` route to expert `e`.
+/// `(slot, token)` pairs grouped by local expert: `pairs[start[e]..start[e + 1]]` route to
+/// expert `e` of the weight stack; `foreign` are the pairs routed to experts another device holds
+/// (local-range form only).
 struct Routing {
     pairs: Vec<(usize, usize)>,
     start: Vec<usize>,
+    foreign: Vec<(usize, usize)>,
 }
 
-/// Groups the pairs of `ids` `[n_used, T]` by expert, or names the first id outside
-/// `0..n_expert`.
-fn route(ids: &TView, n_expert: usize) -> Result<Routing, String> {
+/// Groups the pairs of `ids` `[n_used, T]` by expert. Plain form (`first` = `None`): every id
+/// must lie in `0..n_expert`. Local-range form: the stack holds experts
+/// `first..first + n_expert`, other non-negative ids are foreign. Names the first bad id.
+fn route(ids: &TView, n_expert: usize, first: Option<usize>) -> Result<Routing, String> {
     let (n_used, n_tok) = (ids.ne[0], ids.ne[1]);
+    let base = first.unwrap_or(0);
+    // The local expert of an id, `Ok(None)` for a foreign one.
+    let local = |e: i32| -> Result<Option<usize>, ()> {
+        let g = usize::try_from(e).map_err(|_| ())?;
+        match g.checked_sub(base).filter(|&l| l < n_expert) {
+            Some(l) => Ok(Some(l)),
+            None if first.is_some() => Ok(None),
+            None => Err(()),
+        }
+    };
     let mut count = vec![0usize; n_expert + 1];
+    let mut foreign = Vec::new();
     for t in 0..n_tok {
         for i in 0..n_used {
             let e = ids.get_i32([i, t, 0, 0]);
-            match usize::try_from(e).ok().filter(|&e| e < n_expert) {
-                Some(e) => count[e + 1] += 1,
-                None => {
-                    return Err(format!(
-                        "expert id {e} at slot {i} of token {t} is outside 0..{n_expert}"
-                    ));
+            match local(e) {
+                Ok(Some(l)) => count[l + 1] += 1,
+                Ok(None) => foreign.push((i, t)),
+                Err(()) => {
+                    return Err(match first {
+                        None => format!(
+                            "expert id {e} at slot {i} of token {t} is outside 0..{n_expert}"
+                        ),
+                        Some(_) => format!("expert id {e} at slot {i} of token {t} is negative"),
+                    });
                 }
             }
         }
@@ -42,15 +61,20 @@ fn route(ids: &TView, n_expert: usize) -> Result<Routing, String> {
     }
     let start = count.clone();
     let mut next = count;
-    let mut pairs = vec![(0, 0); n_used * n_tok];
+    let mut pairs = vec![(0, 0); start[n_expert]];
     for t in 0..n_tok {
         for i in 0..n_used {
-            let e = ids.get_i32([i, t, 0, 0]) as usize;
-            pairs[next[e]] = (i, t);
-            next[e] += 1;
+            if let Ok(Some(l)) = local(ids.get_i32([i, t, 0, 0])) {
+                pairs[next[l]] = (i, t);
+                next[l] += 1;
+            }
         }
     }
-    Ok(Routing { pairs, start })
+    Ok(Routing {
+        pairs,
+        start,
+        foreign,
+    })
 }
 
 /// Shared scratch bytes for the prepared activations of MUL_MAT_ID node `t`: one column per
@@ -69,6 +93,7 @@ pub(crate) fn act_bytes(tensors: &[TensorDesc], t: &TensorDesc) -> usize {
 pub(crate) fn mul_mat_id(
     exec: &Exec<'_>,
     node: TensorId,
+    first_expert: Option<usize>,
     ith: usize,
     nth: usize,
     ts: &mut ThreadScratch,
@@ -91,7 +116,7 @@ pub(crate) fn mul_mat_id(
         return;
     };
     // Every thread sees the same ids, so all of them skip the barrier below together on error.
-    let routing = match route(&ids, w.ne[2]) {
+    let routing = match route(&ids, w.ne[2], first_expert) {
         Ok(r) => r,
         Err(e) => {
             if ith == 0 {
@@ -120,6 +145,15 @@ pub(crate) fn mul_mat_id(
                 }
             }
             ActType::Q8_0 | ActType::Q8_1 | ActType::Q8_K => k::prepare_act(act, row, out),
+        }
+    }
+    // Columns of experts held elsewhere (expert parallelism) are zero, and never computed.
+    if !routing.foreign.is_empty() {
+        let (zeros, _, _) = ts.rows(dst.ne[0]);
+        zeros.fill(0.0);
+        for p in split_range(routing.foreign.len(), ith, nth) {
+            let (i, t) = routing.foreign[p];
+            dst.write_f32_at(0, i, t, 0, zeros);
         }
     }
     if ith == 0 {
