@@ -12,7 +12,10 @@
 // through the shared dequantisation of common.cuh), x [k, n_b, T] float, ids i32 [n_used, T].
 // One warp per (weight row, slot, token), blockDim 128. Work blocks are numbered row-block
 // fastest, then slot, then token, and the grid strides over them, so any size fits one launch.
-extern "C" __global__ void k_mul_mat_id(Tensor dst, Tensor w, Tensor x, Tensor ids, int* status) {
+// With `local` set (expert parallelism), w holds experts first..first + ne2 only: a pair routed
+// elsewhere gets a zero column and only a negative id is an error.
+extern "C" __global__ void k_mul_mat_id(Tensor dst, Tensor w, Tensor x, Tensor ids, int* status,
+                                        int local, i64 first) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     i64 m = w.ne[1], kdim = w.ne[0], n_expert = w.ne[2], n_used = dst.ne[1];
     i64 rblocks = (m + MMID_WARPS - 1) / MMID_WARPS;
@@ -26,10 +29,18 @@ extern "C" __global__ void k_mul_mat_id(Tensor dst, Tensor w, Tensor x, Tensor i
         if (row >= m) {
             continue;
         }
-        int e = ld_i32(ids, slot, tok, 0, 0);
-        if (e < 0 || (i64)e >= n_expert) {
+        int id = ld_i32(ids, slot, tok, 0, 0);
+        i64 e = local ? (i64)id - first : (i64)id;
+        if (id < 0 || (!local && e >= n_expert)) {
             if (lane == 0) {
-                raise_error(status, ERR_EXPERT, e);
+                raise_error(status, ERR_EXPERT, id);
+            }
+            continue;
+        }
+        if (e < 0 || e >= n_expert) {
+            // A foreign expert (local form): its column is zero on this device.
+            if (lane == 0) {
+                st(dst, row, slot, tok, 0, 0.0f);
             }
             continue;
         }

@@ -1182,6 +1182,31 @@ fn moe_cases(v: &mut Vec<Case>) {
             ));
         }
     }
+    // The local-range form of expert parallelism: a device holding experts 2..5 of 8.
+    for type_a in [DType::F32, DType::Q8_0, DType::Q4_K] {
+        let (k, m) = if type_a.block_size() == DType::QK_K {
+            (256, 32)
+        } else {
+            (64, 24)
+        };
+        for n_tok in [1, 9] {
+            let params = format!(
+                "type_a={type_a},type_b=f32,n_mats=3,first=2,of=8,n_used=2,b=0,m={m},n={n_tok},k={k}"
+            );
+            v.push(Case::new(
+                "MUL_MAT_ID",
+                params,
+                mul_mat_tol(type_a),
+                move |ctx| {
+                    let a = ctx.new_tensor(type_a, [k, m, 3])?;
+                    let b = ctx.new_tensor(DType::F32, [k, 1, n_tok])?;
+                    let ids = ctx.new_tensor(DType::I32, [2, n_tok])?;
+                    let y = ctx.mul_mat_id_local(a, b, ids, 2)?;
+                    Ok(Built::out(y).init(ids, Init::DistinctIds { n: 8 }))
+                },
+            ));
+        }
+    }
     for (n, n_expert, n_used, n_tok) in [(32, 4, 2, 3), (67, 8, 3, 1)] {
         let params = format!("type=f32,ne=[{n},{n_used},{n_tok}],n_experts={n_expert}");
         v.push(Case::new(

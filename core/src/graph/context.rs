@@ -879,7 +879,33 @@ impl Context {
     /// [`Error::InvalidOp`] on mismatched `k`, token counts or expert slots, a non-i32 `ids`,
     /// or 4-D operands.
     pub fn mul_mat_id(&mut self, a: TensorId, b: TensorId, ids: TensorId) -> Result<TensorId> {
-        let op = Op::MulMatId { first_expert: None };
+        self.mul_mat_id_impl(a, b, ids, None)
+    }
+
+    /// The local-range form of [`Context::mul_mat_id`] (expert parallelism): `a` holds experts
+    /// `first..first + ne2` of a larger set; a pair routed to another expert gets a zero column
+    /// and is not computed, and only a negative id is an error.
+    ///
+    /// # Errors
+    /// As [`Context::mul_mat_id`].
+    pub fn mul_mat_id_local(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        ids: TensorId,
+        first: usize,
+    ) -> Result<TensorId> {
+        self.mul_mat_id_impl(a, b, ids, Some(first))
+    }
+
+    fn mul_mat_id_impl(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        ids: TensorId,
+        first_expert: Option<usize>,
+    ) -> Result<TensorId> {
+        let op = Op::MulMatId { first_expert };
         let ta = self.get(&op, a)?;
         let tb = self.check_float(&op, b)?;
         let ti = self.get(&op, ids)?;

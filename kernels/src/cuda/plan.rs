@@ -472,7 +472,7 @@ impl Planner<'_> {
                     &mut args,
                 )
             }
-            Op::MulMatId => {
+            Op::MulMatId { first_expert } => {
                 let w = self.src(node, 0);
                 // One work block per (4 weight rows, slot, token); the kernel strides past the grid.
                 let blocks = self.desc(w).ne()[1].div_ceil(4) * t.ne()[1] * t.ne()[2];
@@ -480,7 +480,9 @@ impl Planner<'_> {
                     .push_bytes(&self.kt(w))
                     .push_bytes(&self.kt(self.src(node, 1)))
                     .push_bytes(&self.kt(self.src(node, 2)))
-                    .ptr(self.status);
+                    .ptr(self.status)
+                    .i32(first_expert.is_some() as i32)
+                    .i64(first_expert.unwrap_or(0) as i64);
                 let grid = (blocks as u64).clamp(1, MAX_BLOCKS) as u32;
                 self.go("k_mul_mat_id", (grid, 1, 1), 128, &mut args)
             }
