@@ -727,8 +727,10 @@ mod tests {
         assert_eq!((l.kernel, l.block), ("k_mul_mat_id", 128));
         // ceil(10 / 4) row blocks × 2 slots × 3 tokens.
         assert_eq!(l.grid, (18, 1, 1));
-        assert_eq!(l.args.len(), 5);
+        assert_eq!(l.args.len(), 7);
         assert_eq!(l.args[4], Arg::Ptr(0x40));
+        // The plain form: not local, first expert 0.
+        assert_eq!((&l.args[5], &l.args[6]), (&Arg::I32(0), &Arg::I64(0)));
         let l = plan(ts, &ptrs, 0x40, s).unwrap();
         assert_eq!((l.kernel, l.grid, l.block), ("k_argsort", (2, 1, 1), 256));
         assert_eq!(l.args[2], Arg::I32(1));
