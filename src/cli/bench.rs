@@ -538,11 +538,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let size = format!("{:.2} MiB", model.weight_bytes_total() as f64 / MIB);
     let params = format!("{:.2} M", params / 1e6);
     println!(
-        "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<10} | {:>6} | {:>20} |",
+        "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<24} | {:>6} | {:>20} |",
         "model", "size", "params", "backend", "devices", "split mode", "test", "t/s"
     );
     println!(
-        "| {:-<26} | {:->10} | {:->9} | {:-<7} | {:-<16} | {:-<10} | {:->6} | {:->20} |",
+        "| {:-<26} | {:->10} | {:->9} | {:-<7} | {:-<16} | {:-<24} | {:->6} | {:->20} |",
         "", "", "", "", "", "", "", ""
     );
     for r in &results {
@@ -555,7 +555,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             }
             let (mean, sd) = mean_sd(speeds);
             println!(
-                "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<10} | {:>6} | {:>20} |",
+                "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<24} | {:>6} | {:>20} |",
                 label,
                 size,
                 params,
