@@ -149,7 +149,7 @@ unsafe fn driver_error<T>(call: &str, rc: Status, name: *const c_char) -> Result
 }
 
 fn candidates(env: &str, names: &[&str]) -> Vec<PathBuf> {
-    let mut out = tessera_cuda::loader::library_candidates(env, names, &[]);
+    let mut out = tessera_gpu::loader::library_candidates(env, names, &[]);
     out.extend(names.iter().map(|n| Path::new("/opt/rocm/lib").join(n)));
     out
 }
@@ -221,7 +221,7 @@ impl Hip {
 
     fn load() -> std::result::Result<Hip, String> {
         let names = ["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"];
-        let (lib, path) = tessera_cuda::loader::open_first(&candidates(AMDHIP_PATH_ENV, &names))
+        let (lib, path) = tessera_gpu::loader::open_first(&candidates(AMDHIP_PATH_ENV, &names))
             .map_err(|e| format!("HIP runtime not found (set {AMDHIP_PATH_ENV}): {e}"))?;
         let rt = load_runtime(&lib, &path)?;
         let mut libs = vec![lib];
@@ -229,7 +229,7 @@ impl Hip {
             Ok(rtc) if std::env::var_os(HIPRTC_PATH_ENV).is_none() => Ok(rtc),
             _ => {
                 let names = ["libhiprtc.so.6", "libhiprtc.so.5", "libhiprtc.so"];
-                tessera_cuda::loader::open_first(&candidates(HIPRTC_PATH_ENV, &names))
+                tessera_gpu::loader::open_first(&candidates(HIPRTC_PATH_ENV, &names))
                     .map_err(|e| format!("hipRTC not found (set {HIPRTC_PATH_ENV}): {e}"))
                     .and_then(|(l, p)| {
                         let rtc = load_rtc(&l, &p)?;

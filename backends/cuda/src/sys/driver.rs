@@ -49,7 +49,7 @@ pub(crate) fn driver_version() -> Result<i32> {
 
 /// One physical GPU and its primary context, shared by every logical device on it.
 #[derive(Debug)]
-pub(crate) struct Gpu {
+pub struct Gpu {
     ordinal: usize,
     dev: sys::CUdevice,
     ctx: sys::CUcontext,
@@ -163,7 +163,7 @@ impl Drop for Gpu {
 
 /// Device memory, freed on drop.
 #[derive(Debug)]
-pub(crate) struct DeviceMem {
+pub struct DeviceMem {
     gpu: Arc<Gpu>,
     ptr: sys::CUdeviceptr,
     size: usize,
@@ -266,7 +266,7 @@ impl Drop for DeviceMem {
 
 /// Page-locked host memory, freed on drop.
 #[derive(Debug)]
-pub(crate) struct PinnedMem {
+pub struct PinnedMem {
     gpu: Arc<Gpu>,
     ptr: *mut u8,
     size: usize,
@@ -347,7 +347,7 @@ impl Drop for PinnedMem {
 
 /// A non-blocking stream, destroyed on drop.
 #[derive(Debug)]
-pub(crate) struct Stream {
+pub struct Stream {
     gpu: Arc<Gpu>,
     raw: sys::CUstream,
 }
@@ -554,7 +554,7 @@ impl Drop for Stream {
 
 /// An event without timing, destroyed on drop.
 #[derive(Debug)]
-pub(crate) struct RawEvent {
+pub struct RawEvent {
     gpu: Arc<Gpu>,
     raw: sys::CUevent,
 }
@@ -612,7 +612,7 @@ impl Drop for RawEvent {
 
 /// A loaded module (CUBIN or PTX image), unloaded on drop.
 #[derive(Debug)]
-pub(crate) struct Module {
+pub struct Module {
     gpu: Arc<Gpu>,
     raw: sys::CUmodule,
 }
@@ -666,7 +666,7 @@ impl Drop for Module {
 
 /// A kernel handle; valid while its [`Module`] is loaded (owners keep both together).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Function {
+pub struct Function {
     raw: sys::CUfunction,
 }
 
@@ -674,9 +674,6 @@ pub(crate) struct Function {
 unsafe impl Send for Function {}
 // SAFETY: as for Send.
 unsafe impl Sync for Function {}
-
-/// Kernel arguments (shared with the HIP backend).
-pub(crate) type Args = tessera_kernels::cuda::plan::ArgSlots;
 
 /// Queues `f` on `stream`.
 ///
@@ -689,7 +686,7 @@ pub(crate) unsafe fn launch(
     f: Function,
     grid: (u32, u32, u32),
     block: u32,
-    args: &mut Args,
+    args: &mut tessera_kernels::cuda::plan::ArgSlots,
 ) -> Result<()> {
     stream.gpu.bind()?;
     let mut ptrs = args.pointers();

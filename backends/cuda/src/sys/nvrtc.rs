@@ -110,15 +110,16 @@ impl Nvrtc {
     /// # Errors
     /// [`Error::Unavailable`] naming the variable to set when no candidate loads.
     pub fn load() -> Result<Nvrtc> {
-        let candidates = super::library_candidates(
+        let candidates = tessera_gpu::loader::library_candidates(
             NVRTC_PATH_ENV,
             &["libnvrtc.so.12", "libnvrtc.so.13", "libnvrtc.so"],
             &["cuda_nvrtc/lib", "cu13/lib"],
         );
-        let (lib, path) = super::open_first(&candidates).map_err(|e| Error::Unavailable {
-            backend: "cuda".into(),
-            reason: format!("NVRTC not found (set {NVRTC_PATH_ENV}): {e}"),
-        })?;
+        let (lib, path) =
+            tessera_gpu::loader::open_first(&candidates).map_err(|e| Error::Unavailable {
+                backend: "cuda".into(),
+                reason: format!("NVRTC not found (set {NVRTC_PATH_ENV}): {e}"),
+            })?;
         Nvrtc::from_library(lib, path)
     }
 
@@ -127,11 +128,12 @@ impl Nvrtc {
     /// # Errors
     /// [`Error::Unavailable`] when the file does not load or lacks an entry point.
     pub fn load_from(path: &Path) -> Result<Nvrtc> {
-        let (lib, path) =
-            super::open_first(&[path.to_path_buf()]).map_err(|e| Error::Unavailable {
+        let (lib, path) = tessera_gpu::loader::open_first(&[path.to_path_buf()]).map_err(|e| {
+            Error::Unavailable {
                 backend: "cuda".into(),
                 reason: format!("NVRTC: {e}"),
-            })?;
+            }
+        })?;
         Nvrtc::from_library(lib, path)
     }
 

@@ -1,6 +1,7 @@
 //! NCCL as a `libloading` table (`libnccl.so.2`, or RCCL's `librccl.so.1`, which exports the same
-//! C API: the HIP backend loads this same table from RCCL with [`Nccl::load_named`]). Found through `TESSERA_NCCL_PATH` (a file or a directory), the loader's search path,
-//! or the `nvidia-nccl-cu12` wheel of the active or nearest `.venv`.
+//! C API: the HIP backend loads this same table from RCCL with [`Nccl::load_named`]). [`Nccl::load`]
+//! finds NCCL through `TESSERA_NCCL_PATH` (a file or a directory), the loader's search path, or
+//! the `nvidia-nccl-cu12` wheel of the active or nearest `.venv`.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,144 @@
+//! [`Cuda`]: the CUDA driver API (`sys`) and the NVRTC compile step (`compile`) behind the
+//! shared runtime's [`Driver`] trait.
+
+use crate::compile;
+use crate::sys::driver::{self, DeviceMem, Function, Gpu, Module, PinnedMem, RawEvent, Stream};
+use crate::sys::nvrtc::Nvrtc;
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+use tessera_core::Result;
+use tessera_gpu::nccl::Nccl;
+use tessera_gpu::{Driver, Runtime};
+use tessera_kernels::cuda::plan::ArgSlots;
+
+/// Environment variable choosing the all-reduce path: `nccl` (default) or `none` (always the
+/// generic fallback).
+pub const ALLREDUCE_ENV: &str = "TESSERA_CUDA_ALLREDUCE";
+
+/// The CUDA driver with NVRTC, as the shared GPU runtime drives it.
+#[derive(Debug)]
+pub struct Cuda {
+    nvrtc: Arc<Nvrtc>,
+}
+
+/// Probes libcuda, loads NVRTC and opens every GPU, or says why not.
+fn open() -> std::result::Result<Runtime<Cuda>, String> {
+    let count = driver::probe()?;
+    if count == 0 {
+        return Err("the CUDA driver reports no devices".into());
+    }
+    let nvrtc = Arc::new(Nvrtc::load().map_err(|e| e.to_string())?);
+    let version = driver::driver_version().unwrap_or(0);
+    tracing::debug!(count, driver = version, nvrtc = ?nvrtc.version(), "CUDA available");
+    let gpus = (0..count)
+        .map(|i| Gpu::open(i).map_err(|e| format!("GPU {i}: {e}")))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Runtime::new(Cuda { nvrtc }, gpus)
+}
+
+impl tessera_gpu::PinnedMem for PinnedMem {
+    fn size(&self) -> usize {
+        PinnedMem::size(self)
+    }
+    fn addr(&self) -> usize {
+        PinnedMem::addr(self)
+    }
+    fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        PinnedMem::write(self, offset, src)
+    }
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        PinnedMem::read(self, offset, dst)
+    }
+    fn memset(&self, offset: usize, len: usize, value: u8) -> Result<()> {
+        PinnedMem::memset(self, offset, len, value)
+    }
+}
+
+impl Driver for Cuda {
+    const NAME: &'static str = "cuda";
+    const DEVICE_PREFIX: &'static str = "CUDA";
+    const ALLREDUCE_ENV: &'static str = ALLREDUCE_ENV;
+    const PINNED_HOST: bool = true;
+    type Gpu = Gpu;
+    type Mem = DeviceMem;
+    type Pinned = PinnedMem;
+    type Stream = Stream;
+    type Event = RawEvent;
+    type Module = Module;
+    type Function = Function;
+
+    fn runtime() -> &'static std::result::Result<Runtime<Cuda>, String> {
+        static RUNTIME: OnceLock<std::result::Result<Runtime<Cuda>, String>> = OnceLock::new();
+        RUNTIME.get_or_init(open)
+    }
+
+    tessera_gpu::forward_driver_methods!();
+
+    fn describe(gpu: &Gpu) -> String {
+        let (maj, min) = gpu.compute_capability();
+        format!("{} (GPU {}, sm_{maj}{min})", gpu.name(), gpu.ordinal())
+    }
+    fn can_access_peer(gpu: &Gpu, peer: &Gpu) -> bool {
+        gpu.can_access_peer(peer)
+    }
+    fn enable_peer_access(gpu: &Gpu, peer: &Gpu) -> Result<()> {
+        gpu.enable_peer_access(peer)
+    }
+
+    fn alloc_pinned(gpu: &Arc<Gpu>, bytes: usize) -> Result<Option<PinnedMem>> {
+        PinnedMem::alloc(gpu, bytes).map(Some)
+    }
+
+    fn stream_raw(stream: &Stream) -> *mut c_void {
+        stream.raw() as *mut c_void
+    }
+    fn copy_peer_async(
+        s: &Stream,
+        dst: &DeviceMem,
+        doff: usize,
+        src: &DeviceMem,
+        soff: usize,
+        len: usize,
+    ) -> Result<()> {
+        s.copy_peer(dst, doff, src, soff, len)
+    }
+    fn copy_to_device_async(
+        s: &Stream,
+        dst: &DeviceMem,
+        doff: usize,
+        src: &PinnedMem,
+        soff: usize,
+        len: usize,
+    ) -> Result<()> {
+        s.copy_htod_pinned(dst, doff, src, soff, len)
+    }
+    fn copy_to_host_async(
+        s: &Stream,
+        dst: &PinnedMem,
+        doff: usize,
+        src: &DeviceMem,
+        soff: usize,
+        len: usize,
+    ) -> Result<()> {
+        s.copy_dtoh_pinned(dst, doff, src, soff, len)
+    }
+
+    fn load_module(&self, gpu: &Arc<Gpu>, file: &str) -> Result<Module> {
+        compile::load_module(gpu, &self.nvrtc, file)
+    }
+    #[allow(unsafe_code)]
+    unsafe fn launch(
+        stream: &Stream,
+        f: Function,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &mut ArgSlots,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract (`Driver::launch`) is `driver::launch`'s.
+        unsafe { driver::launch(stream, f, grid, block, args) }
+    }
+
+    fn load_collectives() -> Result<Nccl> {
+        Nccl::load()
+    }
+}
