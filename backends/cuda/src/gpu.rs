@@ -8,8 +8,8 @@ use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 use tessera_core::Result;
 use tessera_gpu::nccl::Nccl;
-use tessera_gpu::{Driver, Runtime};
-use tessera_kernels::cuda::plan::ArgSlots;
+use tessera_gpu::{Driver, RegistryDriver, Runtime};
+use tessera_kernels::cuda::plan::{ArgSlots, Launch};
 
 /// Environment variable choosing the all-reduce path: `nccl` (default) or `none` (always the
 /// generic fallback).
@@ -56,8 +56,6 @@ impl tessera_gpu::PinnedMem for PinnedMem {
 
 impl Driver for Cuda {
     const NAME: &'static str = "cuda";
-    const DEVICE_PREFIX: &'static str = "CUDA";
-    const ALLREDUCE_ENV: &'static str = ALLREDUCE_ENV;
     const PINNED_HOST: bool = true;
     type Gpu = Gpu;
     type Mem = DeviceMem;
@@ -66,11 +64,6 @@ impl Driver for Cuda {
     type Event = RawEvent;
     type Module = Module;
     type Function = Function;
-
-    fn runtime() -> &'static std::result::Result<Runtime<Cuda>, String> {
-        static RUNTIME: OnceLock<std::result::Result<Runtime<Cuda>, String>> = OnceLock::new();
-        RUNTIME.get_or_init(open)
-    }
 
     tessera_gpu::forward_driver_methods!();
 
@@ -89,9 +82,6 @@ impl Driver for Cuda {
         PinnedMem::alloc(gpu, bytes).map(Some)
     }
 
-    fn stream_raw(stream: &Stream) -> *mut c_void {
-        stream.raw() as *mut c_void
-    }
     fn copy_peer_async(
         s: &Stream,
         dst: &DeviceMem,
@@ -123,19 +113,29 @@ impl Driver for Cuda {
         s.copy_dtoh_pinned(dst, doff, src, soff, len)
     }
 
-    fn load_module(&self, gpu: &Arc<Gpu>, file: &str) -> Result<Module> {
+    fn load_module(&self, gpu: &Arc<Gpu>, file: &'static str) -> Result<Module> {
         compile::load_module(gpu, &self.nvrtc, file)
     }
     #[allow(unsafe_code)]
-    unsafe fn launch(
-        stream: &Stream,
-        f: Function,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &mut ArgSlots,
-    ) -> Result<()> {
-        // SAFETY: the caller's contract (`Driver::launch`) is `driver::launch`'s.
-        unsafe { driver::launch(stream, f, grid, block, args) }
+    unsafe fn launch(stream: &Stream, f: &Function, launch: &Launch) -> Result<()> {
+        let mut args = ArgSlots::from_launch(launch);
+        // SAFETY: the caller's contract (`Driver::launch`) is `driver::launch`'s, for the
+        // arguments `launch` lists, packed in order.
+        unsafe { driver::launch(stream, *f, launch.grid, launch.block, &mut args) }
+    }
+}
+
+impl RegistryDriver for Cuda {
+    const DEVICE_PREFIX: &'static str = "CUDA";
+    const ALLREDUCE_ENV: &'static str = ALLREDUCE_ENV;
+
+    fn runtime() -> &'static std::result::Result<Runtime<Cuda>, String> {
+        static RUNTIME: OnceLock<std::result::Result<Runtime<Cuda>, String>> = OnceLock::new();
+        RUNTIME.get_or_init(open)
+    }
+
+    fn stream_raw(stream: &Stream) -> *mut c_void {
+        stream.raw() as *mut c_void
     }
 
     fn load_collectives() -> Result<Nccl> {

@@ -38,7 +38,7 @@ impl<D: Driver> BufferType for GpuBufferType<D> {
         &self.name
     }
     fn alignment(&self) -> usize {
-        GPU_ALIGNMENT
+        D::ALIGNMENT
     }
     fn max_size(&self) -> usize {
         D::total_mem(&self.gpu)
@@ -77,6 +77,10 @@ impl<D: Driver> GpuBuffer<D> {
     pub fn ptr(&self) -> u64 {
         D::mem_ptr(&self.mem)
     }
+    /// The driver's memory object (for a vendor's own comm).
+    pub fn mem(&self) -> &D::Mem {
+        &self.mem
+    }
 }
 
 impl<D: Driver> Buffer for GpuBuffer<D> {
@@ -106,11 +110,11 @@ impl<D: Driver> Buffer for GpuBuffer<D> {
         len: usize,
     ) -> Result<bool> {
         match src.as_any().downcast_ref::<GpuBuffer<D>>() {
-            Some(s) => {
+            Some(s) if D::can_copy(D::mem_gpu(&self.mem), D::mem_gpu(&s.mem)) => {
                 D::copy(&self.mem, dst_offset, &s.mem, src_offset, len)?;
                 Ok(true)
             }
-            None => Ok(false),
+            _ => Ok(false),
         }
     }
     fn as_any(&self) -> &dyn Any {
@@ -140,7 +144,7 @@ impl<D: Driver> BufferType for HostBufferType<D> {
         &self.name
     }
     fn alignment(&self) -> usize {
-        GPU_ALIGNMENT
+        D::ALIGNMENT
     }
     fn is_host(&self) -> bool {
         true

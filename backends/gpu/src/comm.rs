@@ -1,6 +1,7 @@
 //! The comm trio (`tessera_comm_init` / `tessera_comm_allreduce_tensor` / `tessera_comm_free`,
-//! see `tessera_core::plugin`) over an NCCL-API library ([`Driver::load_collectives`]: NCCL for
-//! CUDA, RCCL for HIP), one communicator per GPU from `ncclCommInitAll` in this process.
+//! see `tessera_core::plugin`) over an NCCL-API library
+//! ([`RegistryDriver::load_collectives`]: NCCL for CUDA, RCCL for HIP), one communicator per GPU
+//! from `ncclCommInitAll` in this process.
 //!
 //! - Wire: f32 below the element thresholds of ggml-cuda ([`f32_wire`]), else bf16 with
 //!   round-to-nearest-even conversion kernels around the reduction.
@@ -12,7 +13,7 @@
 #![allow(unsafe_code)]
 
 use crate::buffer::GpuBuffer;
-use crate::driver::Driver;
+use crate::driver::{Driver, RegistryDriver};
 use crate::runtime::Kernels;
 use crate::stream::GpuStream;
 use crate::sys::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, Nccl, NcclComm};
@@ -23,7 +24,7 @@ use tessera_core::plugin::{
 };
 use tessera_core::{Backend, Buffer, ProcAddress, Result};
 use tessera_kernels::cuda::host::InFlight;
-use tessera_kernels::cuda::plan::ArgSlots;
+use tessera_kernels::cuda::plan::{Arg, Launch};
 
 /// Whether `n_elements` values over `n_devices` GPUs go over the wire as f32 (else bf16): the
 /// thresholds ggml-cuda tuned on PCIe 4.0.
@@ -36,7 +37,7 @@ pub fn f32_wire(n_devices: usize, n_elements: usize) -> bool {
 }
 
 /// The comm trio's addresses by name, for driver `D`.
-pub fn proc_address<D: Driver>(name: &str) -> Option<ProcAddress> {
+pub fn proc_address<D: RegistryDriver>(name: &str) -> Option<ProcAddress> {
     tessera_core::plugin::comm_proc_address(
         name,
         comm_init::<D>,
@@ -59,7 +60,10 @@ struct CommCtx<D: Driver> {
     inflight: InFlight<Vec<D::Event>>,
 }
 
-unsafe extern "C" fn comm_init<D: Driver>(streams: *const *mut c_void, n: usize) -> *mut c_void {
+unsafe extern "C" fn comm_init<D: RegistryDriver>(
+    streams: *const *mut c_void,
+    n: usize,
+) -> *mut c_void {
     // SAFETY: forwarded from the comm ABI's contract for this function.
     unsafe { comm_init_with(streams, n, init::<D>) }
 }
@@ -73,7 +77,7 @@ fn decline<T>(backend: &str, reason: &str) -> Option<T> {
     None
 }
 
-fn init<D: Driver>(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx<D>> {
+fn init<D: RegistryDriver>(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx<D>> {
     if std::env::var(D::ALLREDUCE_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("none")) {
         return decline(D::NAME, &format!("{}=none", D::ALLREDUCE_ENV));
     }
@@ -85,14 +89,10 @@ fn init<D: Driver>(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx<D>> {
         let Some(s) = backend.as_any_mut().downcast_mut::<GpuStream<D>>() else {
             return decline(D::NAME, "a stream is of another backend");
         };
-        let kernels = match s.ctx.kernels() {
-            Ok(k) => k,
-            Err(e) => return decline(D::NAME, &e.to_string()),
-        };
         members.push(Member {
             ordinal: s.gpu_ordinal(),
-            stream: s.stream.clone(),
-            kernels,
+            stream: s.driver_stream().clone(),
+            kernels: s.context().kernels().clone(),
             scratch: None,
         });
     }
@@ -122,7 +122,7 @@ fn init<D: Driver>(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx<D>> {
     })
 }
 
-unsafe extern "C" fn comm_allreduce<D: Driver>(
+unsafe extern "C" fn comm_allreduce<D: RegistryDriver>(
     ctx: *mut c_void,
     slices: *const RawCommSlice,
     n: usize,
@@ -140,7 +140,7 @@ struct Slot {
     contributes: bool,
 }
 
-fn allreduce<D: Driver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Result<i32> {
+fn allreduce<D: RegistryDriver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Result<i32> {
     if calls.len() != ctx.members.len() {
         return Ok(-2);
     }
@@ -232,17 +232,26 @@ fn allreduce<D: Driver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Result<i3
 }
 
 /// Queues a wire conversion of `len` values from `src` to `dst` (device addresses).
-fn convert<D: Driver>(m: &Member<D>, kernel: &str, dst: u64, src: u64, len: usize) -> Result<()> {
+fn convert<D: Driver>(
+    m: &Member<D>,
+    kernel: &'static str,
+    dst: u64,
+    src: u64,
+    len: usize,
+) -> Result<()> {
     let f = m.kernels.get(kernel)?;
-    let mut args = ArgSlots::new();
-    args.ptr(dst).ptr(src).i64(len as i64);
-    let blocks = len.div_ceil(256).clamp(1, 1 << 20) as u32;
+    let launch = Launch {
+        kernel,
+        grid: (len.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1),
+        block: 256,
+        args: vec![Arg::Ptr(dst), Arg::Ptr(src), Arg::I64(len as i64)],
+    };
     // SAFETY: (dst, src, n) matches `k_f32_to_bf16` / `k_bf16_to_f32`; both addresses span `len`
     // values of live memory of this member's GPU (a validated slice and the member's scratch).
-    unsafe { D::launch(&m.stream, f, (blocks, 1, 1), 256, &mut args) }
+    unsafe { D::launch(&m.stream, &f, &launch) }
 }
 
-unsafe extern "C" fn comm_free<D: Driver>(ctx: *mut c_void) {
+unsafe extern "C" fn comm_free<D: RegistryDriver>(ctx: *mut c_void) {
     // SAFETY: forwarded from the comm ABI's contract; `ctx` came from `comm_init::<D>`.
     unsafe {
         comm_free_with(ctx, |ctx: Box<CommCtx<D>>| {

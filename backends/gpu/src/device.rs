@@ -23,7 +23,8 @@ pub struct GpuDevice<D: Driver> {
 }
 
 impl<D: Driver> GpuDevice<D> {
-    pub(crate) fn new(name: &str, ctx: Arc<GpuContext<D>>, pinned: bool) -> GpuDevice<D> {
+    /// The logical device `name` on `ctx`'s GPU, with a pinned host buffer type if `pinned`.
+    pub fn new(name: &str, ctx: Arc<GpuContext<D>>, pinned: bool) -> GpuDevice<D> {
         let gpu = ctx.gpu().clone();
         GpuDevice {
             name: name.to_string(),
@@ -55,7 +56,7 @@ impl<D: Driver> Device for GpuDevice<D> {
         D::NAME
     }
     fn kind(&self) -> DeviceType {
-        DeviceType::Gpu
+        D::device_type(self.gpu())
     }
     fn memory(&self) -> MemoryInfo {
         let (free, total) = D::mem_info(self.gpu()).unwrap_or((0, D::total_mem(self.gpu())));

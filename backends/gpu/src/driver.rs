@@ -16,17 +16,18 @@ use crate::sys::nccl::Nccl;
 use std::ffi::c_void;
 use std::fmt::Debug;
 use std::sync::Arc;
-use tessera_core::{Error, Result};
-use tessera_kernels::cuda::plan::ArgSlots;
+use tessera_core::{DeviceType, Error, Result};
+use tessera_kernels::cuda::plan::Launch;
 
 /// A GPU vendor's driver API, as the shared runtime uses it.
 pub trait Driver: Debug + Send + Sync + Sized + 'static {
-    /// Lower-case backend name (`"cuda"`, `"hip"`): registry, features, error messages.
+    /// Lower-case backend name (`"cuda"`, `"hip"`, `"sycl"`): registry, features, errors.
     const NAME: &'static str;
-    /// Device-name prefix (`"CUDA"` gives `CUDA0`, `CUDA1`, ...).
-    const DEVICE_PREFIX: &'static str;
-    /// Environment variable that turns the vendor all-reduce off when set to `none`.
-    const ALLREDUCE_ENV: &'static str;
+    /// Optional. Alignment of tensor offsets in device buffers. Default [`GPU_ALIGNMENT`]
+    /// (256 bytes, as ggml-cuda).
+    ///
+    /// [`GPU_ALIGNMENT`]: crate::GPU_ALIGNMENT
+    const ALIGNMENT: usize = crate::buffer::GPU_ALIGNMENT;
     /// Optional. Whether [`Driver::alloc_pinned`] gives memory, so devices offer a pinned host
     /// buffer type. Default `false`.
     const PINNED_HOST: bool = false;
@@ -44,11 +45,7 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     /// A loaded code object (unloaded on drop).
     type Module: Debug + Send + Sync;
     /// A kernel of a loaded module, valid while the module is.
-    type Function: Copy + Debug + Send + Sync;
-
-    /// The process-wide runtime (driver state and every GPU), opened on first use, or why the
-    /// backend has no devices here. Vendor crates keep it in their own `static OnceLock`.
-    fn runtime() -> &'static std::result::Result<Runtime<Self>, String>;
+    type Function: Clone + Debug + Send + Sync;
 
     // --- device attributes -----------------------------------------------------------------
 
@@ -58,6 +55,10 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     fn gpu_name(gpu: &Self::Gpu) -> &str;
     /// One line for `tessera devices` (name, ordinal, architecture).
     fn describe(gpu: &Self::Gpu) -> String;
+    /// Optional. What kind of device `gpu` is. Default [`DeviceType::Gpu`].
+    fn device_type(_gpu: &Self::Gpu) -> DeviceType {
+        DeviceType::Gpu
+    }
     /// Total device memory in bytes.
     fn total_mem(gpu: &Self::Gpu) -> usize;
     /// Free and total device memory.
@@ -70,6 +71,12 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     fn can_access_peer(_gpu: &Self::Gpu, _peer: &Self::Gpu) -> bool {
         false
     }
+    /// Optional. Whether [`Driver::copy_peer_async`] and [`Driver::copy`] can move bytes between
+    /// memory of `gpu` and of `peer` at all (SYCL: only within one context). Default `true`;
+    /// otherwise copies go through the host.
+    fn can_copy(_gpu: &Self::Gpu, _peer: &Self::Gpu) -> bool {
+        true
+    }
     /// Optional. Enables direct access from `gpu` to `peer` (idempotent). Default: nothing to
     /// enable.
     ///
@@ -81,7 +88,8 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
 
     // --- memory ------------------------------------------------------------------------------
 
-    /// Allocates `bytes` (at least one) of zeroed device memory on `gpu`.
+    /// Allocates `bytes` (at least one) of device memory on `gpu`; whether it is zeroed is the
+    /// driver's choice (CUDA and HIP zero it).
     ///
     /// # Errors
     /// [`Error::OutOfMemory`], or the driver's status.
@@ -136,8 +144,6 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     fn stream_create(gpu: &Arc<Self::Gpu>) -> Result<Self::Stream>;
     /// The GPU of `stream`.
     fn stream_gpu(stream: &Self::Stream) -> &Arc<Self::Gpu>;
-    /// The raw stream handle, for the collective library (`cudaStream_t` / `hipStream_t`).
-    fn stream_raw(stream: &Self::Stream) -> *mut c_void;
     /// Waits for the work queued on `stream`.
     ///
     /// # Errors
@@ -251,35 +257,46 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
 
     // --- kernels -----------------------------------------------------------------------------
 
-    /// Compiles (or finds built ahead of time, or in the disk cache) kernel source `file` of
+    /// Compiles (or finds built ahead of time, or in a cache) kernel source `file` of
     /// `tessera_kernels::cuda::SOURCES` for `gpu`, and loads it: the vendor's compile step.
+    /// Called once per source and [`GpuContext`](crate::GpuContext), when one of its kernels is
+    /// first needed.
     ///
     /// # Errors
     /// The compiler's log, or the driver's status.
-    fn load_module(&self, gpu: &Arc<Self::Gpu>, file: &str) -> Result<Self::Module>;
+    fn load_module(&self, gpu: &Arc<Self::Gpu>, file: &'static str) -> Result<Self::Module>;
     /// The kernel `name` of `module`.
     ///
     /// # Errors
     /// The driver's status (no such kernel).
     fn function(module: &Self::Module, name: &str) -> Result<Self::Function>;
-    /// Queues `f` on `stream` with a `grid` of blocks of `block` threads.
+    /// Queues `f` on `stream` as `launch` plans it (`grid` blocks of `block` threads, `args`).
     ///
     /// # Safety
-    /// `args` must match the kernel's parameter list in count, size and meaning; every device
+    /// `launch.args` must match the kernel's parameter list in count, size and meaning; every device
     /// address in them must point into memory that stays allocated until the stream has run the
     /// kernel, and the ranges the kernel touches must lie inside those allocations.
     ///
     /// # Errors
     /// The driver's status.
-    unsafe fn launch(
-        stream: &Self::Stream,
-        f: Self::Function,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &mut ArgSlots,
-    ) -> Result<()>;
+    unsafe fn launch(stream: &Self::Stream, f: &Self::Function, launch: &Launch) -> Result<()>;
+}
 
-    // --- collectives -------------------------------------------------------------------------
+/// The rest of a CUDA-like vendor: its process-wide runtime (enumerated GPUs, for
+/// [`GpuRegistry`](crate::GpuRegistry)) and its NCCL-API collective library (for the comm trio).
+/// SYCL, whose devices and all-reduce differ, implements [`Driver`] only.
+pub trait RegistryDriver: Driver {
+    /// Device-name prefix (`"CUDA"` gives `CUDA0`, `CUDA1`, ...).
+    const DEVICE_PREFIX: &'static str;
+    /// Environment variable that turns the vendor all-reduce off when set to `none`.
+    const ALLREDUCE_ENV: &'static str;
+
+    /// The process-wide runtime (driver state and every GPU), opened on first use, or why the
+    /// backend has no devices here. Vendor crates keep it in their own `static OnceLock`.
+    fn runtime() -> &'static std::result::Result<Runtime<Self>, String>;
+
+    /// The raw stream handle, for the collective library (`cudaStream_t` / `hipStream_t`).
+    fn stream_raw(stream: &Self::Stream) -> *mut c_void;
 
     /// The NCCL-API collective library (NCCL, RCCL) for the comm trio.
     ///

@@ -1,9 +1,10 @@
-//! Tessera's shared GPU runtime: everything the CUDA and HIP backends have in common, written
-//! once over the small [`Driver`] trait that each vendor crate implements.
+//! Tessera's shared GPU runtime: everything the CUDA, HIP and SYCL backends have in common,
+//! written once over the small [`Driver`] trait that each vendor crate implements
+//! ([`RegistryDriver`] adds GPU enumeration and an NCCL-API library, for CUDA and HIP).
 //!
-//! - [`Runtime`] and [`GpuContext`]: the driver and its GPUs, opened once per process; each GPU's
-//!   kernels (every source of `tessera_kernels::cuda`) are built on first use by the driver's
-//!   compile step and kept in a [`Kernels`] cache.
+//! - [`Runtime`] and [`GpuContext`]: the driver and its GPUs, opened once per process; each
+//!   source of `tessera_kernels::cuda` is built by the driver's compile step when one of its
+//!   kernels is first needed, and kept in the GPU's [`Kernels`] cache.
 //! - [`GpuDevice`], [`GpuBufferType`] / [`GpuBuffer`] (device memory) and [`HostBufferType`] /
 //!   [`HostBuffer`] (pinned host memory, where the driver has it): the core `Device`,
 //!   `BufferType` and `Buffer` traits.
@@ -17,8 +18,9 @@
 //! `registry`; `comm` sits beside the registry. `unsafe` is confined to [`sys`] (library loading,
 //! the NCCL table), kernel launches in `stream` and `comm`, and the comm trio's C entry points.
 //!
-//! A vendor crate provides `impl Driver for Vendor` (its FFI tables, its compile step, and a
-//! `static` holding its [`Runtime`]) and type aliases (`type CudaDevice = GpuDevice<Cuda>`).
+//! A vendor crate provides `impl Driver for Vendor` over its FFI tables and compile step (CUDA
+//! and HIP also `impl RegistryDriver`, with a `static` holding the [`Runtime`]) and type aliases
+//! (`type CudaDevice = GpuDevice<Cuda>`).
 #![deny(unsafe_code)]
 
 mod buffer;
@@ -33,7 +35,7 @@ pub mod sys;
 pub use buffer::{GPU_ALIGNMENT, GpuBuffer, GpuBufferType, HostBuffer, HostBufferType};
 pub use comm::f32_wire;
 pub use device::GpuDevice;
-pub use driver::{Driver, NoPinned, PinnedMem};
+pub use driver::{Driver, NoPinned, PinnedMem, RegistryDriver};
 pub use registry::GpuRegistry;
 pub use runtime::{GpuContext, Kernels, Runtime};
 pub use stream::{GpuEvent, GpuStream};

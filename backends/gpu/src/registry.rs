@@ -3,7 +3,7 @@
 //! share GPUs round-robin), the reason when there are none, and the comm trio by name.
 
 use crate::device::GpuDevice;
-use crate::driver::Driver;
+use crate::driver::RegistryDriver;
 use crate::runtime::GpuContext;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -11,15 +11,15 @@ use tessera_core::{Device, Error, ProcAddress, Registry, Result};
 
 /// The registry of the GPU backend of driver `D`.
 #[derive(Debug)]
-pub struct GpuRegistry<D: Driver>(PhantomData<fn() -> D>);
+pub struct GpuRegistry<D: RegistryDriver>(PhantomData<fn() -> D>);
 
-impl<D: Driver> Default for GpuRegistry<D> {
+impl<D: RegistryDriver> Default for GpuRegistry<D> {
     fn default() -> Self {
         GpuRegistry(PhantomData)
     }
 }
 
-impl<D: Driver> GpuRegistry<D> {
+impl<D: RegistryDriver> GpuRegistry<D> {
     /// The registry (cheap; GPUs are probed once per process, on first use).
     pub fn new() -> GpuRegistry<D> {
         GpuRegistry::default()
@@ -47,7 +47,7 @@ impl<D: Driver> GpuRegistry<D> {
     }
 }
 
-impl<D: Driver> Registry for GpuRegistry<D> {
+impl<D: RegistryDriver> Registry for GpuRegistry<D> {
     fn name(&self) -> &str {
         D::NAME
     }

@@ -1,4 +1,4 @@
-//! The per-process state: the driver ([`Runtime`]) and, per GPU, its context and lazily built
+//! The per-process state: the driver ([`Runtime`]) and, per GPU, its context and lazily loaded
 //! kernels ([`GpuContext`], [`Kernels`]). Built before anything that uses it (buffers, streams,
 //! devices), so the modules above import this one and never each other in a circle.
 
@@ -27,13 +27,7 @@ impl<D: Driver> Runtime<D> {
         let driver = Arc::new(driver);
         let gpus = gpus
             .into_iter()
-            .map(|gpu| {
-                Arc::new(GpuContext {
-                    gpu,
-                    driver: driver.clone(),
-                    kernels: OnceLock::new(),
-                })
-            })
+            .map(|gpu| Arc::new(GpuContext::new(driver.clone(), gpu)))
             .collect();
         Ok(Runtime { driver, gpus })
     }
@@ -49,15 +43,22 @@ impl<D: Driver> Runtime<D> {
     }
 }
 
-/// One GPU with its lazily built kernels, shared by the logical devices on it.
+/// One GPU with its kernels, shared by the logical devices on it.
 #[derive(Debug)]
 pub struct GpuContext<D: Driver> {
     gpu: Arc<D::Gpu>,
-    driver: Arc<D>,
-    kernels: OnceLock<std::result::Result<Arc<Kernels<D>>, String>>,
+    kernels: Arc<Kernels<D>>,
 }
 
 impl<D: Driver> GpuContext<D> {
+    /// The context of `gpu`, whose kernels `driver` loads.
+    pub fn new(driver: Arc<D>, gpu: Arc<D::Gpu>) -> GpuContext<D> {
+        GpuContext {
+            kernels: Arc::new(Kernels::new(driver, gpu.clone())),
+            gpu,
+        }
+    }
+
     /// The GPU.
     pub fn gpu(&self) -> &Arc<D::Gpu> {
         &self.gpu
@@ -68,70 +69,87 @@ impl<D: Driver> GpuContext<D> {
         D::ordinal(&self.gpu)
     }
 
-    /// The kernels, built on first use (once per process and GPU; later from the disk cache).
-    ///
-    /// # Errors
-    /// [`Error::Compute`] naming the GPU and what failed (kept: later calls give it again).
-    pub fn kernels(&self) -> Result<Arc<Kernels<D>>> {
-        self.kernels
-            .get_or_init(|| {
-                Kernels::build(&*self.driver, &self.gpu)
-                    .map(Arc::new)
-                    .map_err(|e| e.to_string())
-            })
-            .clone()
-            .map_err(|reason| Error::Compute {
-                device: D::gpu_name(&self.gpu).to_string(),
-                reason: format!("building the {} kernels failed: {reason}", D::NAME),
-            })
+    /// The kernels of this GPU (each source is loaded when one of its kernels is first needed).
+    pub fn kernels(&self) -> &Arc<Kernels<D>> {
+        &self.kernels
     }
 }
 
-/// Every kernel of `tessera_kernels::cuda`, loaded on one GPU.
+/// One loaded source: its kernels, then the module (handles drop before the code they point
+/// into).
+type Loaded<D> = (
+    HashMap<&'static str, <D as Driver>::Function>,
+    <D as Driver>::Module,
+);
+
+/// The kernels of `tessera_kernels::cuda` on one GPU: each source compiled (or found) and loaded
+/// by the driver the first time one of its kernels is asked for, then kept; a failure is kept
+/// too, and every later request for that source gives it again.
 #[derive(Debug)]
 pub struct Kernels<D: Driver> {
-    // Declared before the modules: handles are dropped before the code they point into.
-    functions: HashMap<&'static str, D::Function>,
-    _modules: Vec<D::Module>,
+    driver: Arc<D>,
+    gpu: Arc<D::Gpu>,
+    /// Per entry of [`SOURCES`].
+    sources: Vec<OnceLock<std::result::Result<Loaded<D>, String>>>,
 }
 
 impl<D: Driver> Kernels<D> {
-    /// Loads every source for `gpu` (the driver compiles or finds each one).
-    ///
-    /// # Errors
-    /// The first source that does not compile or load, or a kernel missing from it.
-    pub fn build(driver: &D, gpu: &Arc<D::Gpu>) -> Result<Kernels<D>> {
-        let mut modules = Vec::with_capacity(SOURCES.len());
-        let mut functions = HashMap::new();
-        for (file, _) in SOURCES {
-            let module = driver.load_module(gpu, file)?;
-            for (_, kernel) in KERNELS.iter().filter(|(f, _)| f == file) {
-                let f = D::function(&module, kernel).map_err(|e| Error::Compute {
-                    device: D::gpu_name(gpu).to_string(),
-                    reason: format!("kernel {kernel} of {file}: {e}"),
-                })?;
-                functions.insert(*kernel, f);
-            }
-            modules.push(module);
+    fn new(driver: Arc<D>, gpu: Arc<D::Gpu>) -> Kernels<D> {
+        Kernels {
+            driver,
+            gpu,
+            sources: SOURCES.iter().map(|_| OnceLock::new()).collect(),
         }
-        tracing::debug!(backend = D::NAME, gpu = D::gpu_name(gpu), "kernels loaded");
-        Ok(Kernels {
-            functions,
-            _modules: modules,
-        })
     }
 
-    /// The kernel `name`.
+    fn load(&self, file: &'static str) -> Result<Loaded<D>> {
+        let module = self.driver.load_module(&self.gpu, file)?;
+        let mut functions = HashMap::new();
+        for (_, kernel) in KERNELS.iter().filter(|(f, _)| *f == file) {
+            let f = D::function(&module, kernel).map_err(|e| Error::Compute {
+                device: D::gpu_name(&self.gpu).to_string(),
+                reason: format!("kernel {kernel} of {file}: {e}"),
+            })?;
+            functions.insert(*kernel, f);
+        }
+        tracing::debug!(
+            backend = D::NAME,
+            gpu = D::gpu_name(&self.gpu),
+            file,
+            "kernels loaded"
+        );
+        Ok((functions, module))
+    }
+
+    /// The kernel `name`, loading its source on first use.
     ///
     /// # Errors
-    /// [`Error::Compute`] when no source defines it.
+    /// [`Error::Compute`] when no source defines it, or its source does not compile or load
+    /// (naming the GPU and the compiler's or driver's reason).
     pub fn get(&self, name: &str) -> Result<D::Function> {
-        self.functions
-            .get(name)
-            .copied()
-            .ok_or_else(|| Error::Compute {
-                device: D::NAME.into(),
-                reason: format!("kernel {name} is not loaded"),
-            })
+        let unknown = || Error::Compute {
+            device: D::gpu_name(&self.gpu).to_string(),
+            reason: format!("no {} kernel named {name}", D::NAME),
+        };
+        let file = KERNELS
+            .iter()
+            .find(|(_, k)| *k == name)
+            .map(|(f, _)| *f)
+            .ok_or_else(unknown)?;
+        let index = SOURCES
+            .iter()
+            .position(|(f, _)| *f == file)
+            .ok_or_else(unknown)?;
+        let loaded = self.sources[index]
+            .get_or_init(|| self.load(file).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|reason| Error::Compute {
+                device: D::gpu_name(&self.gpu).to_string(),
+                reason: format!(
+                    "building the {} kernels of {file} failed: {reason}",
+                    D::NAME
+                ),
+            })?;
+        loaded.0.get(name).cloned().ok_or_else(unknown)
     }
 }

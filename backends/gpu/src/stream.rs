@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tessera_core::backend::{EventImpl, copy_between};
 use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
 use tessera_kernels::cuda::host::{InFlight, status_error};
-use tessera_kernels::cuda::plan::{self, ArgSlots};
+use tessera_kernels::cuda::plan;
 
 /// A GPU event: completes when the stream work before it has.
 #[derive(Debug)]
@@ -44,9 +44,10 @@ pub struct GpuStream<D: Driver> {
 
 impl<D: Driver> GpuStream<D> {
     pub(crate) fn new(name: &str, ctx: Arc<GpuContext<D>>) -> Result<GpuStream<D>> {
-        let kernels = ctx.kernels()?;
+        let kernels = ctx.kernels().clone();
         let stream = Arc::new(D::stream_create(ctx.gpu())?);
         let status = D::alloc(ctx.gpu(), 8)?;
+        D::memset(&status, 0, 8, 0)?;
         Ok(GpuStream {
             name: name.to_string(),
             ctx,
@@ -62,6 +63,16 @@ impl<D: Driver> GpuStream<D> {
         self.ctx.ordinal()
     }
 
+    /// The GPU context (for a vendor's own comm).
+    pub fn context(&self) -> &Arc<GpuContext<D>> {
+        &self.ctx
+    }
+
+    /// The driver stream (for a vendor's own comm).
+    pub fn driver_stream(&self) -> &Arc<D::Stream> {
+        &self.stream
+    }
+
     /// Keeps `buffers` alive until the work queued so far completes; drops finished entries.
     fn hold(&mut self, buffers: Vec<Arc<dyn Buffer>>) -> Result<()> {
         let stream = &self.stream;
@@ -75,12 +86,7 @@ impl<D: Driver> GpuStream<D> {
             .filter(|c| c.gpu_ordinal() == self.gpu_ordinal())
             .ok_or_else(|| Error::Foreign {
                 backend: D::NAME.into(),
-                what: format!(
-                    "{what} {} is not memory of {} GPU {}",
-                    b.name(),
-                    D::DEVICE_PREFIX,
-                    self.gpu_ordinal()
-                ),
+                what: format!("{what} {} is not memory of {}", b.name(), self.name),
             })
     }
 
@@ -110,12 +116,11 @@ impl<D: Driver> Backend for GpuStream<D> {
                 continue;
             };
             let f = self.kernels.get(l.kernel)?;
-            let mut args = ArgSlots::from_launch(&l);
             // SAFETY: the plan builds `args` in the exact order and sizes of the kernel's C
             // parameter list (see the kernel sources); tensor addresses come from bindings checked
             // to fit their buffers (`Bindings::check_graph`), and `hold` below keeps those buffers
             // alive until the work completes.
-            unsafe { D::launch(&self.stream, f, l.grid, l.block, &mut args)? };
+            unsafe { D::launch(&self.stream, &f, &l)? };
         }
         self.hold(held)
     }
@@ -177,7 +182,7 @@ impl<D: Driver> Backend for GpuStream<D> {
             (Some(a), Some(b), _, _) if a.gpu_ordinal() == b.gpu_ordinal() => {
                 D::copy_async(s, &b.mem, dst_offset, &a.mem, src_offset, len)?;
             }
-            (Some(a), Some(b), _, _) => {
+            (Some(a), Some(b), _, _) if D::can_copy(D::mem_gpu(&b.mem), D::mem_gpu(&a.mem)) => {
                 let (sg, dg) = (D::mem_gpu(&a.mem), D::mem_gpu(&b.mem));
                 if D::can_access_peer(dg, sg) {
                     D::enable_peer_access(dg, sg)?;

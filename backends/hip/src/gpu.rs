@@ -7,8 +7,8 @@ use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 use tessera_core::{Error, Result};
 use tessera_gpu::nccl::Nccl;
-use tessera_gpu::{Driver, NoPinned, Runtime};
-use tessera_kernels::cuda::plan::ArgSlots;
+use tessera_gpu::{Driver, NoPinned, RegistryDriver, Runtime};
+use tessera_kernels::cuda::plan::{ArgSlots, Launch};
 
 /// Environment variable choosing the all-reduce path: `rccl` (default) or `none` (always the
 /// generic fallback).
@@ -59,8 +59,6 @@ fn open() -> std::result::Result<Runtime<HipDriver>, String> {
 
 impl Driver for HipDriver {
     const NAME: &'static str = "hip";
-    const DEVICE_PREFIX: &'static str = "HIP";
-    const ALLREDUCE_ENV: &'static str = ALLREDUCE_ENV;
     type Gpu = Gpu;
     type Mem = DeviceMem;
     type Pinned = NoPinned;
@@ -68,11 +66,6 @@ impl Driver for HipDriver {
     type Event = RawEvent;
     type Module = Module;
     type Function = Function;
-
-    fn runtime() -> &'static std::result::Result<Runtime<HipDriver>, String> {
-        static RUNTIME: OnceLock<std::result::Result<Runtime<HipDriver>, String>> = OnceLock::new();
-        RUNTIME.get_or_init(open)
-    }
 
     tessera_gpu::forward_driver_methods!();
 
@@ -87,9 +80,6 @@ impl Driver for HipDriver {
         )
     }
 
-    fn stream_raw(stream: &Stream) -> *mut c_void {
-        stream.raw()
-    }
     fn copy_peer_async(
         s: &Stream,
         dst: &DeviceMem,
@@ -102,19 +92,29 @@ impl Driver for HipDriver {
         s.copy_dtod(dst, doff, src, soff, len)
     }
 
-    fn load_module(&self, gpu: &Arc<Gpu>, file: &str) -> Result<Module> {
+    fn load_module(&self, gpu: &Arc<Gpu>, file: &'static str) -> Result<Module> {
         compile::load_module(gpu, file)
     }
     #[allow(unsafe_code)]
-    unsafe fn launch(
-        stream: &Stream,
-        f: Function,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &mut ArgSlots,
-    ) -> Result<()> {
-        // SAFETY: the caller's contract (`Driver::launch`) is `sys::launch`'s.
-        unsafe { crate::sys::launch(stream, f, grid, block, args) }
+    unsafe fn launch(stream: &Stream, f: &Function, launch: &Launch) -> Result<()> {
+        let mut args = ArgSlots::from_launch(launch);
+        // SAFETY: the caller's contract (`Driver::launch`) is `sys::launch`'s, for the
+        // arguments `launch` lists, packed in order.
+        unsafe { crate::sys::launch(stream, *f, launch.grid, launch.block, &mut args) }
+    }
+}
+
+impl RegistryDriver for HipDriver {
+    const DEVICE_PREFIX: &'static str = "HIP";
+    const ALLREDUCE_ENV: &'static str = ALLREDUCE_ENV;
+
+    fn runtime() -> &'static std::result::Result<Runtime<HipDriver>, String> {
+        static RUNTIME: OnceLock<std::result::Result<Runtime<HipDriver>, String>> = OnceLock::new();
+        RUNTIME.get_or_init(open)
+    }
+
+    fn stream_raw(stream: &Stream) -> *mut c_void {
+        stream.raw()
     }
 
     fn load_collectives() -> Result<Nccl> {
