@@ -1,15 +1,13 @@
-//! [`Cuda`]: the CUDA driver API (`sys`) and the NVRTC compile step (`compile`) behind the
-//! shared runtime's [`Driver`] trait.
+//! [`Cuda`]: the CUDA driver API (`sys`) and the NVRTC compile step (`compile`) behind the shared
+//! runtime's [`Driver`] trait; NCCL as its collective library.
 
 use crate::compile;
 use crate::sys::driver::{self, DeviceMem, Function, Gpu, Module, PinnedMem, RawEvent, Stream};
 use crate::sys::nvrtc::Nvrtc;
-use std::ffi::c_void;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use tessera_core::Result;
 use tessera_gpu::nccl::Nccl;
 use tessera_gpu::{Driver, RegistryDriver, Runtime};
-use tessera_kernels::cuda::plan::{ArgSlots, Launch};
 
 /// Environment variable choosing the all-reduce path: `nccl` (default) or `none` (always the
 /// generic fallback).
@@ -30,10 +28,7 @@ fn open() -> std::result::Result<Runtime<Cuda>, String> {
     let nvrtc = Arc::new(Nvrtc::load().map_err(|e| e.to_string())?);
     let version = driver::driver_version().unwrap_or(0);
     tracing::debug!(count, driver = version, nvrtc = ?nvrtc.version(), "CUDA available");
-    let gpus = (0..count)
-        .map(|i| Gpu::open(i).map_err(|e| format!("GPU {i}: {e}")))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Runtime::new(Cuda { nvrtc }, gpus)
+    Runtime::open_each(Cuda { nvrtc }, count, Gpu::open)
 }
 
 impl tessera_gpu::PinnedMem for PinnedMem {
@@ -57,15 +52,16 @@ impl tessera_gpu::PinnedMem for PinnedMem {
 impl Driver for Cuda {
     const NAME: &'static str = "cuda";
     const PINNED_HOST: bool = true;
-    type Gpu = Gpu;
-    type Mem = DeviceMem;
-    type Pinned = PinnedMem;
-    type Stream = Stream;
-    type Event = RawEvent;
-    type Module = Module;
-    type Function = Function;
 
-    tessera_gpu::forward_driver_methods!();
+    tessera_gpu::forward_driver_methods!(
+        Gpu = Gpu,
+        Mem = DeviceMem,
+        Pinned = PinnedMem,
+        Stream = Stream,
+        Event = RawEvent,
+        Module = Module,
+        Function = Function,
+    );
 
     fn describe(gpu: &Gpu) -> String {
         let (maj, min) = gpu.compute_capability();
@@ -77,20 +73,8 @@ impl Driver for Cuda {
     fn enable_peer_access(gpu: &Gpu, peer: &Gpu) -> Result<()> {
         gpu.enable_peer_access(peer)
     }
-
     fn alloc_pinned(gpu: &Arc<Gpu>, bytes: usize) -> Result<Option<PinnedMem>> {
         PinnedMem::alloc(gpu, bytes).map(Some)
-    }
-
-    fn copy_peer_async(
-        s: &Stream,
-        dst: &DeviceMem,
-        doff: usize,
-        src: &DeviceMem,
-        soff: usize,
-        len: usize,
-    ) -> Result<()> {
-        s.copy_peer(dst, doff, src, soff, len)
     }
     fn copy_to_device_async(
         s: &Stream,
@@ -112,16 +96,8 @@ impl Driver for Cuda {
     ) -> Result<()> {
         s.copy_dtoh_pinned(dst, doff, src, soff, len)
     }
-
     fn load_module(&self, gpu: &Arc<Gpu>, file: &'static str) -> Result<Module> {
         compile::load_module(gpu, &self.nvrtc, file)
-    }
-    #[allow(unsafe_code)]
-    unsafe fn launch(stream: &Stream, f: &Function, launch: &Launch) -> Result<()> {
-        let mut args = ArgSlots::from_launch(launch);
-        // SAFETY: the caller's contract (`Driver::launch`) is `driver::launch`'s, for the
-        // arguments `launch` lists, packed in order.
-        unsafe { driver::launch(stream, *f, launch.grid, launch.block, &mut args) }
     }
 }
 
@@ -129,14 +105,7 @@ impl RegistryDriver for Cuda {
     const DEVICE_PREFIX: &'static str = "CUDA";
     const ALLREDUCE_ENV: &'static str = ALLREDUCE_ENV;
 
-    fn runtime() -> &'static std::result::Result<Runtime<Cuda>, String> {
-        static RUNTIME: OnceLock<std::result::Result<Runtime<Cuda>, String>> = OnceLock::new();
-        RUNTIME.get_or_init(open)
-    }
-
-    fn stream_raw(stream: &Stream) -> *mut c_void {
-        stream.raw() as *mut c_void
-    }
+    tessera_gpu::forward_registry_methods!(Cuda, open);
 
     fn load_collectives() -> Result<Nccl> {
         Nccl::load()

@@ -4,14 +4,11 @@
 //! Blocking reads and writes wait for all work queued on the GPU first, so host access always
 //! sees the results of graphs computed before it.
 
+pub use crate::driver::GPU_ALIGNMENT;
 use crate::driver::{Driver, PinnedMem};
 use std::any::Any;
 use std::sync::Arc;
 use tessera_core::{Buffer, BufferType, Result};
-
-/// Alignment of tensor offsets in GPU buffers (the allocation granularity for fast loads, as
-/// ggml-cuda).
-pub const GPU_ALIGNMENT: usize = 256;
 
 /// The memory of one logical GPU device.
 #[derive(Debug)]

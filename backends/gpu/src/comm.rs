@@ -13,8 +13,9 @@
 #![allow(unsafe_code)]
 
 use crate::buffer::GpuBuffer;
-use crate::driver::{Driver, RegistryDriver};
+use crate::driver::Driver;
 use crate::runtime::Kernels;
+use crate::runtime::RegistryDriver;
 use crate::stream::GpuStream;
 use crate::sys::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, Nccl, NcclComm};
 use std::ffi::c_void;
@@ -131,34 +132,47 @@ unsafe extern "C" fn comm_allreduce<D: RegistryDriver>(
     unsafe { comm_allreduce_with(ctx, slices, n, allreduce::<D>) }
 }
 
-/// A validated slice: its buffer (kept alive while queued), device address, and the buffer
-/// offset of that address.
-struct Slot {
-    buffer: Arc<dyn Buffer>,
-    ptr: u64,
-    offset: usize,
-    contributes: bool,
+/// A validated slice of one member: its buffer (kept alive while queued), the device address of
+/// its first value, that address's offset in the buffer, and whether it contributes.
+#[derive(Debug)]
+pub struct Slot {
+    /// The buffer holding the slice.
+    pub buffer: Arc<dyn Buffer>,
+    /// Device address of the slice.
+    pub ptr: u64,
+    /// Offset of the slice in the buffer, in bytes.
+    pub offset: usize,
+    /// Whether the slice's values count (else it is zeroed first).
+    pub contributes: bool,
 }
 
-fn allreduce<D: RegistryDriver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Result<i32> {
-    if calls.len() != ctx.members.len() {
-        return Ok(-2);
+/// Validates one all-reduce call (one slice per member, in member order) for driver `D`: every
+/// slice holds the same number of f32 values in a [`GpuBuffer<D>`], 4-byte aligned and in range,
+/// whose GPU `usable(member, gpu)` accepts. Returns that count and the slots, or the status the
+/// comm trio returns instead: `-2` when the slice count is not the member count, `1` (declined:
+/// the generic all-reduce runs) for any other mismatch.
+///
+/// # Errors
+/// The status, as above.
+pub fn validate_slices<D: Driver, M>(
+    calls: Vec<CommCall>,
+    members: &[M],
+    usable: impl Fn(&M, &D::Gpu) -> bool,
+) -> std::result::Result<(usize, Vec<Slot>), i32> {
+    if calls.len() != members.len() {
+        return Err(-2);
     }
     let len = calls.first().map_or(0, |s| s.len);
     let mut slots = Vec::with_capacity(calls.len());
-    for (s, m) in calls.into_iter().zip(&ctx.members) {
-        let Some(buffer) = s.buffer.filter(|_| s.len == len) else {
-            return Ok(1);
-        };
-        let Some(gb) = buffer.as_any().downcast_ref::<GpuBuffer<D>>() else {
-            return Ok(1);
-        };
+    for (s, m) in calls.into_iter().zip(members) {
+        let buffer = s.buffer.filter(|_| s.len == len).ok_or(1)?;
+        let gb = buffer.as_any().downcast_ref::<GpuBuffer<D>>().ok_or(1)?;
         let in_range = s
             .offset
             .checked_add(len * 4)
             .is_some_and(|end| end <= D::mem_size(&gb.mem));
-        if gb.gpu_ordinal() != m.ordinal || s.offset % 4 != 0 || !in_range {
-            return Ok(1);
+        if !usable(m, D::mem_gpu(&gb.mem)) || s.offset % 4 != 0 || !in_range {
+            return Err(1);
         }
         let ptr = gb.ptr() + s.offset as u64;
         slots.push(Slot {
@@ -168,6 +182,15 @@ fn allreduce<D: RegistryDriver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> R
             contributes: s.contributes,
         });
     }
+    Ok((len, slots))
+}
+
+fn allreduce<D: RegistryDriver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Result<i32> {
+    let usable = |m: &Member<D>, gpu: &D::Gpu| D::ordinal(gpu) == m.ordinal;
+    let (len, slots) = match validate_slices::<D, _>(calls, &ctx.members, usable) {
+        Ok(v) => v,
+        Err(status) => return Ok(status),
+    };
     if len == 0 {
         return Ok(0);
     }

@@ -11,23 +11,21 @@
 // is the vendor crate's `sys` business.
 #![allow(unsafe_code)]
 
-use crate::runtime::Runtime;
-use crate::sys::nccl::Nccl;
-use std::ffi::c_void;
 use std::fmt::Debug;
 use std::sync::Arc;
 use tessera_core::{DeviceType, Error, Result};
 use tessera_kernels::cuda::plan::Launch;
 
+/// Alignment of tensor offsets in GPU buffers (the allocation granularity for fast loads, as
+/// ggml-cuda).
+pub const GPU_ALIGNMENT: usize = 256;
+
 /// A GPU vendor's driver API, as the shared runtime uses it.
 pub trait Driver: Debug + Send + Sync + Sized + 'static {
     /// Lower-case backend name (`"cuda"`, `"hip"`, `"sycl"`): registry, features, errors.
     const NAME: &'static str;
-    /// Optional. Alignment of tensor offsets in device buffers. Default [`GPU_ALIGNMENT`]
-    /// (256 bytes, as ggml-cuda).
-    ///
-    /// [`GPU_ALIGNMENT`]: crate::GPU_ALIGNMENT
-    const ALIGNMENT: usize = crate::buffer::GPU_ALIGNMENT;
+    /// Optional. Alignment of tensor offsets in device buffers. Default [`GPU_ALIGNMENT`].
+    const ALIGNMENT: usize = GPU_ALIGNMENT;
     /// Optional. Whether [`Driver::alloc_pinned`] gives memory, so devices offer a pinned host
     /// buffer type. Default `false`.
     const PINNED_HOST: bool = false;
@@ -282,29 +280,6 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     unsafe fn launch(stream: &Self::Stream, f: &Self::Function, launch: &Launch) -> Result<()>;
 }
 
-/// The rest of a CUDA-like vendor: its process-wide runtime (enumerated GPUs, for
-/// [`GpuRegistry`](crate::GpuRegistry)) and its NCCL-API collective library (for the comm trio).
-/// SYCL, whose devices and all-reduce differ, implements [`Driver`] only.
-pub trait RegistryDriver: Driver {
-    /// Device-name prefix (`"CUDA"` gives `CUDA0`, `CUDA1`, ...).
-    const DEVICE_PREFIX: &'static str;
-    /// Environment variable that turns the vendor all-reduce off when set to `none`.
-    const ALLREDUCE_ENV: &'static str;
-
-    /// The process-wide runtime (driver state and every GPU), opened on first use, or why the
-    /// backend has no devices here. Vendor crates keep it in their own `static OnceLock`.
-    fn runtime() -> &'static std::result::Result<Runtime<Self>, String>;
-
-    /// The raw stream handle, for the collective library (`cudaStream_t` / `hipStream_t`).
-    fn stream_raw(stream: &Self::Stream) -> *mut c_void;
-
-    /// The NCCL-API collective library (NCCL, RCCL) for the comm trio.
-    ///
-    /// # Errors
-    /// [`Error::Unavailable`] saying what was tried.
-    fn load_collectives() -> Result<Nccl>;
-}
-
 /// Pinned host memory, as the shared host buffer type uses it.
 pub trait PinnedMem: Debug + Send + Sync {
     /// Size in bytes.
@@ -354,16 +329,27 @@ fn no_pinned<D: Driver>() -> Error {
     Error::InvalidArgument(format!("{}: no pinned host memory", D::NAME))
 }
 
-/// Writes the [`Driver`] methods that only forward to the vendor's FFI wrappers, for a vendor
+/// Writes the [`Driver`] items that only forward to the vendor's FFI wrappers, for a vendor
 /// whose wrapper types follow the shared naming (as `tessera-cuda`'s and `tessera-hip`'s do):
+/// the associated types from the arguments, and the methods
 /// `Gpu::{ordinal, name, total_mem, mem_info}`, `Mem::{alloc, ptr, size, gpu, write, read,
-/// memset, copy_from}`, `Stream::{new, gpu, synchronize, wait, copy_dtod, write, read, memset}`,
-/// `Event::{record, synchronize, is_complete}` and `Module::function`. Invoke it inside
-/// `impl Driver for Vendor { ... }` and write the rest (attributes, peer access, pinned memory,
-/// `stream_raw`, `copy_peer_async`, the compile step, `launch`, collectives) by hand.
+/// memset, copy_from}`, `Stream::{new, gpu, synchronize, wait, copy_dtod, copy_peer, write, read,
+/// memset, launch}`, `Event::{record, synchronize, is_complete}` and `Module::function`, where
+/// `Stream::launch(&self, f, grid, block, &mut ArgSlots)` is an `unsafe fn` with
+/// [`Driver::launch`]'s contract. Invoke it inside `impl Driver for Vendor { ... }` and write the
+/// rest (name, description, peer access, pinned memory, the compile step) by hand.
 #[macro_export]
 macro_rules! forward_driver_methods {
-    () => {
+    (Gpu = $gpu:ty, Mem = $mem:ty, Pinned = $pinned:ty, Stream = $stream:ty, Event = $event:ty,
+     Module = $module:ty, Function = $function:ty $(,)?) => {
+        type Gpu = $gpu;
+        type Mem = $mem;
+        type Pinned = $pinned;
+        type Stream = $stream;
+        type Event = $event;
+        type Module = $module;
+        type Function = $function;
+
         fn ordinal(gpu: &Self::Gpu) -> usize {
             gpu.ordinal()
         }
@@ -380,7 +366,7 @@ macro_rules! forward_driver_methods {
             gpu: &$crate::__private::Arc<Self::Gpu>,
             bytes: usize,
         ) -> $crate::__private::Result<Self::Mem> {
-            <Self::Mem>::alloc(gpu, bytes)
+            <$mem>::alloc(gpu, bytes)
         }
         fn mem_ptr(mem: &Self::Mem) -> u64 {
             mem.ptr()
@@ -417,7 +403,7 @@ macro_rules! forward_driver_methods {
         fn stream_create(
             gpu: &$crate::__private::Arc<Self::Gpu>,
         ) -> $crate::__private::Result<Self::Stream> {
-            <Self::Stream>::new(gpu)
+            <$stream>::new(gpu)
         }
         fn stream_gpu(stream: &Self::Stream) -> &$crate::__private::Arc<Self::Gpu> {
             stream.gpu()
@@ -440,6 +426,16 @@ macro_rules! forward_driver_methods {
             len: usize,
         ) -> $crate::__private::Result<()> {
             stream.copy_dtod(dst, dst_off, src, src_off, len)
+        }
+        fn copy_peer_async(
+            stream: &Self::Stream,
+            dst: &Self::Mem,
+            dst_off: usize,
+            src: &Self::Mem,
+            src_off: usize,
+            len: usize,
+        ) -> $crate::__private::Result<()> {
+            stream.copy_peer(dst, dst_off, src, src_off, len)
         }
         fn write_staged(
             stream: &Self::Stream,
@@ -467,7 +463,7 @@ macro_rules! forward_driver_methods {
             stream.memset(mem, offset, len, value)
         }
         fn event_record(stream: &Self::Stream) -> $crate::__private::Result<Self::Event> {
-            <Self::Event>::record(stream)
+            <$event>::record(stream)
         }
         fn event_sync(event: &Self::Event) -> $crate::__private::Result<()> {
             event.synchronize()
@@ -480,6 +476,35 @@ macro_rules! forward_driver_methods {
             name: &str,
         ) -> $crate::__private::Result<Self::Function> {
             module.function(name)
+        }
+        #[allow(unsafe_code)]
+        unsafe fn launch(
+            stream: &Self::Stream,
+            f: &Self::Function,
+            launch: &$crate::__private::Launch,
+        ) -> $crate::__private::Result<()> {
+            let mut args = $crate::__private::ArgSlots::from_launch(launch);
+            // SAFETY: the caller's contract (`Driver::launch`) is `Stream::launch`'s, for the
+            // arguments `launch` lists, packed in order.
+            unsafe { stream.launch(f.clone(), launch.grid, launch.block, &mut args) }
+        }
+    };
+}
+
+/// Writes a [`RegistryDriver`](crate::RegistryDriver)'s `runtime` (opened once by `$open`, a
+/// `fn() -> Result<Runtime<$vendor>, String>`, and kept in a `static`) and `stream_raw` (the
+/// stream's `raw()`). Invoke it inside `impl RegistryDriver for $vendor { ... }`.
+#[macro_export]
+macro_rules! forward_registry_methods {
+    ($vendor:ty, $open:path) => {
+        fn runtime() -> &'static ::std::result::Result<$crate::Runtime<$vendor>, String> {
+            static RUNTIME: ::std::sync::OnceLock<
+                ::std::result::Result<$crate::Runtime<$vendor>, String>,
+            > = ::std::sync::OnceLock::new();
+            RUNTIME.get_or_init($open)
+        }
+        fn stream_raw(stream: &Self::Stream) -> *mut ::std::ffi::c_void {
+            stream.raw()
         }
     };
 }

@@ -33,11 +33,11 @@ mod stream;
 pub mod sys;
 
 pub use buffer::{GPU_ALIGNMENT, GpuBuffer, GpuBufferType, HostBuffer, HostBufferType};
-pub use comm::f32_wire;
+pub use comm::{Slot, f32_wire, validate_slices};
 pub use device::GpuDevice;
-pub use driver::{Driver, NoPinned, PinnedMem, RegistryDriver};
+pub use driver::{Driver, NoPinned, PinnedMem};
 pub use registry::GpuRegistry;
-pub use runtime::{GpuContext, Kernels, Runtime};
+pub use runtime::{GpuContext, Kernels, RegistryDriver, Runtime};
 pub use stream::{GpuEvent, GpuStream};
 pub use sys::nccl;
 
@@ -46,6 +46,7 @@ pub use sys::nccl;
 pub mod __private {
     pub use std::sync::Arc;
     pub use tessera_core::Result;
+    pub use tessera_kernels::cuda::plan::{ArgSlots, Launch};
 }
 
 /// Finding and opening vendor libraries at run time.

@@ -3,8 +3,8 @@
 //! share GPUs round-robin), the reason when there are none, and the comm trio by name.
 
 use crate::device::GpuDevice;
-use crate::driver::RegistryDriver;
 use crate::runtime::GpuContext;
+use crate::runtime::RegistryDriver;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use tessera_core::{Device, Error, ProcAddress, Registry, Result};

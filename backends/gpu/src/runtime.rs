@@ -1,9 +1,12 @@
 //! The per-process state: the driver ([`Runtime`]) and, per GPU, its context and lazily loaded
-//! kernels ([`GpuContext`], [`Kernels`]). Built before anything that uses it (buffers, streams,
+//! kernels ([`GpuContext`], [`Kernels`]); and [`RegistryDriver`], the driver entry points of a
+//! vendor whose GPUs the shared registry enumerates. Built before anything that uses it (buffers, streams,
 //! devices), so the modules above import this one and never each other in a circle.
 
 use crate::driver::Driver;
+use crate::sys::nccl::Nccl;
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 use tessera_core::{Error, Result};
 use tessera_kernels::cuda::{KERNELS, SOURCES};
@@ -30,6 +33,21 @@ impl<D: Driver> Runtime<D> {
             .map(|gpu| Arc::new(GpuContext::new(driver.clone(), gpu)))
             .collect();
         Ok(Runtime { driver, gpus })
+    }
+
+    /// The runtime over `driver` with GPUs `0..count`, each opened by `open`.
+    ///
+    /// # Errors
+    /// The first GPU that does not open (`GPU i: why`), or no GPUs.
+    pub fn open_each<E: std::fmt::Display>(
+        driver: D,
+        count: usize,
+        mut open: impl FnMut(usize) -> std::result::Result<Arc<D::Gpu>, E>,
+    ) -> std::result::Result<Runtime<D>, String> {
+        let gpus = (0..count)
+            .map(|i| open(i).map_err(|e| format!("GPU {i}: {e}")))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Runtime::new(driver, gpus)
     }
 
     /// The driver.
@@ -152,4 +170,27 @@ impl<D: Driver> Kernels<D> {
             })?;
         loaded.0.get(name).cloned().ok_or_else(unknown)
     }
+}
+
+/// The rest of a CUDA-like vendor: its process-wide runtime (enumerated GPUs, for
+/// [`GpuRegistry`](crate::GpuRegistry)) and its NCCL-API collective library (for the comm trio).
+/// SYCL, whose devices and all-reduce differ, implements [`Driver`] only.
+pub trait RegistryDriver: Driver {
+    /// Device-name prefix (`"CUDA"` gives `CUDA0`, `CUDA1`, ...).
+    const DEVICE_PREFIX: &'static str;
+    /// Environment variable that turns the vendor all-reduce off when set to `none`.
+    const ALLREDUCE_ENV: &'static str;
+
+    /// The process-wide runtime (driver state and every GPU), opened on first use, or why the
+    /// backend has no devices here. Vendor crates keep it in their own `static OnceLock`.
+    fn runtime() -> &'static std::result::Result<Runtime<Self>, String>;
+
+    /// The raw stream handle, for the collective library (`cudaStream_t` / `hipStream_t`).
+    fn stream_raw(stream: &Self::Stream) -> *mut c_void;
+
+    /// The NCCL-API collective library (NCCL, RCCL) for the comm trio.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] saying what was tried.
+    fn load_collectives() -> Result<Nccl>;
 }

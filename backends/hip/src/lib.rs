@@ -27,7 +27,7 @@ pub mod compile;
 mod gpu;
 pub mod sys;
 
-pub use gpu::{ALLREDUCE_ENV, HipDriver, RCCL_PATH_ENV, load_rccl};
+pub use gpu::{ALLREDUCE_ENV, ARCH_ENV, HipDriver, RCCL_PATH_ENV, arch_of, gfx_name, load_rccl};
 
 use std::sync::Arc;
 use tessera_core::Registry;
@@ -46,48 +46,6 @@ pub type HipBuffer = tessera_gpu::GpuBuffer<HipDriver>;
 pub type HipBackend = tessera_gpu::GpuStream<HipDriver>;
 /// A HIP event.
 pub type HipEvent = tessera_gpu::GpuEvent<HipDriver>;
-
-/// Environment variable forcing the gfx target of every GPU (e.g. `gfx90a`).
-pub const ARCH_ENV: &str = "TESSERA_HIP_ARCH";
-
-/// The gfx target of HIP device `ordinal`: [`ARCH_ENV`], else the `gfx_target_version` of the
-/// ordinal-th GPU node of the KFD topology in sysfs (honouring `HIP_VISIBLE_DEVICES` /
-/// `ROCR_VISIBLE_DEVICES` lists of indices). This avoids `hipDeviceProp_t::gcnArchName`, whose
-/// offset differs between ROCm 5 and 6.
-pub fn arch_of(ordinal: usize) -> Option<String> {
-    if let Ok(a) = std::env::var(ARCH_ENV)
-        && !a.is_empty()
-    {
-        return Some(a);
-    }
-    let mut nodes: Vec<(usize, u32)> = std::fs::read_dir("/sys/class/kfd/kfd/topology/nodes")
-        .ok()?
-        .flatten()
-        .filter_map(|e| {
-            let idx: usize = e.file_name().to_str()?.parse().ok()?;
-            let props = std::fs::read_to_string(e.path().join("properties")).ok()?;
-            let v = props.lines().find_map(|l| {
-                l.strip_prefix("gfx_target_version ")
-                    .and_then(|v| v.trim().parse::<u32>().ok())
-            })?;
-            (v != 0).then_some((idx, v))
-        })
-        .collect();
-    nodes.sort_unstable();
-    let visible = ["HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()));
-    let index = match visible {
-        Some(list) => list.split(',').nth(ordinal)?.trim().parse().ok()?,
-        None => ordinal,
-    };
-    nodes.get(index).map(|&(_, v)| gfx_name(v))
-}
-
-/// `gfx_target_version` (major·10000 + minor·100 + stepping) as a gfx name: 90010 → `gfx90a`.
-pub fn gfx_name(v: u32) -> String {
-    format!("gfx{}{:x}{:x}", v / 10000, (v / 100) % 100, v % 100)
-}
 
 /// The HIP registry, ready to register.
 pub fn registry() -> Arc<dyn Registry> {

@@ -663,7 +663,7 @@ impl Stream {
         &self.gpu
     }
     /// The raw `hipStream_t` (for RCCL).
-    pub(crate) fn raw(&self) -> Raw {
+    pub(crate) fn raw(&self) -> *mut c_void {
         self.raw
     }
     fn rt(&self) -> &'static Runtime {
@@ -685,7 +685,7 @@ impl Stream {
             (self.rt().stream_wait_event)(self.raw, event.raw, 0)
         })
     }
-    /// Queues a copy of `len` bytes between device memories (the same or different GPUs).
+    /// Queues a copy of `len` bytes between two allocations of this stream's GPU.
     pub(crate) fn copy_dtod(
         &self,
         dst: &DeviceMem,
@@ -699,21 +699,26 @@ impl Stream {
         self.gpu.bind()?;
         // SAFETY: both ranges are inside live allocations (checked), which the caller keeps
         // alive until the stream passes this point.
-        let rc = unsafe {
-            if Arc::ptr_eq(&dst.gpu, &src.gpu) {
-                (self.rt().memcpy_async)(d, s, len, D2D, self.raw)
-            } else {
-                (self.rt().memcpy_peer_async)(
-                    d,
-                    dst.gpu.ordinal as c_int,
-                    s,
-                    src.gpu.ordinal as c_int,
-                    len,
-                    self.raw,
-                )
-            }
-        };
-        self.gpu.hip.check("hipMemcpy(Peer)Async", rc)
+        let rc = unsafe { (self.rt().memcpy_async)(d, s, len, D2D, self.raw) };
+        self.gpu.hip.check("hipMemcpyAsync(DtoD)", rc)
+    }
+    /// Queues a copy of `len` bytes from memory of another GPU.
+    pub(crate) fn copy_peer(
+        &self,
+        dst: &DeviceMem,
+        dst_off: usize,
+        src: &DeviceMem,
+        src_off: usize,
+        len: usize,
+    ) -> Result<()> {
+        let d = dst.at(dst_off, len)?;
+        let s = src.at(src_off, len)?;
+        self.gpu.bind()?;
+        let (dd, sd) = (dst.gpu.ordinal as c_int, src.gpu.ordinal as c_int);
+        // SAFETY: both ranges are inside live allocations (checked), which the caller keeps
+        // alive until the stream passes this point.
+        let rc = unsafe { (self.rt().memcpy_peer_async)(d, dd, s, sd, len, self.raw) };
+        self.gpu.hip.check("hipMemcpyPeerAsync", rc)
     }
     /// Writes host bytes into device memory in stream order (returns when the data is copied).
     pub(crate) fn write(&self, dst: &DeviceMem, offset: usize, src: &[u8]) -> Result<()> {
@@ -752,6 +757,43 @@ impl Stream {
         // SAFETY: the range is inside the allocation (checked), kept alive by the caller.
         let rc = unsafe { (self.rt().memset_async)(d, value as c_int, len, self.raw) };
         self.gpu.hip.check("hipMemsetAsync", rc)
+    }
+}
+
+impl Stream {
+    /// Queues `f` on this stream with `args` (8-byte aligned slots, one per parameter).
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list in count, size and meaning; every device address
+    /// in them must stay allocated until the stream has run the kernel, and the ranges the kernel
+    /// touches must lie inside those allocations.
+    pub(crate) unsafe fn launch(
+        &self,
+        f: Function,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &mut tessera_kernels::cuda::plan::ArgSlots,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        let mut ptrs = args.pointers();
+        // SAFETY: the argument contract is the caller's (see # Safety); `ptrs` point into `args`,
+        // which outlives the call (the runtime copies arguments at launch).
+        let rc = unsafe {
+            (self.rt().launch)(
+                f.raw,
+                grid.0,
+                grid.1,
+                grid.2,
+                block,
+                1,
+                1,
+                0,
+                self.raw,
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.gpu.hip.check("hipModuleLaunchKernel", rc)
     }
 }
 
@@ -882,38 +924,3 @@ pub struct Function {
 unsafe impl Send for Function {}
 // SAFETY: as for Send.
 unsafe impl Sync for Function {}
-
-/// Queues `f` on `stream` with `args` (8-byte aligned slots, one per parameter).
-///
-/// # Safety
-/// `args` must match the kernel's parameter list in count, size and meaning; every device address
-/// in them must stay allocated until the stream has run the kernel, and the ranges the kernel
-/// touches must lie inside those allocations.
-pub(crate) unsafe fn launch(
-    stream: &Stream,
-    f: Function,
-    grid: (u32, u32, u32),
-    block: u32,
-    args: &mut tessera_kernels::cuda::plan::ArgSlots,
-) -> Result<()> {
-    stream.gpu.bind()?;
-    let mut ptrs = args.pointers();
-    // SAFETY: the argument contract is the caller's (see # Safety); `ptrs` point into `args`,
-    // which outlives the call (the runtime copies arguments at launch).
-    let rc = unsafe {
-        (stream.rt().launch)(
-            f.raw,
-            grid.0,
-            grid.1,
-            grid.2,
-            block,
-            1,
-            1,
-            0,
-            stream.raw,
-            ptrs.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    };
-    stream.gpu.hip.check("hipModuleLaunchKernel", rc)
-}

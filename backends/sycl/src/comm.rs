@@ -14,16 +14,16 @@
 //!   needed. Ordering uses events between the two queues; nothing blocks the host.
 #![allow(unsafe_code)]
 
+use crate::device::DevState;
 use crate::gpu::{Sycl, SyclQueue};
 use crate::sys::{DeviceMem, RawEvent};
-use crate::{SyclBackend, SyclBuffer};
 use std::ffi::c_void;
 use std::sync::Arc;
 use tessera_core::plugin::{
     CommCall, RawCommSlice, comm_allreduce_with, comm_free_with, comm_init_with,
 };
-use tessera_core::{Backend, Buffer, ProcAddress, Result};
-use tessera_gpu::{Driver, Kernels};
+use tessera_core::{Backend, ProcAddress, Result};
+use tessera_gpu::{Driver, GpuStream, Kernels, validate_slices};
 use tessera_kernels::cuda::host::InFlight;
 use tessera_kernels::cuda::plan::{Arg, Launch};
 
@@ -65,7 +65,7 @@ fn init(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx> {
     }
     let mut members = Vec::with_capacity(2);
     for backend in streams {
-        let s = backend.as_any_mut().downcast_mut::<SyclBackend>()?;
+        let s = backend.as_any_mut().downcast_mut::<GpuStream<Sycl>>()?;
         members.push(Member {
             stream: s.driver_stream().clone(),
             kernels: s.context().kernels().clone(),
@@ -95,13 +95,6 @@ unsafe extern "C" fn comm_allreduce(
     unsafe { comm_allreduce_with(ctx, slices, n, allreduce) }
 }
 
-/// A validated slice: its buffer (kept alive while queued) and device address.
-struct Slot {
-    buffer: Arc<dyn Buffer>,
-    ptr: u64,
-    contributes: bool,
-}
-
 fn launch(m: &Member, kernel: &'static str, n: usize, args: Vec<Arg>) -> Result<()> {
     let l = Launch {
         kernel,
@@ -117,31 +110,12 @@ fn launch(m: &Member, kernel: &'static str, n: usize, args: Vec<Arg>) -> Result<
 }
 
 fn allreduce(ctx: &mut CommCtx, calls: Vec<CommCall>) -> Result<i32> {
-    if calls.len() != ctx.members.len() {
-        return Ok(-2);
-    }
-    let len = calls.first().map_or(0, |s| s.len);
-    let mut slots = Vec::with_capacity(calls.len());
-    for (s, m) in calls.into_iter().zip(&ctx.members) {
-        let Some(buffer) = s.buffer.filter(|_| s.len == len) else {
-            return Ok(1);
-        };
-        let Some(sb) = buffer.as_any().downcast_ref::<SyclBuffer>() else {
-            return Ok(1);
-        };
-        if !sb.mem().state.same_context(&m.stream.state)
-            || s.offset % 4 != 0
-            || sb.mem().raw.at(s.offset, len * 4).is_err()
-        {
-            return Ok(1);
-        }
-        let ptr = sb.ptr() + s.offset as u64;
-        slots.push(Slot {
-            buffer,
-            ptr,
-            contributes: s.contributes,
-        });
-    }
+    // Each device of the context reads and writes the others' memory directly.
+    let usable = |m: &Member, gpu: &DevState| gpu.same_context(&m.stream.state);
+    let (len, slots) = match validate_slices::<Sycl, _>(calls, &ctx.members, usable) {
+        Ok(v) => v,
+        Err(status) => return Ok(status),
+    };
     if len == 0 {
         return Ok(0);
     }

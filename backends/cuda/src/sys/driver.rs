@@ -373,8 +373,8 @@ impl Stream {
         &self.gpu
     }
     /// The raw handle (for NCCL).
-    pub(crate) fn raw(&self) -> sys::CUstream {
-        self.raw
+    pub(crate) fn raw(&self) -> *mut c_void {
+        self.raw as *mut c_void
     }
 
     /// Waits for the stream's work.
@@ -541,6 +541,29 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// Queues `f` on this stream.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list in count, size and meaning, every device
+    /// address in them must point into memory that stays allocated until the stream has run the
+    /// kernel, and the ranges the kernel touches must lie inside those allocations.
+    pub(crate) unsafe fn launch(
+        &self,
+        f: Function,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &mut tessera_kernels::cuda::plan::ArgSlots,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        let mut ptrs = args.pointers();
+        // SAFETY: the argument contract is the caller's (see # Safety); `ptrs` point into `args`,
+        // which outlives the call (the driver copies arguments at launch).
+        unsafe { result::launch_kernel(f.raw, grid, (block, 1, 1), 0, self.raw, &mut ptrs) }
+            .map_err(|e| driver_err("cuLaunchKernel", e))
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         if self.gpu.bind().is_ok() {
@@ -674,27 +697,6 @@ pub struct Function {
 unsafe impl Send for Function {}
 // SAFETY: as for Send.
 unsafe impl Sync for Function {}
-
-/// Queues `f` on `stream`.
-///
-/// # Safety
-/// `args` must match the kernel's parameter list in count, size and meaning, every device
-/// address in them must point into memory that stays allocated until the stream has run the
-/// kernel, and the ranges the kernel touches must lie inside those allocations.
-pub(crate) unsafe fn launch(
-    stream: &Stream,
-    f: Function,
-    grid: (u32, u32, u32),
-    block: u32,
-    args: &mut tessera_kernels::cuda::plan::ArgSlots,
-) -> Result<()> {
-    stream.gpu.bind()?;
-    let mut ptrs = args.pointers();
-    // SAFETY: the argument contract is the caller's (see # Safety); `ptrs` point into `args`,
-    // which outlives the call (the driver copies arguments at launch).
-    unsafe { result::launch_kernel(f.raw, grid, (block, 1, 1), 0, stream.raw, &mut ptrs) }
-        .map_err(|e| driver_err("cuLaunchKernel", e))
-}
 
 impl DeviceMem {
     /// Blocking copy of `len` bytes from `src` (this GPU or a peer) into this memory, after all
