@@ -39,7 +39,7 @@ pub use driver::{Driver, NoPinned, PinnedMem};
 pub use registry::GpuRegistry;
 pub use runtime::{GpuContext, Kernels, RegistryDriver, Runtime};
 pub use stream::{GpuEvent, GpuStream};
-pub use sys::nccl;
+pub use sys::{nccl, rtc};
 
 #[doc(hidden)]
 /// Paths for [`forward_driver_methods!`]; not part of the API.

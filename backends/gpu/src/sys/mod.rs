@@ -1,9 +1,11 @@
 //! The shared crate's FFI: finding and opening vendor libraries ([`library_candidates`],
-//! [`open_first`]) and the NCCL C API table ([`nccl`]), which RCCL exports too. With kernel
+//! [`open_first`]), the NCCL C API table ([`nccl`]), which RCCL exports too, and the run-time
+//! compiler table ([`rtc`]) of NVRTC and hipRTC. With kernel
 //! launches and the comm trio's C entry points, the only places of `tessera-gpu` with `unsafe`.
 #![allow(unsafe_code)]
 
 pub mod nccl;
+pub mod rtc;
 
 use std::path::PathBuf;
 
