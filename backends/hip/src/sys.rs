@@ -110,26 +110,6 @@ fn unavailable(reason: String) -> Error {
     }
 }
 
-/// The error for status `rc` of `call`, named by `name`.
-///
-/// # Safety
-/// `name` must be null or a NUL-terminated string that outlives the call.
-unsafe fn driver_error<T>(call: &str, rc: Status, name: *const c_char) -> Result<T> {
-    let name = if name.is_null() {
-        String::new()
-    } else {
-        // SAFETY: non-null, so a NUL-terminated string (the caller's contract).
-        unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
-    };
-    Err(Error::Driver {
-        backend: "hip".into(),
-        call: format!("{call} ({name})"),
-        code: rc as i64,
-    })
-}
-
 fn candidates(env: &str, names: &[&str]) -> Vec<PathBuf> {
     let mut out = tessera_gpu::loader::library_candidates(env, names, &[]);
     out.extend(names.iter().map(|n| Path::new("/opt/rocm/lib").join(n)));
@@ -226,11 +206,8 @@ impl Hip {
     }
 
     fn check(&self, call: &str, rc: Status) -> Result<()> {
-        if rc == 0 {
-            return Ok(());
-        }
         // SAFETY: hipGetErrorName returns a static C string (or null) for any code.
-        unsafe { driver_error(call, rc, (self.rt.error_name)(rc)) }
+        unsafe { tessera_gpu::sys::check_status("hip", call, rc, self.rt.error_name) }
     }
 
     /// GPUs visible to HIP. `hipErrorNoDevice` is reported as an error naming it.

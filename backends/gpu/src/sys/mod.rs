@@ -7,7 +7,47 @@
 pub mod nccl;
 pub mod rtc;
 
+use std::ffi::{CStr, c_char, c_int};
 use std::path::PathBuf;
+use tessera_core::{Error, Result};
+
+/// A C library's function naming a status code (`ncclGetErrorString`, `hipGetErrorName`, ...).
+pub type ErrorText = unsafe extern "C" fn(c_int) -> *const c_char;
+
+/// `Ok` for status 0, else [`Error::Driver`] of `backend` naming `call` and the library's text for
+/// `rc` (from `text`, e.g. `ncclAllReduce (unhandled cuda error)`).
+///
+/// # Safety
+/// `text` must return null or a NUL-terminated string that lives for the process, for any code.
+///
+/// # Errors
+/// The status as above.
+pub unsafe fn check_status(backend: &str, call: &str, rc: c_int, text: ErrorText) -> Result<()> {
+    if rc == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller's contract.
+    let text = unsafe { status_text(rc, text) };
+    Err(Error::Driver {
+        backend: backend.into(),
+        call: format!("{call} ({text})"),
+        code: rc as i64,
+    })
+}
+
+/// The library's text for status `rc` (empty when it has none).
+///
+/// # Safety
+/// As for [`check_status`].
+pub unsafe fn status_text(rc: c_int, text: ErrorText) -> String {
+    // SAFETY: the caller's contract: null or a static C string.
+    let p = unsafe { text(rc) };
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null, so a NUL-terminated string that lives for the process.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
 
 /// Candidate files for a library: the path in `env` (a file, or a directory holding one of
 /// `names`), then the bare `names` (the loader's search path), then `names` inside the Python

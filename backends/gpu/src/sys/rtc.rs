@@ -4,7 +4,7 @@
 //! kind (NVRTC: `PTX`, `CUBIN`; hipRTC: `Code`), `DestroyProgram` and `GetErrorString`.
 //! The vendor crate picks the library, the options and the output; this table does the calls.
 
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::ffi::{CString, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 use tessera_core::{Error, Result};
 
@@ -166,24 +166,16 @@ impl Rtc {
     /// The text of status `rc`.
     pub fn error_text(&self, rc: i32) -> String {
         // SAFETY: `GetErrorString` returns a static NUL-terminated string (or null) for any code.
-        let p = unsafe { (self.fns.error_string)(rc) };
-        if p.is_null() {
-            format!("{} error {rc}", self.prefix)
-        } else {
-            // SAFETY: non-null static C string (see above).
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        match unsafe { super::status_text(rc, self.fns.error_string) } {
+            t if t.is_empty() => format!("{} error {rc}", self.prefix),
+            t => t,
         }
     }
 
     fn check(&self, call: &str, rc: Status) -> Result<()> {
-        if rc == 0 {
-            return Ok(());
-        }
-        Err(Error::Driver {
-            backend: self.backend.into(),
-            call: format!("{}{call} ({})", self.prefix, self.error_text(rc)),
-            code: rc as i64,
-        })
+        let call = format!("{}{call}", self.prefix);
+        // SAFETY: as in `error_text`.
+        unsafe { super::check_status(self.backend, &call, rc, self.fns.error_string) }
     }
 
     /// Compiles `source` (named `name`) with `headers` (name, text) available to `#include` and
