@@ -93,6 +93,20 @@ impl<D: Driver> GpuContext<D> {
     }
 }
 
+/// Kernel name → (index in [`SOURCES`], file), built once per process.
+fn source_of() -> &'static HashMap<&'static str, (usize, &'static str)> {
+    static INDEX: OnceLock<HashMap<&'static str, (usize, &'static str)>> = OnceLock::new();
+    INDEX.get_or_init(|| {
+        KERNELS
+            .iter()
+            .filter_map(|&(file, kernel)| {
+                let index = SOURCES.iter().position(|(f, _)| *f == file)?;
+                Some((kernel, (index, file)))
+            })
+            .collect()
+    })
+}
+
 /// One loaded source: its kernels, then the module (handles drop before the code they point
 /// into).
 type Loaded<D> = (
@@ -149,15 +163,7 @@ impl<D: Driver> Kernels<D> {
             device: D::gpu_name(&self.gpu).to_string(),
             reason: format!("no {} kernel named {name}", D::NAME),
         };
-        let file = KERNELS
-            .iter()
-            .find(|(_, k)| *k == name)
-            .map(|(f, _)| *f)
-            .ok_or_else(unknown)?;
-        let index = SOURCES
-            .iter()
-            .position(|(f, _)| *f == file)
-            .ok_or_else(unknown)?;
+        let &(index, file) = source_of().get(name).ok_or_else(unknown)?;
         let loaded = self.sources[index]
             .get_or_init(|| self.load(file).map_err(|e| e.to_string()))
             .as_ref()
