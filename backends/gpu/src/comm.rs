@@ -14,6 +14,7 @@
 
 use crate::buffer::GpuBuffer;
 use crate::driver::Driver;
+use crate::inflight::InFlight;
 use crate::runtime::Kernels;
 use crate::runtime::RegistryDriver;
 use crate::stream::GpuStream;
@@ -24,7 +25,6 @@ use tessera_core::plugin::{
     CommCall, RawCommSlice, comm_allreduce_with, comm_free_with, comm_init_with,
 };
 use tessera_core::{Backend, Buffer, ProcAddress, Result};
-use tessera_kernels::cuda::host::InFlight;
 use tessera_kernels::cuda::plan::{Arg, Launch};
 
 /// Whether `n_elements` values over `n_devices` GPUs go over the wire as f32 (else bf16): the

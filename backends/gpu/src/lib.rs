@@ -27,6 +27,7 @@ mod buffer;
 pub mod comm;
 mod device;
 mod driver;
+mod inflight;
 mod registry;
 mod runtime;
 mod stream;
@@ -36,6 +37,7 @@ pub use buffer::{GPU_ALIGNMENT, GpuBuffer, GpuBufferType, HostBuffer, HostBuffer
 pub use comm::{Slot, f32_wire, validate_slices};
 pub use device::GpuDevice;
 pub use driver::{Driver, NoPinned, PinnedMem};
+pub use inflight::InFlight;
 pub use registry::GpuRegistry;
 pub use runtime::{GpuContext, Kernels, RegistryDriver, Runtime};
 pub use stream::{GpuEvent, GpuStream};

@@ -7,12 +7,13 @@
 
 use crate::buffer::{GpuBuffer, HostBuffer};
 use crate::driver::Driver;
+use crate::inflight::InFlight;
 use crate::runtime::{GpuContext, Kernels};
 use std::any::Any;
 use std::sync::Arc;
 use tessera_core::backend::{EventImpl, copy_between};
 use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
-use tessera_kernels::cuda::host::{InFlight, status_error};
+use tessera_kernels::cuda::host::status_error;
 use tessera_kernels::cuda::plan;
 
 /// A GPU event: completes when the stream work before it has.

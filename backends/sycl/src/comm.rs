@@ -23,8 +23,7 @@ use tessera_core::plugin::{
     CommCall, RawCommSlice, comm_allreduce_with, comm_free_with, comm_init_with,
 };
 use tessera_core::{Backend, ProcAddress, Result};
-use tessera_gpu::{Driver, GpuStream, Kernels, validate_slices};
-use tessera_kernels::cuda::host::InFlight;
+use tessera_gpu::{Driver, GpuStream, InFlight, Kernels, validate_slices};
 use tessera_kernels::cuda::plan::{Arg, Launch};
 
 /// Element count from which values cross as bf16 (as ggml-cuda for two devices).
