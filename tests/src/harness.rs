@@ -130,3 +130,23 @@ pub fn run_device_suite(
     STREAMS.lock().unwrap_or_else(|e| e.into_inner()).take();
     conclusion.exit();
 }
+
+/// Whether a toolchain trial of `backend` must run: under `CI=true` (or `1`) or when
+/// `TESSERA_REQUIRE` lists `backend`.
+pub fn toolchain_required(backend: &str) -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+        || std::env::var("TESSERA_REQUIRE").is_ok_and(|v| v.split(',').any(|b| b.trim() == backend))
+}
+
+/// A trial for a missing library of `backend`: a failure when [`toolchain_required`], else
+/// ignored with the reason in its name.
+pub fn missing_trial(backend: &str, name: String, reason: &str) -> Trial {
+    if toolchain_required(backend) {
+        let reason = reason.to_string();
+        Trial::test(name, move || {
+            Err(Failed::from(format!("required in CI: {reason}")))
+        })
+    } else {
+        Trial::test(format!("[skipped: {reason}] {name}"), || Ok(())).with_ignored_flag(true)
+    }
+}

@@ -1,5 +1,6 @@
-//! Kernel modules for one GPU: every source of `tessera_kernels::cuda` compiled by NVRTC for the
-//! GPU's architecture, cached on disk, and loaded.
+//! The CUDA compile step: a source of `tessera_kernels::cuda` compiled by NVRTC for the GPU's
+//! architecture, cached on disk, and loaded (the shared runtime's kernel cache calls
+//! `load_module` once per source and GPU).
 //!
 //! The cache lives in `$XDG_CACHE_HOME/tessera/cuda` (or `~/.cache/tessera/cuda`); a file's name
 //! carries the source name, a hash of the source, headers and options, the target and the NVRTC
@@ -7,13 +8,12 @@
 //! turns the cache off. Writes go through a temporary file and a rename, so concurrent processes
 //! never read a partial image.
 
-use crate::sys::driver::{Function, Gpu, Module};
+use crate::sys::driver::{Gpu, Module};
 use crate::sys::nvrtc::{Nvrtc, Target};
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tessera_core::{Error, Result};
-use tessera_kernels::cuda::{HEADERS, KERNELS, SOURCES, cache};
+use tessera_kernels::cuda::{HEADERS, SOURCES, cache};
 
 /// The NVRTC target for compute capability `cc`: a CUBIN when NVRTC knows the architecture,
 /// else PTX for the newest architecture it knows that the GPU can run (JIT by the driver).
@@ -64,46 +64,17 @@ pub fn compile_cached(nvrtc: &Nvrtc, name: &str, source: &str, target: Target) -
     })
 }
 
-/// Every kernel of the backend, loaded on one GPU.
-#[derive(Debug)]
-pub(crate) struct Kernels {
-    _modules: Vec<Arc<Module>>,
-    functions: HashMap<&'static str, Function>,
-}
-
-impl Kernels {
-    /// Compiles (or reads from the cache) and loads every source for `gpu`.
-    pub(crate) fn build(gpu: &Arc<Gpu>, nvrtc: &Nvrtc) -> Result<Kernels> {
-        let target = target_for(nvrtc, gpu.compute_capability());
-        let mut modules = Vec::new();
-        let mut functions = HashMap::new();
-        for (name, source) in SOURCES {
-            let image = compile_cached(nvrtc, name, source, target)?;
-            let module = Arc::new(Module::load(gpu, &image, matches!(target, Target::Ptx(_)))?);
-            for (file, kernel) in KERNELS.iter().filter(|(f, _)| f == name) {
-                let f = module.function(kernel).map_err(|e| Error::Compute {
-                    device: gpu.name().to_string(),
-                    reason: format!("kernel {kernel} of {file}: {e}"),
-                })?;
-                functions.insert(*kernel, f);
-            }
-            modules.push(module);
-        }
-        tracing::debug!(gpu = gpu.name(), target = %target.arch_flag(), "CUDA kernels loaded");
-        Ok(Kernels {
-            _modules: modules,
-            functions,
-        })
-    }
-
-    /// The kernel `name`.
-    pub(crate) fn get(&self, name: &str) -> Result<Function> {
-        self.functions
-            .get(name)
-            .copied()
-            .ok_or_else(|| Error::Compute {
-                device: "cuda".into(),
-                reason: format!("kernel {name} is not loaded"),
-            })
-    }
+/// Compiles (or reads from the cache) kernel source `file` for `gpu` and loads it.
+///
+/// # Errors
+/// An unknown source, the NVRTC error with its log, or the driver's status.
+pub(crate) fn load_module(gpu: &Arc<Gpu>, nvrtc: &Nvrtc, file: &str) -> Result<Module> {
+    let source = SOURCES
+        .iter()
+        .find(|(f, _)| *f == file)
+        .map(|(_, s)| *s)
+        .ok_or_else(|| Error::InvalidArgument(format!("no CUDA kernel source {file}")))?;
+    let target = target_for(nvrtc, gpu.compute_capability());
+    let image = compile_cached(nvrtc, file, source, target)?;
+    Module::load(gpu, &image, matches!(target, Target::Ptx(_)))
 }

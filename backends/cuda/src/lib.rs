@@ -1,4 +1,6 @@
-//! The Tessera CUDA backend.
+//! The Tessera CUDA backend: the CUDA driver API and NVRTC tables (`sys`), the NVRTC
+//! compile step ([`compile`]) and the [`Cuda`] driver behind the shared GPU runtime
+//! (`tessera-gpu`), which holds the devices, buffers, streams, events, registry and comm trio.
 //!
 //! - The driver (libcuda) is loaded at run time through cudarc and probed before any call, so a
 //!   binary built with this crate starts on a machine without a driver: the registry then has no
@@ -20,114 +22,61 @@
 //! ```
 #![deny(unsafe_code)]
 
-mod buffer;
-mod comm;
 pub mod compile;
-mod device;
-mod ops;
-mod stream;
+mod gpu;
 mod sys;
 
-pub use buffer::{CUDA_ALIGNMENT, CudaBuffer, CudaBufferType, CudaHostBuffer, CudaHostBufferType};
-pub use comm::{ALLREDUCE_ENV, f32_wire};
-pub use device::CudaDevice;
-pub use stream::{CudaBackend, CudaEvent};
-pub use sys::{nccl, nvrtc};
+pub use gpu::{ALLREDUCE_ENV, Cuda};
+pub use sys::nvrtc;
+pub use tessera_gpu::{f32_wire, loader, nccl};
 
-/// Finding and opening vendor libraries at run time (shared with the HIP backend).
-pub mod loader {
-    pub use crate::sys::{library_candidates, open_first};
-}
+use std::sync::Arc;
+use tessera_core::Registry;
 
-use device::GpuShared;
-use std::sync::{Arc, OnceLock};
-use tessera_core::{Device, Error, ProcAddress, Registry, Result};
-
-/// The GPUs of this process (opened once), or why there are none.
-fn gpus() -> &'static std::result::Result<Vec<Arc<GpuShared>>, String> {
-    static GPUS: OnceLock<std::result::Result<Vec<Arc<GpuShared>>, String>> = OnceLock::new();
-    GPUS.get_or_init(|| {
-        let count = sys::driver::probe()?;
-        if count == 0 {
-            return Err("the CUDA driver reports no devices".into());
-        }
-        let nvrtc = Arc::new(nvrtc::Nvrtc::load().map_err(|e| e.to_string())?);
-        let version = sys::driver::driver_version().unwrap_or(0);
-        tracing::debug!(count, driver = version, nvrtc = ?nvrtc.version(), "CUDA available");
-        (0..count)
-            .map(|i| {
-                sys::driver::Gpu::open(i)
-                    .map(|g| Arc::new(GpuShared::new(g, nvrtc.clone())))
-                    .map_err(|e| format!("GPU {i}: {e}"))
-            })
-            .collect()
-    })
-}
-
+/// Alignment of tensor offsets in CUDA buffers.
+pub const CUDA_ALIGNMENT: usize = tessera_gpu::GPU_ALIGNMENT;
 /// The CUDA backend's registry.
-#[derive(Debug, Default)]
-pub struct CudaRegistry;
-
-impl CudaRegistry {
-    /// The registry (cheap; GPUs are probed once per process, on first use).
-    pub fn new() -> CudaRegistry {
-        CudaRegistry
-    }
-
-    /// Why the backend has no devices here (no driver, no GPU, no NVRTC), or `None` when it has.
-    /// Never panics.
-    pub fn reason(&self) -> Option<String> {
-        match gpus() {
-            Ok(_) => None,
-            Err(e) => Some(e.clone()),
-        }
-    }
-
-    /// Physical GPUs found (0 when unavailable).
-    pub fn gpu_count(&self) -> usize {
-        gpus().as_ref().map_or(0, Vec::len)
-    }
-
-    fn shared(&self) -> Result<&'static [Arc<GpuShared>]> {
-        gpus().as_deref().map_err(|reason| Error::Unavailable {
-            backend: "cuda".into(),
-            reason: reason.clone(),
-        })
-    }
-}
-
-impl Registry for CudaRegistry {
-    fn name(&self) -> &str {
-        "cuda"
-    }
-    fn probe(&self) -> Result<()> {
-        self.shared().map(|_| ())
-    }
-    fn devices(&self) -> Result<Vec<Arc<dyn Device>>> {
-        self.devices_with_count(self.shared()?.len())
-    }
-    fn devices_with_count(&self, n: usize) -> Result<Vec<Arc<dyn Device>>> {
-        let gpus = self.shared()?;
-        if n == 0 || n > 256 {
-            return Err(Error::InvalidArgument(format!(
-                "cuda:{n}: device count must be in 1..=256"
-            )));
-        }
-        Ok((0..n)
-            .map(|i| {
-                Arc::new(CudaDevice::new(
-                    &format!("CUDA{i}"),
-                    gpus[i % gpus.len()].clone(),
-                )) as Arc<dyn Device>
-            })
-            .collect())
-    }
-    fn proc_address(&self, name: &str) -> Option<ProcAddress> {
-        comm::proc_address(name)
-    }
-}
+pub type CudaRegistry = tessera_gpu::GpuRegistry<Cuda>;
+/// A CUDA device.
+pub type CudaDevice = tessera_gpu::GpuDevice<Cuda>;
+/// The memory of one CUDA device.
+pub type CudaBufferType = tessera_gpu::GpuBufferType<Cuda>;
+/// A block of CUDA device memory.
+pub type CudaBuffer = tessera_gpu::GpuBuffer<Cuda>;
+/// Pinned host memory registered with a GPU.
+pub type CudaHostBufferType = tessera_gpu::HostBufferType<Cuda>;
+/// A block of pinned host memory.
+pub type CudaHostBuffer = tessera_gpu::HostBuffer<Cuda>;
+/// A stream of work on a CUDA device.
+pub type CudaBackend = tessera_gpu::GpuStream<Cuda>;
+/// A CUDA event.
+pub type CudaEvent = tessera_gpu::GpuEvent<Cuda>;
 
 /// The CUDA registry, ready to register.
 pub fn registry() -> Arc<dyn Registry> {
     Arc::new(CudaRegistry::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_core::plugin::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT};
+
+    #[test]
+    fn trio_is_exported() {
+        let reg = CudaRegistry::new();
+        for name in [COMM_INIT, COMM_ALLREDUCE, COMM_FREE] {
+            assert!(
+                reg.proc_address(name)
+                    .is_some_and(|p| !p.as_ptr().is_null())
+            );
+        }
+        assert!(reg.proc_address("tessera_nope").is_none());
+    }
+
+    #[test]
+    fn init_declines_without_streams() {
+        let api = tessera_core::plugin::CommApi::from_registry(&CudaRegistry::new()).unwrap();
+        assert!(api.init(&mut []).is_none());
+    }
 }

@@ -16,21 +16,9 @@ use tessera_kernels::cuda::{HEADERS, KERNELS, SOURCES};
 /// Architectures every kernel must compile for.
 const ARCHS: [u32; 2] = [80, 90];
 
-fn required() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-        || std::env::var("TESSERA_REQUIRE").is_ok_and(|v| v.split(',').any(|b| b.trim() == "cuda"))
-}
-
-/// A trial for a missing library: a failure when required, else ignored with the reason.
+/// A trial for a missing library: a failure when required (CI), else ignored with the reason.
 fn missing(name: String, reason: &str) -> Trial {
-    if required() {
-        let reason = reason.to_string();
-        Trial::test(name, move || {
-            Err(Failed::from(format!("required in CI: {reason}")))
-        })
-    } else {
-        Trial::test(format!("[skipped: {reason}] {name}"), || Ok(())).with_ignored_flag(true)
-    }
+    tessera_tests::harness::missing_trial("cuda", name, reason)
 }
 
 fn compile_trial(

@@ -1,5 +1,5 @@
-//! Kernel modules for one GPU: every source of `tessera_kernels::hip` as a code object for the
-//! GPU's gfx target, loaded.
+//! The HIP compile step: a source of `tessera_kernels::hip` as a code object for the GPU's gfx
+//! target, loaded (the shared runtime's kernel cache asks once per source and GPU).
 //!
 //! A code object comes from, in order:
 //! 1. the offload bundles built ahead of time by `hipcc --genco` when the crate was built on a
@@ -9,8 +9,7 @@
 //!    runtime version; `TESSERA_HIP_CACHE=0` turns it off;
 //! 3. hipRTC, at run time (then written to the cache).
 
-use crate::sys::{Function, Gpu, Hip, Module};
-use std::collections::HashMap;
+use crate::sys::{Gpu, Hip, Module};
 use std::sync::Arc;
 use tessera_core::{Error, Result};
 use tessera_kernels::cuda::cache;
@@ -58,50 +57,15 @@ pub fn compile_cached(hip: &Hip, file: &str, arch: &str) -> Result<Vec<u8>> {
     })
 }
 
-/// Every kernel of the backend, loaded on one GPU.
-#[derive(Debug)]
-pub(crate) struct Kernels {
-    _modules: Vec<Arc<Module>>,
-    functions: HashMap<&'static str, Function>,
-}
-
-impl Kernels {
-    /// Loads (building when needed) every source for `gpu`.
-    pub(crate) fn build(gpu: &Arc<Gpu>) -> Result<Kernels> {
-        let arch = gpu.arch();
-        let use_aot = AOT_ARCHS.contains(&arch);
-        let mut modules = Vec::new();
-        let mut functions = HashMap::new();
-        for file in hip::files() {
-            let module = match aot_bundle(file).filter(|_| use_aot) {
-                Some(bundle) => Module::load(gpu, bundle)?,
-                None => Module::load(gpu, &compile_cached(gpu.hip(), file, arch)?)?,
-            };
-            let module = Arc::new(module);
-            for kernel in hip::kernels_of(file) {
-                let f = module.function(kernel).map_err(|e| Error::Compute {
-                    device: gpu.name().to_string(),
-                    reason: format!("kernel {kernel} of {file}: {e}"),
-                })?;
-                functions.insert(kernel, f);
-            }
-            modules.push(module);
-        }
-        tracing::debug!(gpu = gpu.name(), arch, aot = use_aot, "HIP kernels loaded");
-        Ok(Kernels {
-            _modules: modules,
-            functions,
-        })
-    }
-
-    /// The kernel `name`.
-    pub(crate) fn get(&self, name: &str) -> Result<Function> {
-        self.functions
-            .get(name)
-            .copied()
-            .ok_or_else(|| Error::Compute {
-                device: "hip".into(),
-                reason: format!("kernel {name} is not loaded"),
-            })
+/// Loads kernel source `file` for `gpu`: the embedded bundle when it covers the GPU's target,
+/// else the cached or freshly compiled code object.
+///
+/// # Errors
+/// An unknown source, hipRTC's error with its log, or the runtime's status.
+pub(crate) fn load_module(gpu: &Arc<Gpu>, file: &str) -> Result<Module> {
+    let arch = gpu.arch();
+    match aot_bundle(file).filter(|_| AOT_ARCHS.contains(&arch)) {
+        Some(bundle) => Module::load(gpu, bundle),
+        None => Module::load(gpu, &compile_cached(gpu.hip(), file, arch)?),
     }
 }

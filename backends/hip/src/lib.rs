@@ -6,9 +6,11 @@
 //! - Kernels are the CUDA C sources of `tessera_kernels::cuda` through the compat header of
 //!   `tessera_kernels::hip`, compiled by hipRTC for each GPU's gfx target and cached on disk
 //!   ([`compile`]), or loaded from code objects built ahead of time by `hipcc --genco`.
-//! - The launch plans, argument packing and kernel cache are the CUDA backend's, shared.
+//! - Devices, buffers, streams, events, the kernel cache, the registry and the comm trio are the
+//!   shared GPU runtime's (`tessera-gpu`) over the [`HipDriver`]; this crate keeps
+//!   the FFI table ([`sys`]), the compile step ([`compile`]) and that trait impl.
 //! - The comm trio runs all-reduces through RCCL (`librccl.so.1`, the NCCL C API, loaded with
-//!   the CUDA backend's NCCL table); without RCCL it declines and the generic all-reduce runs.
+//!   the shared NCCL table); without RCCL it declines and the generic all-reduce runs.
 //!
 //! Devices are `HIP0..` (one per GPU); `hip:N` may ask for more logical devices than GPUs.
 //!
@@ -21,152 +23,29 @@
 //! ```
 #![deny(unsafe_code)]
 
-mod comm;
 pub mod compile;
-mod device;
-mod stream;
+mod gpu;
 pub mod sys;
 
-pub use comm::{ALLREDUCE_ENV, RCCL_PATH_ENV, load_rccl};
-pub use device::{HIP_ALIGNMENT, HipBuffer, HipBufferType, HipDevice};
-pub use stream::{HipBackend, HipEvent};
+pub use gpu::{ALLREDUCE_ENV, ARCH_ENV, HipDriver, RCCL_PATH_ENV, arch_of, gfx_name, load_rccl};
 
-use device::GpuShared;
-use std::sync::{Arc, OnceLock};
-use sys::{HIP_ERROR_NO_DEVICE, Hip};
-use tessera_core::{Device, Error, ProcAddress, Registry, Result};
+use std::sync::Arc;
+use tessera_core::Registry;
 
-/// Environment variable forcing the gfx target of every GPU (e.g. `gfx90a`).
-pub const ARCH_ENV: &str = "TESSERA_HIP_ARCH";
-
-/// The gfx target of HIP device `ordinal`: [`ARCH_ENV`], else the `gfx_target_version` of the
-/// ordinal-th GPU node of the KFD topology in sysfs (honouring `HIP_VISIBLE_DEVICES` /
-/// `ROCR_VISIBLE_DEVICES` lists of indices). This avoids `hipDeviceProp_t::gcnArchName`, whose
-/// offset differs between ROCm 5 and 6.
-pub fn arch_of(ordinal: usize) -> Option<String> {
-    if let Ok(a) = std::env::var(ARCH_ENV)
-        && !a.is_empty()
-    {
-        return Some(a);
-    }
-    let mut nodes: Vec<(usize, u32)> = std::fs::read_dir("/sys/class/kfd/kfd/topology/nodes")
-        .ok()?
-        .flatten()
-        .filter_map(|e| {
-            let idx: usize = e.file_name().to_str()?.parse().ok()?;
-            let props = std::fs::read_to_string(e.path().join("properties")).ok()?;
-            let v = props.lines().find_map(|l| {
-                l.strip_prefix("gfx_target_version ")
-                    .and_then(|v| v.trim().parse::<u32>().ok())
-            })?;
-            (v != 0).then_some((idx, v))
-        })
-        .collect();
-    nodes.sort_unstable();
-    let visible = ["HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()));
-    let index = match visible {
-        Some(list) => list.split(',').nth(ordinal)?.trim().parse().ok()?,
-        None => ordinal,
-    };
-    nodes.get(index).map(|&(_, v)| gfx_name(v))
-}
-
-/// `gfx_target_version` (major·10000 + minor·100 + stepping) as a gfx name: 90010 → `gfx90a`.
-pub fn gfx_name(v: u32) -> String {
-    format!("gfx{}{:x}{:x}", v / 10000, (v / 100) % 100, v % 100)
-}
-
-/// The GPUs of this process (opened once), or why there are none.
-fn gpus() -> &'static std::result::Result<Vec<Arc<GpuShared>>, String> {
-    static GPUS: OnceLock<std::result::Result<Vec<Arc<GpuShared>>, String>> = OnceLock::new();
-    GPUS.get_or_init(|| {
-        let hip = Hip::get()?;
-        let count = match hip.device_count() {
-            Ok(0) => return Err("the HIP runtime reports no devices".into()),
-            Ok(n) => n,
-            Err(Error::Driver { code, .. }) if code == HIP_ERROR_NO_DEVICE as i64 => {
-                return Err(format!(
-                    "no AMD GPU (hipGetDeviceCount: hipErrorNoDevice; runtime {})",
-                    hip.path().display()
-                ));
-            }
-            Err(e) => return Err(e.to_string()),
-        };
-        tracing::debug!(count, runtime = ?hip.runtime_version().ok(), "HIP available");
-        (0..count)
-            .map(|i| {
-                let arch = arch_of(i).ok_or_else(|| {
-                    format!("GPU {i}: unknown gfx target (set {ARCH_ENV}, e.g. gfx90a)")
-                })?;
-                sys::Gpu::open(hip, i, arch)
-                    .map(|g| Arc::new(GpuShared::new(g)))
-                    .map_err(|e| format!("GPU {i}: {e}"))
-            })
-            .collect()
-    })
-}
-
+/// Alignment of tensor offsets in HIP buffers.
+pub const HIP_ALIGNMENT: usize = tessera_gpu::GPU_ALIGNMENT;
 /// The HIP backend's registry.
-#[derive(Debug, Default)]
-pub struct HipRegistry;
-
-impl HipRegistry {
-    /// The registry (cheap; GPUs are probed once per process, on first use).
-    pub fn new() -> HipRegistry {
-        HipRegistry
-    }
-
-    /// Why the backend has no devices here (no runtime, no GPU, unknown target), or `None`.
-    /// Never panics.
-    pub fn reason(&self) -> Option<String> {
-        gpus().as_ref().err().cloned()
-    }
-
-    /// Physical GPUs found (0 when unavailable).
-    pub fn gpu_count(&self) -> usize {
-        gpus().as_ref().map_or(0, Vec::len)
-    }
-
-    fn shared(&self) -> Result<&'static [Arc<GpuShared>]> {
-        gpus().as_deref().map_err(|reason| Error::Unavailable {
-            backend: "hip".into(),
-            reason: reason.clone(),
-        })
-    }
-}
-
-impl Registry for HipRegistry {
-    fn name(&self) -> &str {
-        "hip"
-    }
-    fn probe(&self) -> Result<()> {
-        self.shared().map(|_| ())
-    }
-    fn devices(&self) -> Result<Vec<Arc<dyn Device>>> {
-        self.devices_with_count(self.shared()?.len())
-    }
-    fn devices_with_count(&self, n: usize) -> Result<Vec<Arc<dyn Device>>> {
-        let gpus = self.shared()?;
-        if n == 0 || n > 256 {
-            return Err(Error::InvalidArgument(format!(
-                "hip:{n}: device count must be in 1..=256"
-            )));
-        }
-        Ok((0..n)
-            .map(|i| {
-                Arc::new(HipDevice::new(
-                    &format!("HIP{i}"),
-                    gpus[i % gpus.len()].clone(),
-                )) as Arc<dyn Device>
-            })
-            .collect())
-    }
-    fn proc_address(&self, name: &str) -> Option<ProcAddress> {
-        comm::proc_address(name)
-    }
-}
+pub type HipRegistry = tessera_gpu::GpuRegistry<HipDriver>;
+/// A HIP device.
+pub type HipDevice = tessera_gpu::GpuDevice<HipDriver>;
+/// The memory of one HIP device.
+pub type HipBufferType = tessera_gpu::GpuBufferType<HipDriver>;
+/// A block of HIP device memory.
+pub type HipBuffer = tessera_gpu::GpuBuffer<HipDriver>;
+/// A stream of work on a HIP device.
+pub type HipBackend = tessera_gpu::GpuStream<HipDriver>;
+/// A HIP event.
+pub type HipEvent = tessera_gpu::GpuEvent<HipDriver>;
 
 /// The HIP registry, ready to register.
 pub fn registry() -> Arc<dyn Registry> {
@@ -183,6 +62,32 @@ mod tests {
         assert_eq!(gfx_name(100300), "gfx1030");
         assert_eq!(gfx_name(110000), "gfx1100");
         assert_eq!(gfx_name(90402), "gfx942");
+    }
+
+    #[test]
+    fn trio_is_exported_and_declines_without_streams() {
+        use tessera_core::plugin::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT, CommApi};
+        let reg = HipRegistry::new();
+        for name in [COMM_INIT, COMM_ALLREDUCE, COMM_FREE] {
+            assert!(
+                reg.proc_address(name)
+                    .is_some_and(|p| !p.as_ptr().is_null())
+            );
+        }
+        assert!(reg.proc_address("tessera_nope").is_none());
+        assert!(
+            CommApi::from_registry(&reg)
+                .unwrap()
+                .init(&mut [])
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn rccl_missing_is_an_error_not_a_panic() {
+        if let Err(e) = load_rccl() {
+            assert!(e.to_string().contains("librccl"), "{e}");
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use tessera_core::error::check_range;
 use tessera_core::{Error, Result};
+use tessera_gpu::rtc::Rtc;
 
 /// Environment variable naming the HIP runtime library (or its directory).
 pub const AMDHIP_PATH_ENV: &str = "TESSERA_AMDHIP_PATH";
@@ -86,25 +87,6 @@ struct Runtime {
     ) -> Status,
 }
 
-struct Rtc {
-    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> Status,
-    create: unsafe extern "C" fn(
-        *mut Raw,
-        *const c_char,
-        *const c_char,
-        c_int,
-        *const *const c_char,
-        *const *const c_char,
-    ) -> Status,
-    compile: unsafe extern "C" fn(Raw, c_int, *const *const c_char) -> Status,
-    log_size: unsafe extern "C" fn(Raw, *mut usize) -> Status,
-    log: unsafe extern "C" fn(Raw, *mut c_char) -> Status,
-    code_size: unsafe extern "C" fn(Raw, *mut usize) -> Status,
-    code: unsafe extern "C" fn(Raw, *mut c_char) -> Status,
-    destroy: unsafe extern "C" fn(*mut Raw) -> Status,
-    error_string: unsafe extern "C" fn(Status) -> *const c_char,
-}
-
 /// The loaded HIP runtime (and hipRTC, when found).
 pub struct Hip {
     rt: Runtime,
@@ -112,7 +94,7 @@ pub struct Hip {
     /// hipRTC of ROCm 5.2 crashes when two programs compile at once: one compile at a time.
     rtc_lock: std::sync::Mutex<()>,
     path: PathBuf,
-    _libs: Vec<libloading::Library>,
+    _lib: libloading::Library,
 }
 
 impl std::fmt::Debug for Hip {
@@ -128,28 +110,8 @@ fn unavailable(reason: String) -> Error {
     }
 }
 
-/// The error for status `rc` of `call`, named by `name`.
-///
-/// # Safety
-/// `name` must be null or a NUL-terminated string that outlives the call.
-unsafe fn driver_error<T>(call: &str, rc: Status, name: *const c_char) -> Result<T> {
-    let name = if name.is_null() {
-        String::new()
-    } else {
-        // SAFETY: non-null, so a NUL-terminated string (the caller's contract).
-        unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
-    };
-    Err(Error::Driver {
-        backend: "hip".into(),
-        call: format!("{call} ({name})"),
-        code: rc as i64,
-    })
-}
-
 fn candidates(env: &str, names: &[&str]) -> Vec<PathBuf> {
-    let mut out = tessera_cuda::loader::library_candidates(env, names, &[]);
+    let mut out = tessera_gpu::loader::library_candidates(env, names, &[]);
     out.extend(names.iter().map(|n| Path::new("/opt/rocm/lib").join(n)));
     out
 }
@@ -198,20 +160,6 @@ fn load_runtime(lib: &libloading::Library, path: &Path) -> std::result::Result<R
     })
 }
 
-fn load_rtc(lib: &libloading::Library, path: &Path) -> std::result::Result<Rtc, String> {
-    Ok(Rtc {
-        version: sym!(lib, path, "hiprtcVersion"),
-        create: sym!(lib, path, "hiprtcCreateProgram"),
-        compile: sym!(lib, path, "hiprtcCompileProgram"),
-        log_size: sym!(lib, path, "hiprtcGetProgramLogSize"),
-        log: sym!(lib, path, "hiprtcGetProgramLog"),
-        code_size: sym!(lib, path, "hiprtcGetCodeSize"),
-        code: sym!(lib, path, "hiprtcGetCode"),
-        destroy: sym!(lib, path, "hiprtcDestroyProgram"),
-        error_string: sym!(lib, path, "hiprtcGetErrorString"),
-    })
-}
-
 impl Hip {
     /// The process-wide runtime, loaded on first use (see the module docs), or why it is missing.
     pub fn get() -> std::result::Result<&'static Hip, String> {
@@ -221,21 +169,25 @@ impl Hip {
 
     fn load() -> std::result::Result<Hip, String> {
         let names = ["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"];
-        let (lib, path) = tessera_cuda::loader::open_first(&candidates(AMDHIP_PATH_ENV, &names))
+        let (lib, path) = tessera_gpu::loader::open_first(&candidates(AMDHIP_PATH_ENV, &names))
             .map_err(|e| format!("HIP runtime not found (set {AMDHIP_PATH_ENV}): {e}"))?;
         let rt = load_runtime(&lib, &path)?;
-        let mut libs = vec![lib];
-        let rtc = match load_rtc(&libs[0], &path) {
-            Ok(rtc) if std::env::var_os(HIPRTC_PATH_ENV).is_none() => Ok(rtc),
-            _ => {
+        // ROCm 5 has hipRTC inside the runtime library (opened again: one more reference);
+        // ROCm 6 ships it as its own library.
+        let load_rtc = |(lib, path)| {
+            Rtc::from_library(lib, path, "hip", "hiprtc", &["Code"]).map_err(|e| e.to_string())
+        };
+        let bundled = tessera_gpu::loader::open_first(std::slice::from_ref(&path))
+            .and_then(load_rtc)
+            .ok()
+            .filter(|_| std::env::var_os(HIPRTC_PATH_ENV).is_none());
+        let rtc = match bundled {
+            Some(rtc) => Ok(rtc),
+            None => {
                 let names = ["libhiprtc.so.6", "libhiprtc.so.5", "libhiprtc.so"];
-                tessera_cuda::loader::open_first(&candidates(HIPRTC_PATH_ENV, &names))
+                tessera_gpu::loader::open_first(&candidates(HIPRTC_PATH_ENV, &names))
                     .map_err(|e| format!("hipRTC not found (set {HIPRTC_PATH_ENV}): {e}"))
-                    .and_then(|(l, p)| {
-                        let rtc = load_rtc(&l, &p)?;
-                        libs.push(l);
-                        Ok(rtc)
-                    })
+                    .and_then(load_rtc)
             }
         };
         tracing::debug!(path = %path.display(), hiprtc = rtc.is_ok(), "HIP runtime loaded");
@@ -244,7 +196,7 @@ impl Hip {
             rtc,
             rtc_lock: std::sync::Mutex::new(()),
             path,
-            _libs: libs,
+            _lib: lib,
         })
     }
 
@@ -254,11 +206,8 @@ impl Hip {
     }
 
     fn check(&self, call: &str, rc: Status) -> Result<()> {
-        if rc == 0 {
-            return Ok(());
-        }
         // SAFETY: hipGetErrorName returns a static C string (or null) for any code.
-        unsafe { driver_error(call, rc, (self.rt.error_name)(rc)) }
+        unsafe { tessera_gpu::sys::check_status("hip", call, rc, self.rt.error_name) }
     }
 
     /// GPUs visible to HIP. `hipErrorNoDevice` is reported as an error naming it.
@@ -296,21 +245,7 @@ impl Hip {
     /// # Errors
     /// [`Error::Unavailable`] without hipRTC, else its status.
     pub fn rtc_version(&self) -> Result<(i32, i32)> {
-        let rtc = self.rtc()?;
-        let (mut a, mut b) = (0, 0);
-        // SAFETY: valid out-pointers; needs no GPU.
-        self.rtc_check(rtc, "hiprtcVersion", unsafe {
-            (rtc.version)(&mut a, &mut b)
-        })?;
-        Ok((a, b))
-    }
-
-    fn rtc_check(&self, rtc: &Rtc, call: &str, rc: Status) -> Result<()> {
-        if rc == 0 {
-            return Ok(());
-        }
-        // SAFETY: hiprtcGetErrorString returns a static C string (or null) for any code.
-        unsafe { driver_error(call, rc, (rtc.error_string)(rc)) }
+        Ok(self.rtc()?.version())
     }
 
     /// Compiles one self-contained HIP source for `arch` (e.g. `gfx90a`) into a code object.
@@ -330,76 +265,15 @@ impl Hip {
                  process); use ROCm >= 5.5 or code objects built ahead of time"
             )));
         }
-        let bad = |what: &str| Error::InvalidArgument(format!("hipRTC {what} holds a NUL byte"));
-        let c_src = CString::new(source).map_err(|_| bad(name))?;
-        let c_name = CString::new(name).map_err(|_| bad(name))?;
         let opts = [
             format!("--offload-arch={arch}"),
             "-O3".to_string(),
             "-std=c++17".to_string(),
         ];
-        let c_opts: Vec<CString> = opts
-            .iter()
-            .map(|o| CString::new(o.as_str()).map_err(|_| bad(o)))
-            .collect::<Result<_>>()?;
-        let opt_ptrs: Vec<*const c_char> = c_opts.iter().map(|c| c.as_ptr()).collect();
         let _one_at_a_time = self.rtc_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let mut prog: Raw = std::ptr::null_mut();
-        // SAFETY: the source and name are NUL-terminated and outlive the call; no headers.
-        let rc = unsafe {
-            (rtc.create)(
-                &mut prog,
-                c_src.as_ptr(),
-                c_name.as_ptr(),
-                0,
-                std::ptr::null(),
-                std::ptr::null(),
-            )
-        };
-        self.rtc_check(rtc, "hiprtcCreateProgram", rc)?;
-        let out = (|| {
-            // SAFETY: `prog` is a live program; the options are NUL-terminated strings that
-            // outlive the call.
-            let rc = unsafe { (rtc.compile)(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
-            let log = self.program_log(rtc, prog);
-            if rc != 0 {
-                return Err(Error::Compute {
-                    device: arch.to_string(),
-                    reason: format!("hipRTC failed on {name} (status {rc}):\n{log}"),
-                });
-            }
-            let mut size = 0usize;
-            // SAFETY: live program, valid out-pointer.
-            self.rtc_check(rtc, "hiprtcGetCodeSize", unsafe {
-                (rtc.code_size)(prog, &mut size)
-            })?;
-            let mut code = vec![0u8; size];
-            // SAFETY: `code` has the size hipRTC reported.
-            self.rtc_check(rtc, "hiprtcGetCode", unsafe {
-                (rtc.code)(prog, code.as_mut_ptr() as *mut c_char)
-            })?;
-            Ok((code, log))
-        })();
-        // SAFETY: created above, destroyed once.
-        unsafe { (rtc.destroy)(&mut prog) };
-        out
-    }
-
-    fn program_log(&self, rtc: &Rtc, prog: Raw) -> String {
-        let mut size = 0usize;
-        // SAFETY: live program, valid out-pointer.
-        if unsafe { (rtc.log_size)(prog, &mut size) } != 0 || size <= 1 {
-            return String::new();
-        }
-        let mut buf = vec![0u8; size];
-        // SAFETY: `buf` has the size hipRTC reported.
-        if unsafe { (rtc.log)(prog, buf.as_mut_ptr() as *mut c_char) } != 0 {
-            return String::new();
-        }
-        String::from_utf8_lossy(&buf)
-            .trim_end_matches('\0')
-            .trim()
-            .to_string()
+        let what = format!("{name} for {arch}");
+        let compiled = rtc.compile(&what, name, source, &[], &opts, 0)?;
+        Ok((compiled.image, compiled.log))
     }
 }
 
@@ -663,7 +537,7 @@ impl Stream {
         &self.gpu
     }
     /// The raw `hipStream_t` (for RCCL).
-    pub(crate) fn raw(&self) -> Raw {
+    pub(crate) fn raw(&self) -> *mut c_void {
         self.raw
     }
     fn rt(&self) -> &'static Runtime {
@@ -685,7 +559,7 @@ impl Stream {
             (self.rt().stream_wait_event)(self.raw, event.raw, 0)
         })
     }
-    /// Queues a copy of `len` bytes between device memories (the same or different GPUs).
+    /// Queues a copy of `len` bytes between two allocations of this stream's GPU.
     pub(crate) fn copy_dtod(
         &self,
         dst: &DeviceMem,
@@ -699,21 +573,26 @@ impl Stream {
         self.gpu.bind()?;
         // SAFETY: both ranges are inside live allocations (checked), which the caller keeps
         // alive until the stream passes this point.
-        let rc = unsafe {
-            if Arc::ptr_eq(&dst.gpu, &src.gpu) {
-                (self.rt().memcpy_async)(d, s, len, D2D, self.raw)
-            } else {
-                (self.rt().memcpy_peer_async)(
-                    d,
-                    dst.gpu.ordinal as c_int,
-                    s,
-                    src.gpu.ordinal as c_int,
-                    len,
-                    self.raw,
-                )
-            }
-        };
-        self.gpu.hip.check("hipMemcpy(Peer)Async", rc)
+        let rc = unsafe { (self.rt().memcpy_async)(d, s, len, D2D, self.raw) };
+        self.gpu.hip.check("hipMemcpyAsync(DtoD)", rc)
+    }
+    /// Queues a copy of `len` bytes from memory of another GPU.
+    pub(crate) fn copy_peer(
+        &self,
+        dst: &DeviceMem,
+        dst_off: usize,
+        src: &DeviceMem,
+        src_off: usize,
+        len: usize,
+    ) -> Result<()> {
+        let d = dst.at(dst_off, len)?;
+        let s = src.at(src_off, len)?;
+        self.gpu.bind()?;
+        let (dd, sd) = (dst.gpu.ordinal as c_int, src.gpu.ordinal as c_int);
+        // SAFETY: both ranges are inside live allocations (checked), which the caller keeps
+        // alive until the stream passes this point.
+        let rc = unsafe { (self.rt().memcpy_peer_async)(d, dd, s, sd, len, self.raw) };
+        self.gpu.hip.check("hipMemcpyPeerAsync", rc)
     }
     /// Writes host bytes into device memory in stream order (returns when the data is copied).
     pub(crate) fn write(&self, dst: &DeviceMem, offset: usize, src: &[u8]) -> Result<()> {
@@ -752,6 +631,43 @@ impl Stream {
         // SAFETY: the range is inside the allocation (checked), kept alive by the caller.
         let rc = unsafe { (self.rt().memset_async)(d, value as c_int, len, self.raw) };
         self.gpu.hip.check("hipMemsetAsync", rc)
+    }
+}
+
+impl Stream {
+    /// Queues `f` on this stream with `args` (8-byte aligned slots, one per parameter).
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list in count, size and meaning; every device address
+    /// in them must stay allocated until the stream has run the kernel, and the ranges the kernel
+    /// touches must lie inside those allocations.
+    pub(crate) unsafe fn launch(
+        &self,
+        f: Function,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &mut tessera_kernels::cuda::plan::ArgSlots,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        let mut ptrs = args.pointers();
+        // SAFETY: the argument contract is the caller's (see # Safety); `ptrs` point into `args`,
+        // which outlives the call (the runtime copies arguments at launch).
+        let rc = unsafe {
+            (self.rt().launch)(
+                f.raw,
+                grid.0,
+                grid.1,
+                grid.2,
+                block,
+                1,
+                1,
+                0,
+                self.raw,
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.gpu.hip.check("hipModuleLaunchKernel", rc)
     }
 }
 
@@ -882,38 +798,3 @@ pub struct Function {
 unsafe impl Send for Function {}
 // SAFETY: as for Send.
 unsafe impl Sync for Function {}
-
-/// Queues `f` on `stream` with `args` (8-byte aligned slots, one per parameter).
-///
-/// # Safety
-/// `args` must match the kernel's parameter list in count, size and meaning; every device address
-/// in them must stay allocated until the stream has run the kernel, and the ranges the kernel
-/// touches must lie inside those allocations.
-pub(crate) unsafe fn launch(
-    stream: &Stream,
-    f: Function,
-    grid: (u32, u32, u32),
-    block: u32,
-    args: &mut tessera_kernels::cuda::plan::ArgSlots,
-) -> Result<()> {
-    stream.gpu.bind()?;
-    let mut ptrs = args.pointers();
-    // SAFETY: the argument contract is the caller's (see # Safety); `ptrs` point into `args`,
-    // which outlives the call (the runtime copies arguments at launch).
-    let rc = unsafe {
-        (stream.rt().launch)(
-            f.raw,
-            grid.0,
-            grid.1,
-            grid.2,
-            block,
-            1,
-            1,
-            0,
-            stream.raw,
-            ptrs.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    };
-    stream.gpu.hip.check("hipModuleLaunchKernel", rc)
-}

@@ -22,21 +22,9 @@ use tessera_hip::compile::{AOT_ARCHS, aot_bundle, cache_file_name, compile_cache
 use tessera_hip::sys::{HIP_ERROR_NO_DEVICE, Hip};
 use tessera_kernels::hip::{CI_ARCHS, files, kernels_of, source};
 
-fn required() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-        || std::env::var("TESSERA_REQUIRE").is_ok_and(|v| v.split(',').any(|b| b.trim() == "hip"))
-}
-
-/// A trial for a missing runtime: a failure when required, else ignored with the reason.
+/// A trial for a missing library: a failure when required (CI), else ignored with the reason.
 fn missing(name: String, reason: &str) -> Trial {
-    if required() {
-        let reason = reason.to_string();
-        Trial::test(name, move || {
-            Err(Failed::from(format!("required in CI: {reason}")))
-        })
-    } else {
-        Trial::test(format!("[skipped: {reason}] {name}"), || Ok(())).with_ignored_flag(true)
-    }
+    tessera_tests::harness::missing_trial("hip", name, reason)
 }
 
 /// The names of the symbols of an ELF64 little-endian image (`.symtab` and `.dynsym`).

@@ -14,16 +14,16 @@
 //!   needed. Ordering uses events between the two queues; nothing blocks the host.
 #![allow(unsafe_code)]
 
-use crate::buffer::SyclBuffer;
-use crate::stream::SyclBackend;
-use crate::sys::{DeviceMem, Queue, RawEvent};
-use std::collections::VecDeque;
+use crate::device::DevState;
+use crate::gpu::{Sycl, SyclQueue};
+use crate::sys::{DeviceMem, RawEvent};
 use std::ffi::c_void;
 use std::sync::Arc;
 use tessera_core::plugin::{
     CommCall, RawCommSlice, comm_allreduce_with, comm_free_with, comm_init_with,
 };
-use tessera_core::{Backend, Buffer, ProcAddress, Result};
+use tessera_core::{Backend, ProcAddress, Result};
+use tessera_gpu::{Driver, GpuStream, InFlight, Kernels, validate_slices};
 use tessera_kernels::cuda::plan::{Arg, Launch};
 
 /// Element count from which values cross as bf16 (as ggml-cuda for two devices).
@@ -39,23 +39,16 @@ pub(crate) fn proc_address(name: &str) -> Option<ProcAddress> {
 }
 
 struct Member {
-    /// The stream (kept for its queue, device and kernels).
-    stream: SyclStreamRef,
+    /// The stream's queue and device, shared with it.
+    stream: Arc<SyclQueue>,
+    kernels: Arc<Kernels<Sycl>>,
     /// Persistent scratch: f32 values (f32 wire) or bf16 wire + received halves.
     scratch: Option<DeviceMem>,
 }
 
-/// What the comm needs of a stream, shared with it.
-struct SyclStreamRef {
-    queue: Arc<Queue>,
-    state: Arc<crate::device::DevState>,
-}
-
-type InFlight = (Vec<RawEvent>, Vec<Arc<dyn Buffer>>);
-
 struct CommCtx {
     members: Vec<Member>,
-    inflight: VecDeque<InFlight>,
+    inflight: InFlight<Vec<RawEvent>>,
 }
 
 unsafe extern "C" fn comm_init(streams: *const *mut c_void, n: usize) -> *mut c_void {
@@ -71,12 +64,10 @@ fn init(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx> {
     }
     let mut members = Vec::with_capacity(2);
     for backend in streams {
-        let s = backend.as_any_mut().downcast_mut::<SyclBackend>()?;
+        let s = backend.as_any_mut().downcast_mut::<GpuStream<Sycl>>()?;
         members.push(Member {
-            stream: SyclStreamRef {
-                queue: s.queue.clone(),
-                state: s.state.clone(),
-            },
+            stream: s.driver_stream().clone(),
+            kernels: s.context().kernels().clone(),
             scratch: None,
         });
     }
@@ -90,7 +81,7 @@ fn init(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx> {
     }
     Some(CommCtx {
         members,
-        inflight: VecDeque::new(),
+        inflight: InFlight::new(),
     })
 }
 
@@ -103,13 +94,6 @@ unsafe extern "C" fn comm_allreduce(
     unsafe { comm_allreduce_with(ctx, slices, n, allreduce) }
 }
 
-/// A validated slice: its buffer (kept alive while queued) and device address.
-struct Slot {
-    buffer: Arc<dyn Buffer>,
-    ptr: u64,
-    contributes: bool,
-}
-
 fn launch(m: &Member, kernel: &'static str, n: usize, args: Vec<Arg>) -> Result<()> {
     let l = Launch {
         kernel,
@@ -117,56 +101,22 @@ fn launch(m: &Member, kernel: &'static str, n: usize, args: Vec<Arg>) -> Result<
         block: 256,
         args,
     };
-    let k = m.stream.state.kernels.get(l.kernel)?;
-    let args: Vec<crate::sys::LaunchArg> = l
-        .args
-        .iter()
-        .map(|a| crate::sys::LaunchArg {
-            is_ptr: matches!(a, Arg::Ptr(_)),
-            bytes: a.bytes(),
-        })
-        .collect();
+    let k = m.kernels.get(l.kernel)?;
     // SAFETY: the comm kernels take (pointer, pointer, i64) as built by the callers; the
     // pointers address `n` values inside validated slices or the member's scratch, held until
     // the queues pass (the in-flight list and the context).
-    unsafe { m.stream.queue.launch(&k, l.grid, l.block, &args) }
+    unsafe { Sycl::launch(&m.stream, &k, &l) }
 }
 
 fn allreduce(ctx: &mut CommCtx, calls: Vec<CommCall>) -> Result<i32> {
-    if calls.len() != ctx.members.len() {
-        return Ok(-2);
-    }
-    let len = calls.first().map_or(0, |s| s.len);
-    let mut slots = Vec::with_capacity(calls.len());
-    for (s, m) in calls.into_iter().zip(&ctx.members) {
-        let Some(buffer) = s.buffer.filter(|_| s.len == len) else {
-            return Ok(1);
-        };
-        let Some(sb) = buffer.as_any().downcast_ref::<SyclBuffer>() else {
-            return Ok(1);
-        };
-        if !sb.state.same_context(&m.stream.state)
-            || s.offset % 4 != 0
-            || sb.mem.at(s.offset, len * 4).is_err()
-        {
-            return Ok(1);
-        }
-        let ptr = sb.mem.ptr() + s.offset as u64;
-        slots.push(Slot {
-            buffer,
-            ptr,
-            contributes: s.contributes,
-        });
-    }
+    // Each device of the context reads and writes the others' memory directly.
+    let usable = |m: &Member, gpu: &DevState| gpu.same_context(&m.stream.state);
+    let (len, slots) = match validate_slices::<Sycl, _>(calls, &ctx.members, usable) {
+        Ok(v) => v,
+        Err(status) => return Ok(status),
+    };
     if len == 0 {
         return Ok(0);
-    }
-    while ctx
-        .inflight
-        .front()
-        .is_some_and(|(evs, _)| evs.iter().all(RawEvent::is_complete))
-    {
-        ctx.inflight.pop_front();
     }
     // Scratch: f32 wire needs len f32; bf16 wire needs (len/2 + 1) bf16 to send plus as many
     // to receive, well within len * 4 bytes too.
@@ -299,9 +249,12 @@ fn allreduce(ctx: &mut CommCtx, calls: Vec<CommCall>) -> Result<i32> {
         a.stream.queue.wait_event(&done[1])?;
         b.stream.queue.wait_event(&done[0])?;
     }
-    let events = vec![a.stream.queue.record()?, b.stream.queue.record()?];
-    ctx.inflight
-        .push_back((events, slots.into_iter().map(|s| s.buffer).collect()));
+    // Keep the slices' buffers until both queues have passed the reduction.
+    ctx.inflight.hold(
+        slots.into_iter().map(|s| s.buffer).collect(),
+        |evs: &Vec<RawEvent>| evs.iter().all(RawEvent::is_complete),
+        || Ok(vec![a.stream.queue.record()?, b.stream.queue.record()?]),
+    )?;
     Ok(0)
 }
 

@@ -1,50 +1,32 @@
-//! Kernels for one SYCL context: each CUDA source is built as a SYCL program the first time one
+//! Programs for one SYCL context: each CUDA source is built as a SYCL program the first time one
 //! of its kernels is needed (about 1–10 s per source on the OpenCL CPU device), then kept for the
-//! process. Across processes the runtime's persistent cache (turned on by the registry, keyed by
+//! process and shared by the devices of the context (the shared runtime's kernel cache asks
+//! [`Programs::program`] once per source and device). Across processes the runtime's persistent cache (turned on by the registry, keyed by
 //! source hash, build options and device) makes rebuilds a fraction of a second.
 
-use crate::sys::{Kernel, Platform, Program};
+use crate::sys::{Platform, Program};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 use tessera_core::{Error, Result};
 
-/// Programs and kernels of one context (a root device and its sub-devices).
+/// Programs of one context (a root device and its sub-devices).
 #[derive(Debug)]
-pub(crate) struct Kernels {
+pub(crate) struct Programs {
     platform: Arc<Platform>,
     /// Device used to name the context in builds (its root).
     device: usize,
     programs: Mutex<HashMap<&'static str, Arc<Program>>>,
-    kernels: Mutex<HashMap<String, Arc<Kernel>>>,
 }
 
-impl Kernels {
-    pub(crate) fn new(platform: Arc<Platform>, device: usize) -> Kernels {
-        Kernels {
+impl Programs {
+    pub(crate) fn new(platform: Arc<Platform>, device: usize) -> Programs {
+        Programs {
             platform,
             device,
             programs: Mutex::new(HashMap::new()),
-            kernels: Mutex::new(HashMap::new()),
         }
-    }
-
-    /// Kernel `name`, building its program on first use.
-    pub(crate) fn get(&self, name: &str) -> Result<Arc<Kernel>> {
-        // One kernel object per name: launches of a kernel take turns on it (see sys::Queue).
-        let mut kernels = self.kernels.lock();
-        if let Some(k) = kernels.get(name) {
-            return Ok(k.clone());
-        }
-        let file = tessera_kernels::sycl::file_of(name).ok_or_else(|| Error::Compute {
-            device: self.device_name(),
-            reason: format!("no kernel named {name}"),
-        })?;
-        let program = self.program(file)?;
-        let kernel = Arc::new(program.kernel(name)?);
-        kernels.insert(name.to_string(), kernel.clone());
-        Ok(kernel)
     }
 
     /// The program of source `file`, built once (builds of different files may overlap).

@@ -10,6 +10,9 @@
 //!   in memory per context and on disk by the runtime's persistent cache ([`cache_dir`]).
 //! - Devices: every SYCL device (`SYCL0`, ...) and the sub-devices of each root that partitions
 //!   into equal halves (`SYCL0.0`, `SYCL0.1`), all in one context per root.
+//! - Devices, buffers, streams (in-order queues) and events are the shared GPU runtime's
+//!   (`tessera-gpu`) over the [`Sycl`] driver; this crate keeps the shim table (`sys`), the
+//!   program builds (`compile`), that trait impl and its enumeration of roots and sub-devices.
 //! - The comm trio runs the two-device ring all-reduce ([`comm`]).
 //!
 //! ```
@@ -21,18 +24,15 @@
 //! ```
 #![deny(unsafe_code)]
 
-mod buffer;
 pub mod comm;
 mod compile;
 mod device;
-mod stream;
+mod gpu;
 mod sys;
 
-pub use buffer::{SYCL_ALIGNMENT, SyclBuffer, SyclBufferType};
-pub use device::SyclDevice;
-pub use stream::{SyclBackend, SyclEvent};
+pub use gpu::{SYCL_ALIGNMENT, Sycl};
 
-use compile::Kernels;
+use compile::Programs;
 use device::DevState;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -40,6 +40,18 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use sys::{Platform, Shim};
 use tessera_core::{Device, Error, ProcAddress, Registry, Result};
+use tessera_gpu::{GpuContext, GpuDevice};
+
+/// A SYCL device (a root device, a sub-device, or a logical device sharing a root).
+pub type SyclDevice = GpuDevice<Sycl>;
+/// The memory of one SYCL device (USM `malloc_device`).
+pub type SyclBufferType = tessera_gpu::GpuBufferType<Sycl>;
+/// A block of SYCL device memory.
+pub type SyclBuffer = tessera_gpu::GpuBuffer<Sycl>;
+/// A stream of work on a SYCL device: an in-order queue.
+pub type SyclBackend = tessera_gpu::GpuStream<Sycl>;
+/// A SYCL event.
+pub type SyclEvent = tessera_gpu::GpuEvent<Sycl>;
 
 /// Environment variable naming the shim library to load instead of the one built with the crate.
 pub const SHIM_ENV: &str = "TESSERA_SYCL_SHIM";
@@ -75,8 +87,9 @@ struct Shared {
     platform: Arc<Platform>,
     /// Root devices as (name, index, sub-device indices).
     roots: Vec<(String, usize, Vec<usize>)>,
-    kernels: Mutex<HashMap<usize, Arc<Kernels>>>,
-    states: Mutex<HashMap<String, Arc<DevState>>>,
+    driver: Arc<Sycl>,
+    programs: Mutex<HashMap<usize, Arc<Programs>>>,
+    contexts: Mutex<HashMap<String, Arc<GpuContext<Sycl>>>>,
 }
 
 fn shared() -> &'static std::result::Result<Shared, String> {
@@ -125,39 +138,37 @@ fn shared() -> &'static std::result::Result<Shared, String> {
         Ok(Shared {
             platform: Arc::new(platform),
             roots,
-            kernels: Mutex::new(HashMap::new()),
-            states: Mutex::new(HashMap::new()),
+            driver: Arc::new(Sycl),
+            programs: Mutex::new(HashMap::new()),
+            contexts: Mutex::new(HashMap::new()),
         })
     })
 }
 
 impl Shared {
-    fn state(&self, name: &str, index: usize) -> Result<Arc<DevState>> {
-        // Held throughout, so concurrent lookups of one name share one state (its buffers and
-        // queues).
-        let mut states = self.states.lock();
-        if let Some(s) = states.get(name) {
-            return Ok(s.clone());
+    fn context(&self, name: &str, index: usize) -> Result<Arc<GpuContext<Sycl>>> {
+        // Held throughout, so concurrent lookups of one name share one state (its buffers,
+        // queues and kernels).
+        let mut contexts = self.contexts.lock();
+        if let Some(c) = contexts.get(name) {
+            return Ok(c.clone());
         }
         let root = self.platform.devices[index].root.unwrap_or(index);
-        let kernels = self
-            .kernels
+        let programs = self
+            .programs
             .lock()
             .entry(root)
-            .or_insert_with(|| Arc::new(Kernels::new(self.platform.clone(), root)))
+            .or_insert_with(|| Arc::new(Programs::new(self.platform.clone(), root)))
             .clone();
-        let state = Arc::new(DevState::new(
-            name.to_string(),
-            &self.platform,
-            index,
-            kernels,
-        )?);
-        states.insert(name.to_string(), state.clone());
-        Ok(state)
+        let state = DevState::new(name.to_string(), &self.platform, index, programs)?;
+        let ctx = Arc::new(GpuContext::new(self.driver.clone(), Arc::new(state)));
+        contexts.insert(name.to_string(), ctx.clone());
+        Ok(ctx)
     }
 
     fn device(&self, name: String, index: usize) -> Result<Arc<dyn Device>> {
-        Ok(Arc::new(SyclDevice::new(self.state(&name, index)?)))
+        let ctx = self.context(&name, index)?;
+        Ok(Arc::new(SyclDevice::new(&name, ctx, false)))
     }
 }
 

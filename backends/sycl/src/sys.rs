@@ -13,7 +13,7 @@ use tessera_core::{Error, Result};
 type Raw = *mut c_void;
 
 /// The shim's function table.
-pub(crate) struct Shim {
+pub struct Shim {
     last_error: unsafe extern "C" fn() -> *const c_char,
     open: unsafe extern "C" fn(c_int, *const c_char, *const c_char, *mut Raw) -> c_int,
     close: unsafe extern "C" fn(Raw),
@@ -128,7 +128,7 @@ impl Shim {
 
 /// Description of one device as the runtime reports it.
 #[derive(Debug, Clone)]
-pub(crate) struct DeviceInfo {
+pub struct DeviceInfo {
     pub name: String,
     /// 0 CPU, 1 GPU, 2 other.
     pub kind: i32,
@@ -140,7 +140,7 @@ pub(crate) struct DeviceInfo {
 
 /// The runtime's devices (roots followed by their sub-devices), opened once per process.
 #[derive(Debug)]
-pub(crate) struct Platform {
+pub struct Platform {
     pub(crate) shim: Shim,
     raw: Raw,
     pub(crate) devices: Vec<DeviceInfo>,
@@ -243,7 +243,7 @@ impl Drop for Platform {
 
 /// An in-order queue on one device.
 #[derive(Debug)]
-pub(crate) struct Queue {
+pub struct Queue {
     pub(crate) platform: Arc<Platform>,
     raw: Raw,
 }
@@ -396,7 +396,7 @@ pub(crate) struct LaunchArg {
 
 /// A SYCL event.
 #[derive(Debug)]
-pub(crate) struct RawEvent {
+pub struct RawEvent {
     platform: Arc<Platform>,
     raw: Raw,
 }
@@ -430,7 +430,7 @@ impl Drop for RawEvent {
 
 /// Device memory (USM `malloc_device`) of one device.
 #[derive(Debug)]
-pub(crate) struct DeviceMem {
+pub struct DeviceMem {
     platform: Arc<Platform>,
     device: usize,
     ptr: *mut u8,
@@ -501,7 +501,7 @@ impl Drop for DeviceMem {
 
 /// Kernels built from one source for every device of a context.
 #[derive(Debug)]
-pub(crate) struct Program {
+pub struct Program {
     platform: Arc<Platform>,
     raw: Raw,
 }
@@ -556,7 +556,7 @@ impl Drop for Program {
 
 /// One kernel of a program.
 #[derive(Debug)]
-pub(crate) struct Kernel {
+pub struct Kernel {
     program: Arc<Program>,
     raw: Raw,
     launching: parking_lot::Mutex<()>,

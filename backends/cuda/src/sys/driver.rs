@@ -49,7 +49,7 @@ pub(crate) fn driver_version() -> Result<i32> {
 
 /// One physical GPU and its primary context, shared by every logical device on it.
 #[derive(Debug)]
-pub(crate) struct Gpu {
+pub struct Gpu {
     ordinal: usize,
     dev: sys::CUdevice,
     ctx: sys::CUcontext,
@@ -163,7 +163,7 @@ impl Drop for Gpu {
 
 /// Device memory, freed on drop.
 #[derive(Debug)]
-pub(crate) struct DeviceMem {
+pub struct DeviceMem {
     gpu: Arc<Gpu>,
     ptr: sys::CUdeviceptr,
     size: usize,
@@ -266,7 +266,7 @@ impl Drop for DeviceMem {
 
 /// Page-locked host memory, freed on drop.
 #[derive(Debug)]
-pub(crate) struct PinnedMem {
+pub struct PinnedMem {
     gpu: Arc<Gpu>,
     ptr: *mut u8,
     size: usize,
@@ -347,7 +347,7 @@ impl Drop for PinnedMem {
 
 /// A non-blocking stream, destroyed on drop.
 #[derive(Debug)]
-pub(crate) struct Stream {
+pub struct Stream {
     gpu: Arc<Gpu>,
     raw: sys::CUstream,
 }
@@ -373,8 +373,8 @@ impl Stream {
         &self.gpu
     }
     /// The raw handle (for NCCL).
-    pub(crate) fn raw(&self) -> sys::CUstream {
-        self.raw
+    pub(crate) fn raw(&self) -> *mut c_void {
+        self.raw as *mut c_void
     }
 
     /// Waits for the stream's work.
@@ -541,6 +541,29 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// Queues `f` on this stream.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list in count, size and meaning, every device
+    /// address in them must point into memory that stays allocated until the stream has run the
+    /// kernel, and the ranges the kernel touches must lie inside those allocations.
+    pub(crate) unsafe fn launch(
+        &self,
+        f: Function,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &mut tessera_kernels::cuda::plan::ArgSlots,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        let mut ptrs = args.pointers();
+        // SAFETY: the argument contract is the caller's (see # Safety); `ptrs` point into `args`,
+        // which outlives the call (the driver copies arguments at launch).
+        unsafe { result::launch_kernel(f.raw, grid, (block, 1, 1), 0, self.raw, &mut ptrs) }
+            .map_err(|e| driver_err("cuLaunchKernel", e))
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         if self.gpu.bind().is_ok() {
@@ -554,7 +577,7 @@ impl Drop for Stream {
 
 /// An event without timing, destroyed on drop.
 #[derive(Debug)]
-pub(crate) struct RawEvent {
+pub struct RawEvent {
     gpu: Arc<Gpu>,
     raw: sys::CUevent,
 }
@@ -612,7 +635,7 @@ impl Drop for RawEvent {
 
 /// A loaded module (CUBIN or PTX image), unloaded on drop.
 #[derive(Debug)]
-pub(crate) struct Module {
+pub struct Module {
     gpu: Arc<Gpu>,
     raw: sys::CUmodule,
 }
@@ -666,7 +689,7 @@ impl Drop for Module {
 
 /// A kernel handle; valid while its [`Module`] is loaded (owners keep both together).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Function {
+pub struct Function {
     raw: sys::CUfunction,
 }
 
@@ -674,30 +697,6 @@ pub(crate) struct Function {
 unsafe impl Send for Function {}
 // SAFETY: as for Send.
 unsafe impl Sync for Function {}
-
-/// Kernel arguments (shared with the HIP backend).
-pub(crate) type Args = tessera_kernels::cuda::plan::ArgSlots;
-
-/// Queues `f` on `stream`.
-///
-/// # Safety
-/// `args` must match the kernel's parameter list in count, size and meaning, every device
-/// address in them must point into memory that stays allocated until the stream has run the
-/// kernel, and the ranges the kernel touches must lie inside those allocations.
-pub(crate) unsafe fn launch(
-    stream: &Stream,
-    f: Function,
-    grid: (u32, u32, u32),
-    block: u32,
-    args: &mut Args,
-) -> Result<()> {
-    stream.gpu.bind()?;
-    let mut ptrs = args.pointers();
-    // SAFETY: the argument contract is the caller's (see # Safety); `ptrs` point into `args`,
-    // which outlives the call (the driver copies arguments at launch).
-    unsafe { result::launch_kernel(f.raw, grid, (block, 1, 1), 0, stream.raw, &mut ptrs) }
-        .map_err(|e| driver_err("cuLaunchKernel", e))
-}
 
 impl DeviceMem {
     /// Blocking copy of `len` bytes from `src` (this GPU or a peer) into this memory, after all

@@ -1,11 +1,10 @@
-//! The FFI layer of the CUDA backend: the only place with `unsafe`, besides the comm trio's C
-//! entry points and kernel launches.
+//! The FFI layer of the CUDA backend: the only place with `unsafe`.
 //!
 //! - [`driver`]: the CUDA driver API through cudarc's `result` layer (libcuda loaded at run time
 //!   by cudarc; [`driver::probe`] checks it is present before any call, since cudarc panics on a
 //!   missing library).
 //! - [`nvrtc`]: a `libloading` table of NVRTC entry points, loaded from an explicit path.
-//! - [`nccl`]: a `libloading` table of NCCL entry points (`libnccl.so.2`).
+//! - NCCL (`libnccl.so.2`) is the shared runtime's NCCL-API table, `tessera_gpu::nccl`.
 //!
 //! Every wrapper turns status codes into [`tessera_core::Error::Driver`]-style errors and never
 //! panics on what a machine can cause.
@@ -13,60 +12,4 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod driver;
-pub mod nccl;
 pub mod nvrtc;
-
-use std::path::PathBuf;
-
-/// Candidate files for a library: the path in `env` (a file, or a directory holding one of
-/// `names`), then the bare `names` (the loader's search path), then `names` inside the Python
-/// wheel directories `wheel_dirs` (relative to `site-packages/nvidia`) of the active venv
-/// (`VIRTUAL_ENV`) and of a `.venv` next to the current directory or its ancestors.
-pub fn library_candidates(env: &str, names: &[&str], wheel_dirs: &[&str]) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Some(p) = std::env::var_os(env).filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        if p.is_dir() {
-            out.extend(names.iter().map(|n| p.join(n)));
-        } else {
-            out.push(p);
-        }
-    }
-    out.extend(names.iter().map(PathBuf::from));
-    let mut venvs: Vec<PathBuf> = Vec::new();
-    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
-        venvs.push(PathBuf::from(v));
-    }
-    if let Ok(cwd) = std::env::current_dir() {
-        venvs.extend(cwd.ancestors().map(|a| a.join(".venv")));
-    }
-    for venv in venvs {
-        let Ok(libdir) = std::fs::read_dir(venv.join("lib")) else {
-            continue;
-        };
-        for py in libdir.flatten() {
-            let nv = py.path().join("site-packages").join("nvidia");
-            for dir in wheel_dirs {
-                out.extend(names.iter().map(|n| nv.join(dir).join(n)));
-            }
-        }
-    }
-    out
-}
-
-/// Opens the first loadable candidate; the error lists what was tried.
-pub fn open_first(candidates: &[PathBuf]) -> Result<(libloading::Library, PathBuf), String> {
-    let mut tried = Vec::new();
-    for c in candidates {
-        // SAFETY: loading a vendor library runs its initialisers; NVRTC, NCCL/RCCL and the HIP
-        // runtime have no initialisers with preconditions on the host process.
-        match unsafe { libloading::Library::new(c) } {
-            Ok(lib) => return Ok((lib, c.clone())),
-            Err(e) => tried.push(format!("{}: {e}", c.display())),
-        }
-    }
-    Err(match tried.first() {
-        None => "no candidates".into(),
-        Some(first) => format!("tried {} path(s); first: {first}", tried.len()),
-    })
-}

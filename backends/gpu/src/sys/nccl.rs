@@ -1,8 +1,9 @@
 //! NCCL as a `libloading` table (`libnccl.so.2`, or RCCL's `librccl.so.1`, which exports the same
-//! C API: the HIP backend loads this same table from RCCL with [`Nccl::load_named`]). Found through `TESSERA_NCCL_PATH` (a file or a directory), the loader's search path,
-//! or the `nvidia-nccl-cu12` wheel of the active or nearest `.venv`.
+//! C API: the HIP backend loads this same table from RCCL with [`Nccl::load_named`]). [`Nccl::load`]
+//! finds NCCL through `TESSERA_NCCL_PATH` (a file or a directory), the loader's search path, or
+//! the `nvidia-nccl-cu12` wheel of the active or nearest `.venv`.
 
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 use tessera_core::{Error, Result};
 
@@ -138,22 +139,8 @@ impl Nccl {
     }
 
     fn check(&self, call: &str, rc: Status) -> Result<()> {
-        if rc == 0 {
-            return Ok(());
-        }
         // SAFETY: ncclGetErrorString returns a static C string for any code.
-        let p = unsafe { (self.fns.error_string)(rc) };
-        let text = if p.is_null() {
-            String::new()
-        } else {
-            // SAFETY: non-null static C string.
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        };
-        Err(Error::Driver {
-            backend: self.backend.into(),
-            call: format!("{call} ({text})"),
-            code: rc as i64,
-        })
+        unsafe { super::check_status(self.backend, call, rc, self.fns.error_string) }
     }
 
     /// NCCL's version code (`major * 10000 + minor * 100 + patch`, e.g. 22703 for 2.27.3).

@@ -1,0 +1,300 @@
+//! The comm trio (`tessera_comm_init` / `tessera_comm_allreduce_tensor` / `tessera_comm_free`,
+//! see `tessera_core::plugin`) over an NCCL-API library
+//! ([`RegistryDriver::load_collectives`]: NCCL for CUDA, RCCL for HIP), one communicator per GPU
+//! from `ncclCommInitAll` in this process.
+//!
+//! - Wire: f32 below the element thresholds of ggml-cuda ([`f32_wire`]), else bf16 with
+//!   round-to-nearest-even conversion kernels around the reduction.
+//! - Slices that do not contribute are zeroed first; zero-length reductions are done at once.
+//! - Declines (nothing enqueued, the generic all-reduce runs), with the reason logged: the
+//!   driver's `ALLREDUCE_ENV` set to `none`, a stream of another backend, the library not
+//!   loadable, two logical devices on one GPU (one rank per GPU), `ncclCommInitAll` failing, or
+//!   a slice that is not 4-byte aligned memory of its stream's GPU.
+#![allow(unsafe_code)]
+
+use crate::buffer::GpuBuffer;
+use crate::driver::Driver;
+use crate::inflight::InFlight;
+use crate::runtime::Kernels;
+use crate::runtime::RegistryDriver;
+use crate::stream::GpuStream;
+use crate::sys::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, Nccl, NcclComm};
+use std::ffi::c_void;
+use std::sync::Arc;
+use tessera_core::plugin::{
+    CommCall, RawCommSlice, comm_allreduce_with, comm_free_with, comm_init_with,
+};
+use tessera_core::{Backend, Buffer, ProcAddress, Result};
+use tessera_kernels::cuda::plan::{Arg, Launch};
+
+/// Whether `n_elements` values over `n_devices` GPUs go over the wire as f32 (else bf16): the
+/// thresholds ggml-cuda tuned on PCIe 4.0.
+pub fn f32_wire(n_devices: usize, n_elements: usize) -> bool {
+    match n_devices {
+        0..=2 => n_elements < 32768,
+        3 => n_elements < 131_072,
+        _ => n_elements < 262_144,
+    }
+}
+
+/// The comm trio's addresses by name, for driver `D`.
+pub fn proc_address<D: RegistryDriver>(name: &str) -> Option<ProcAddress> {
+    tessera_core::plugin::comm_proc_address(
+        name,
+        comm_init::<D>,
+        comm_allreduce::<D>,
+        comm_free::<D>,
+    )
+}
+
+struct Member<D: Driver> {
+    ordinal: usize,
+    stream: Arc<D::Stream>,
+    kernels: Arc<Kernels<D>>,
+    scratch: Option<D::Mem>,
+}
+
+struct CommCtx<D: Driver> {
+    members: Vec<Member<D>>,
+    nccl: Arc<Nccl>,
+    comms: Vec<NcclComm>,
+    inflight: InFlight<Vec<D::Event>>,
+}
+
+unsafe extern "C" fn comm_init<D: RegistryDriver>(
+    streams: *const *mut c_void,
+    n: usize,
+) -> *mut c_void {
+    // SAFETY: forwarded from the comm ABI's contract for this function.
+    unsafe { comm_init_with(streams, n, init::<D>) }
+}
+
+fn decline<T>(backend: &str, reason: &str) -> Option<T> {
+    tracing::info!(
+        backend,
+        reason,
+        "vendor all-reduce declined; the generic all-reduce runs"
+    );
+    None
+}
+
+fn init<D: RegistryDriver>(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx<D>> {
+    if std::env::var(D::ALLREDUCE_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("none")) {
+        return decline(D::NAME, &format!("{}=none", D::ALLREDUCE_ENV));
+    }
+    if streams.len() < 2 {
+        return None;
+    }
+    let mut members = Vec::with_capacity(streams.len());
+    for backend in streams {
+        let Some(s) = backend.as_any_mut().downcast_mut::<GpuStream<D>>() else {
+            return decline(D::NAME, "a stream is of another backend");
+        };
+        members.push(Member {
+            ordinal: s.gpu_ordinal(),
+            stream: s.driver_stream().clone(),
+            kernels: s.context().kernels().clone(),
+            scratch: None,
+        });
+    }
+    let mut ordinals: Vec<usize> = members.iter().map(|m| m.ordinal).collect();
+    ordinals.sort_unstable();
+    if ordinals.windows(2).any(|w| w[0] == w[1]) {
+        return decline(
+            D::NAME,
+            "two logical devices share a GPU (one rank per GPU)",
+        );
+    }
+    let nccl = match D::load_collectives() {
+        Ok(n) => Arc::new(n),
+        Err(e) => return decline(D::NAME, &e.to_string()),
+    };
+    let devs: Vec<i32> = members.iter().map(|m| m.ordinal as i32).collect();
+    let comms = match nccl.init_all(&devs) {
+        Ok(c) => c,
+        Err(e) => return decline(D::NAME, &e.to_string()),
+    };
+    tracing::debug!(backend = D::NAME, path = %nccl.path().display(), ranks = devs.len(), "all-reduce ready");
+    Some(CommCtx {
+        members,
+        nccl,
+        comms,
+        inflight: InFlight::new(),
+    })
+}
+
+unsafe extern "C" fn comm_allreduce<D: RegistryDriver>(
+    ctx: *mut c_void,
+    slices: *const RawCommSlice,
+    n: usize,
+) -> i32 {
+    // SAFETY: forwarded from the comm ABI's contract; `ctx` came from `comm_init::<D>`.
+    unsafe { comm_allreduce_with(ctx, slices, n, allreduce::<D>) }
+}
+
+/// A validated slice of one member: its buffer (kept alive while queued), the device address of
+/// its first value, that address's offset in the buffer, and whether it contributes.
+#[derive(Debug)]
+pub struct Slot {
+    /// The buffer holding the slice.
+    pub buffer: Arc<dyn Buffer>,
+    /// Device address of the slice.
+    pub ptr: u64,
+    /// Offset of the slice in the buffer, in bytes.
+    pub offset: usize,
+    /// Whether the slice's values count (else it is zeroed first).
+    pub contributes: bool,
+}
+
+/// Validates one all-reduce call (one slice per member, in member order) for driver `D`: every
+/// slice holds the same number of f32 values in a [`GpuBuffer<D>`], 4-byte aligned and in range,
+/// whose GPU `usable(member, gpu)` accepts. Returns that count and the slots, or the status the
+/// comm trio returns instead: `-2` when the slice count is not the member count, `1` (declined:
+/// the generic all-reduce runs) for any other mismatch.
+///
+/// # Errors
+/// The status, as above.
+pub fn validate_slices<D: Driver, M>(
+    calls: Vec<CommCall>,
+    members: &[M],
+    usable: impl Fn(&M, &D::Gpu) -> bool,
+) -> std::result::Result<(usize, Vec<Slot>), i32> {
+    if calls.len() != members.len() {
+        return Err(-2);
+    }
+    let len = calls.first().map_or(0, |s| s.len);
+    let mut slots = Vec::with_capacity(calls.len());
+    for (s, m) in calls.into_iter().zip(members) {
+        let buffer = s.buffer.filter(|_| s.len == len).ok_or(1)?;
+        let gb = buffer.as_any().downcast_ref::<GpuBuffer<D>>().ok_or(1)?;
+        let in_range = s
+            .offset
+            .checked_add(len * 4)
+            .is_some_and(|end| end <= D::mem_size(&gb.mem));
+        if !usable(m, D::mem_gpu(&gb.mem)) || s.offset % 4 != 0 || !in_range {
+            return Err(1);
+        }
+        let ptr = gb.ptr() + s.offset as u64;
+        slots.push(Slot {
+            buffer,
+            ptr,
+            offset: s.offset,
+            contributes: s.contributes,
+        });
+    }
+    Ok((len, slots))
+}
+
+fn allreduce<D: RegistryDriver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Result<i32> {
+    let usable = |m: &Member<D>, gpu: &D::Gpu| D::ordinal(gpu) == m.ordinal;
+    let (len, slots) = match validate_slices::<D, _>(calls, &ctx.members, usable) {
+        Ok(v) => v,
+        Err(status) => return Ok(status),
+    };
+    if len == 0 {
+        return Ok(0);
+    }
+    let f32_path = f32_wire(ctx.members.len(), len);
+    if !f32_path {
+        for m in ctx.members.iter_mut() {
+            if m.scratch.as_ref().is_none_or(|s| D::mem_size(s) < len * 2) {
+                D::stream_sync(&m.stream)?;
+                m.scratch = Some(D::alloc(D::stream_gpu(&m.stream), len * 2)?);
+            }
+        }
+    }
+    // Per member: the address the library reduces in place, after zeroing or converting into it.
+    let mut targets = Vec::with_capacity(slots.len());
+    for (slot, m) in slots.iter().zip(&ctx.members) {
+        let target = match (&m.scratch, f32_path) {
+            (Some(s), false) => {
+                if slot.contributes {
+                    convert(m, "k_f32_to_bf16", D::mem_ptr(s), slot.ptr, len)?;
+                } else {
+                    D::memset_async(&m.stream, s, 0, len * 2, 0)?;
+                }
+                D::mem_ptr(s)
+            }
+            _ => {
+                let gb = slot.buffer.as_any().downcast_ref::<GpuBuffer<D>>();
+                if let (false, Some(gb)) = (slot.contributes, gb) {
+                    D::memset_async(&m.stream, &gb.mem, slot.offset, len * 4, 0)?;
+                }
+                slot.ptr
+            }
+        };
+        targets.push(target);
+    }
+    let dtype = if f32_path {
+        NCCL_FLOAT32
+    } else {
+        NCCL_BFLOAT16
+    };
+    ctx.nccl.group(|| {
+        for ((target, m), comm) in targets.iter().zip(&ctx.members).zip(&ctx.comms) {
+            // SAFETY: `target` addresses `len` values of `dtype` in live memory of this member's
+            // GPU (a validated slice, or the member's scratch grown above), kept alive in
+            // `inflight` / the context until the stream passes.
+            unsafe { comm.all_reduce_in_place(*target, len, dtype, D::stream_raw(&m.stream))? };
+        }
+        Ok(())
+    })?;
+    if !f32_path {
+        for (slot, (m, target)) in slots.iter().zip(ctx.members.iter().zip(&targets)) {
+            convert(m, "k_bf16_to_f32", slot.ptr, *target, len)?;
+        }
+    }
+    // Keep the slices' buffers until every member's stream has passed the reduction.
+    let members = &ctx.members;
+    ctx.inflight.hold(
+        slots.into_iter().map(|s| s.buffer).collect(),
+        |evs: &Vec<D::Event>| evs.iter().all(D::event_query),
+        || members.iter().map(|m| D::event_record(&m.stream)).collect(),
+    )?;
+    Ok(0)
+}
+
+/// Queues a wire conversion of `len` values from `src` to `dst` (device addresses).
+fn convert<D: Driver>(
+    m: &Member<D>,
+    kernel: &'static str,
+    dst: u64,
+    src: u64,
+    len: usize,
+) -> Result<()> {
+    let f = m.kernels.get(kernel)?;
+    let launch = Launch {
+        kernel,
+        grid: (len.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1),
+        block: 256,
+        args: vec![Arg::Ptr(dst), Arg::Ptr(src), Arg::I64(len as i64)],
+    };
+    // SAFETY: (dst, src, n) matches `k_f32_to_bf16` / `k_bf16_to_f32`; both addresses span `len`
+    // values of live memory of this member's GPU (a validated slice and the member's scratch).
+    unsafe { D::launch(&m.stream, &f, &launch) }
+}
+
+unsafe extern "C" fn comm_free<D: RegistryDriver>(ctx: *mut c_void) {
+    // SAFETY: forwarded from the comm ABI's contract; `ctx` came from `comm_init::<D>`.
+    unsafe {
+        comm_free_with(ctx, |ctx: Box<CommCtx<D>>| {
+            for m in &ctx.members {
+                if let Err(e) = D::stream_sync(&m.stream) {
+                    tracing::warn!(backend = D::NAME, error = %e, "stream failed while freeing the comm");
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_thresholds_follow_ggml() {
+        assert!(f32_wire(2, 32767) && !f32_wire(2, 32768));
+        assert!(f32_wire(3, 131_071) && !f32_wire(3, 131_072));
+        assert!(f32_wire(8, 262_143) && !f32_wire(4, 262_144));
+    }
+}

@@ -1,0 +1,57 @@
+//! Tessera's shared GPU runtime: everything the CUDA, HIP and SYCL backends have in common,
+//! written once over the small [`Driver`] trait that each vendor crate implements
+//! ([`RegistryDriver`] adds GPU enumeration and an NCCL-API library, for CUDA and HIP).
+//!
+//! - [`Runtime`] and [`GpuContext`]: the driver and its GPUs, opened once per process; each
+//!   source of `tessera_kernels::cuda` is built by the driver's compile step when one of its
+//!   kernels is first needed, and kept in the GPU's [`Kernels`] cache.
+//! - [`GpuDevice`], [`GpuBufferType`] / [`GpuBuffer`] (device memory) and [`HostBufferType`] /
+//!   [`HostBuffer`] (pinned host memory, where the driver has it): the core `Device`,
+//!   `BufferType` and `Buffer` traits.
+//! - [`GpuStream`] and [`GpuEvent`]: the core `Backend` (a driver stream: graphs launched from
+//!   the plans of `tessera_kernels::cuda::plan`, in-flight batches, status words, async, peer and
+//!   staged copies) and events with cross-stream waits.
+//! - [`GpuRegistry`]: devices `PREFIX0..` or the reason there are none, and the comm trio
+//!   ([`comm`]) over an NCCL-API library ([`nccl`]).
+//!
+//! Modules import downwards only: `driver` → `runtime` → `buffer` → `stream` → `device` →
+//! `registry`; `comm` sits beside the registry. `unsafe` is confined to [`sys`] (library loading,
+//! the NCCL table), kernel launches in `stream` and `comm`, and the comm trio's C entry points.
+//!
+//! A vendor crate provides `impl Driver for Vendor` over its FFI tables and compile step (CUDA
+//! and HIP also `impl RegistryDriver`, with a `static` holding the [`Runtime`]) and type aliases
+//! (`type CudaDevice = GpuDevice<Cuda>`).
+#![deny(unsafe_code)]
+
+mod buffer;
+pub mod comm;
+mod device;
+mod driver;
+mod inflight;
+mod registry;
+mod runtime;
+mod stream;
+pub mod sys;
+
+pub use buffer::{GPU_ALIGNMENT, GpuBuffer, GpuBufferType, HostBuffer, HostBufferType};
+pub use comm::{Slot, f32_wire, validate_slices};
+pub use device::GpuDevice;
+pub use driver::{Driver, NoPinned, PinnedMem};
+pub use inflight::InFlight;
+pub use registry::GpuRegistry;
+pub use runtime::{GpuContext, Kernels, RegistryDriver, Runtime};
+pub use stream::{GpuEvent, GpuStream};
+pub use sys::{nccl, rtc};
+
+#[doc(hidden)]
+/// Paths for [`forward_driver_methods!`]; not part of the API.
+pub mod __private {
+    pub use std::sync::Arc;
+    pub use tessera_core::Result;
+    pub use tessera_kernels::cuda::plan::{ArgSlots, Launch};
+}
+
+/// Finding and opening vendor libraries at run time.
+pub mod loader {
+    pub use crate::sys::{library_candidates, open_first};
+}

@@ -1,0 +1,231 @@
+//! [`GpuStream`]: a GPU stream as a `Backend`. `compute` validates and resolves a graph
+//! (`tessera_kernels::cuda::plan`), then queues one or a few kernels per node and returns;
+//! `synchronize` waits and reports run-time errors (kernels write index errors into a per-stream
+//! status word). Buffers a queued graph or copy uses are kept alive until an event recorded
+//! after it completes ([`InFlight`]).
+#![allow(unsafe_code)]
+
+use crate::buffer::{GpuBuffer, HostBuffer};
+use crate::driver::Driver;
+use crate::inflight::InFlight;
+use crate::runtime::{GpuContext, Kernels};
+use std::any::Any;
+use std::sync::Arc;
+use tessera_core::backend::{EventImpl, copy_between};
+use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
+use tessera_kernels::cuda::host::status_error;
+use tessera_kernels::cuda::plan;
+
+/// A GPU event: completes when the stream work before it has.
+#[derive(Debug)]
+pub struct GpuEvent<D: Driver>(pub(crate) D::Event);
+
+impl<D: Driver> EventImpl for GpuEvent<D> {
+    fn synchronize(&self) -> Result<()> {
+        D::event_sync(&self.0)
+    }
+    fn is_complete(&self) -> bool {
+        D::event_query(&self.0)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A stream of work on a GPU device.
+#[derive(Debug)]
+pub struct GpuStream<D: Driver> {
+    name: String,
+    pub(crate) ctx: Arc<GpuContext<D>>,
+    pub(crate) stream: Arc<D::Stream>,
+    kernels: Arc<Kernels<D>>,
+    status: D::Mem,
+    inflight: InFlight<D::Event>,
+}
+
+impl<D: Driver> GpuStream<D> {
+    pub(crate) fn new(name: &str, ctx: Arc<GpuContext<D>>) -> Result<GpuStream<D>> {
+        let kernels = ctx.kernels().clone();
+        let stream = Arc::new(D::stream_create(ctx.gpu())?);
+        let status = D::alloc(ctx.gpu(), 8)?;
+        D::memset(&status, 0, 8, 0)?;
+        Ok(GpuStream {
+            name: name.to_string(),
+            ctx,
+            stream,
+            kernels,
+            status,
+            inflight: InFlight::new(),
+        })
+    }
+
+    /// The driver ordinal of the stream's GPU.
+    pub fn gpu_ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// The GPU context (for a vendor's own comm).
+    pub fn context(&self) -> &Arc<GpuContext<D>> {
+        &self.ctx
+    }
+
+    /// The driver stream (for a vendor's own comm).
+    pub fn driver_stream(&self) -> &Arc<D::Stream> {
+        &self.stream
+    }
+
+    /// Keeps `buffers` alive until the work queued so far completes; drops finished entries.
+    fn hold(&mut self, buffers: Vec<Arc<dyn Buffer>>) -> Result<()> {
+        let stream = &self.stream;
+        self.inflight
+            .hold(buffers, D::event_query, || D::event_record(stream))
+    }
+
+    fn device_buffer<'a>(&self, b: &'a dyn Buffer, what: &str) -> Result<&'a GpuBuffer<D>> {
+        b.as_any()
+            .downcast_ref::<GpuBuffer<D>>()
+            .filter(|c| c.gpu_ordinal() == self.gpu_ordinal())
+            .ok_or_else(|| Error::Foreign {
+                backend: D::NAME.into(),
+                what: format!("{what} {} is not memory of {}", b.name(), self.name),
+            })
+    }
+
+    /// A buffer of this stream's GPU, if `b` is one.
+    fn local<'a>(&self, b: &'a dyn Buffer) -> Option<&'a GpuBuffer<D>> {
+        b.as_any()
+            .downcast_ref::<GpuBuffer<D>>()
+            .filter(|d| d.gpu_ordinal() == self.gpu_ordinal())
+    }
+}
+
+impl<D: Driver> Backend for GpuStream<D> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn compute(&mut self, graph: &Graph, bindings: &Bindings) -> Result<()> {
+        bindings.check_graph(graph)?;
+        let tensors = graph.tensors();
+        tessera_core::backend::check_supported(graph, &self.name, plan::supports)?;
+        let (ptrs, held) = plan::resolve(graph, bindings, &self.name, |b, what| {
+            Ok(self.device_buffer(b, what)?.ptr())
+        })?;
+        let status = D::mem_ptr(&self.status);
+        for &n in graph.nodes() {
+            let Some(l) = plan::plan(tensors, &ptrs, status, n) else {
+                continue;
+            };
+            let f = self.kernels.get(l.kernel)?;
+            // SAFETY: the plan builds `args` in the exact order and sizes of the kernel's C
+            // parameter list (see the kernel sources); tensor addresses come from bindings checked
+            // to fit their buffers (`Bindings::check_graph`), and `hold` below keeps those buffers
+            // alive until the work completes.
+            unsafe { D::launch(&self.stream, &f, &l)? };
+        }
+        self.hold(held)
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        D::stream_sync(&self.stream)?;
+        self.inflight.clear();
+        let mut words = [0u8; 8];
+        D::read_staged(&self.stream, &self.status, 0, &mut words)?;
+        if let Some(e) = status_error(&self.name, words) {
+            D::memset_async(&self.stream, &self.status, 0, 8, 0)?;
+            D::stream_sync(&self.stream)?;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn write_async(&mut self, dst: &dyn Buffer, offset: usize, data: &[u8]) -> Result<()> {
+        match self.local(dst) {
+            Some(d) => D::write_staged(&self.stream, &d.mem, offset, data),
+            None => {
+                self.synchronize()?;
+                dst.write(offset, data)
+            }
+        }
+    }
+
+    fn read_async(&mut self, src: &dyn Buffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+        match self.local(src) {
+            Some(s) => D::read_staged(&self.stream, &s.mem, offset, dst),
+            None => {
+                self.synchronize()?;
+                src.read(offset, dst)
+            }
+        }
+    }
+
+    fn copy_async(
+        &mut self,
+        src: &Arc<dyn Buffer>,
+        src_offset: usize,
+        dst: &Arc<dyn Buffer>,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (sd, dd) = (
+            src.as_any().downcast_ref::<GpuBuffer<D>>(),
+            dst.as_any().downcast_ref::<GpuBuffer<D>>(),
+        );
+        let (sh, dh) = (
+            src.as_any().downcast_ref::<HostBuffer<D>>(),
+            dst.as_any().downcast_ref::<HostBuffer<D>>(),
+        );
+        let s = &self.stream;
+        match (sd, dd, sh, dh) {
+            (Some(a), Some(b), _, _) if a.gpu_ordinal() == b.gpu_ordinal() => {
+                D::copy_async(s, &b.mem, dst_offset, &a.mem, src_offset, len)?;
+            }
+            (Some(a), Some(b), _, _) if D::can_copy(D::mem_gpu(&b.mem), D::mem_gpu(&a.mem)) => {
+                let (sg, dg) = (D::mem_gpu(&a.mem), D::mem_gpu(&b.mem));
+                if D::can_access_peer(dg, sg) {
+                    D::enable_peer_access(dg, sg)?;
+                }
+                D::copy_peer_async(s, &b.mem, dst_offset, &a.mem, src_offset, len)?;
+            }
+            (None, Some(b), Some(a), _) => {
+                D::copy_to_device_async(s, &b.mem, dst_offset, &a.mem, src_offset, len)?;
+            }
+            (Some(a), None, _, Some(b)) => {
+                D::copy_to_host_async(s, &b.mem, dst_offset, &a.mem, src_offset, len)?;
+            }
+            _ => {
+                self.synchronize()?;
+                return copy_between(src.as_ref(), src_offset, dst.as_ref(), dst_offset, len);
+            }
+        }
+        self.hold(vec![src.clone(), dst.clone()])
+    }
+
+    fn record_event(&mut self) -> Result<Option<Event>> {
+        let ev = D::event_record(&self.stream)?;
+        Ok(Some(Event(Arc::new(GpuEvent::<D>(ev)))))
+    }
+
+    fn wait_event(&mut self, event: &Event) -> Result<()> {
+        match event.0.as_any().downcast_ref::<GpuEvent<D>>() {
+            Some(e) => D::stream_wait(&self.stream, &e.0),
+            None => event.synchronize(),
+        }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl<D: Driver> Drop for GpuStream<D> {
+    fn drop(&mut self) {
+        // Queued work may still read held buffers and the status word: let it finish.
+        if let Err(e) = D::stream_sync(&self.stream) {
+            tracing::warn!(device = %self.name, error = %e, backend = D::NAME, "stream failed while dropping");
+        }
+    }
+}

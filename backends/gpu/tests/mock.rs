@@ -1,0 +1,367 @@
+//! The shared runtime over a host-memory driver: what CUDA and HIP run through but cannot run
+//! here without a GPU — registry naming and bounds, logical devices sharing a GPU, buffer
+//! and stream copies (same GPU, peer, host fallback), events, the kernel cache's errors, and the
+//! comm trio's declines and slice validation. Kernels do not execute on this driver (it has no
+//! compiler): every module load fails with a reason, which the cache must keep and report.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use tessera_core::plugin::{CommApi, CommCall};
+use tessera_core::{Backend, BackendOptions, Buffer, Device, Error, Registry, Result};
+use tessera_gpu::nccl::Nccl;
+use tessera_gpu::{
+    Driver, GpuBuffer, GpuRegistry, GpuStream, NoPinned, RegistryDriver, Runtime, validate_slices,
+};
+use tessera_kernels::cuda::plan::Launch;
+
+#[derive(Debug)]
+struct Gpu {
+    ordinal: usize,
+    name: String,
+}
+
+#[derive(Debug)]
+struct Mem {
+    gpu: Arc<Gpu>,
+    addr: u64,
+    bytes: Mutex<Vec<u8>>,
+}
+
+#[derive(Debug)]
+struct Stream {
+    gpu: Arc<Gpu>,
+}
+
+/// Copies recorded by the mock, to check which path a copy took.
+static PEER_COPIES: AtomicUsize = AtomicUsize::new(0);
+static NEXT_ADDR: AtomicU64 = AtomicU64::new(0x1000);
+
+#[derive(Debug)]
+struct Mock;
+
+fn range(mem: &Mem, offset: usize, len: usize) -> Result<std::ops::Range<usize>> {
+    let size = mem.bytes.lock().unwrap().len();
+    tessera_core::error::check_range(&"mock memory", offset, len, size)?;
+    Ok(offset..offset + len)
+}
+
+fn copy_mem(dst: &Mem, doff: usize, src: &Mem, soff: usize, len: usize) -> Result<()> {
+    let (d, s) = (range(dst, doff, len)?, range(src, soff, len)?);
+    let data = src.bytes.lock().unwrap()[s].to_vec();
+    dst.bytes.lock().unwrap()[d].copy_from_slice(&data);
+    Ok(())
+}
+
+impl Driver for Mock {
+    const NAME: &'static str = "mock";
+    type Gpu = Gpu;
+    type Mem = Mem;
+    type Pinned = NoPinned;
+    type Stream = Stream;
+    type Event = ();
+    type Module = ();
+    type Function = &'static str;
+
+    fn ordinal(gpu: &Gpu) -> usize {
+        gpu.ordinal
+    }
+    fn gpu_name(gpu: &Gpu) -> &str {
+        &gpu.name
+    }
+    fn describe(gpu: &Gpu) -> String {
+        format!("{} (mock GPU {})", gpu.name, gpu.ordinal)
+    }
+    fn total_mem(_: &Gpu) -> usize {
+        1 << 20
+    }
+    fn mem_info(_: &Gpu) -> Result<(usize, usize)> {
+        Ok((1 << 19, 1 << 20))
+    }
+    fn alloc(gpu: &Arc<Gpu>, bytes: usize) -> Result<Mem> {
+        let addr =
+            NEXT_ADDR.fetch_add(bytes.max(1).next_multiple_of(256) as u64, Ordering::Relaxed);
+        Ok(Mem {
+            gpu: gpu.clone(),
+            addr,
+            bytes: Mutex::new(vec![0xAB; bytes]),
+        })
+    }
+    fn mem_ptr(mem: &Mem) -> u64 {
+        mem.addr
+    }
+    fn mem_size(mem: &Mem) -> usize {
+        mem.bytes.lock().unwrap().len()
+    }
+    fn mem_gpu(mem: &Mem) -> &Arc<Gpu> {
+        &mem.gpu
+    }
+    fn write(mem: &Mem, offset: usize, src: &[u8]) -> Result<()> {
+        let r = range(mem, offset, src.len())?;
+        mem.bytes.lock().unwrap()[r].copy_from_slice(src);
+        Ok(())
+    }
+    fn read(mem: &Mem, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let r = range(mem, offset, dst.len())?;
+        dst.copy_from_slice(&mem.bytes.lock().unwrap()[r]);
+        Ok(())
+    }
+    fn memset(mem: &Mem, offset: usize, len: usize, value: u8) -> Result<()> {
+        let r = range(mem, offset, len)?;
+        mem.bytes.lock().unwrap()[r].fill(value);
+        Ok(())
+    }
+    fn copy(dst: &Mem, doff: usize, src: &Mem, soff: usize, len: usize) -> Result<()> {
+        copy_mem(dst, doff, src, soff, len)
+    }
+    fn stream_create(gpu: &Arc<Gpu>) -> Result<Stream> {
+        Ok(Stream { gpu: gpu.clone() })
+    }
+    fn stream_gpu(stream: &Stream) -> &Arc<Gpu> {
+        &stream.gpu
+    }
+    fn stream_sync(_: &Stream) -> Result<()> {
+        Ok(())
+    }
+    fn stream_wait(_: &Stream, _: &()) -> Result<()> {
+        Ok(())
+    }
+    fn copy_async(_: &Stream, d: &Mem, doff: usize, s: &Mem, soff: usize, n: usize) -> Result<()> {
+        copy_mem(d, doff, s, soff, n)
+    }
+    fn copy_peer_async(
+        _: &Stream,
+        d: &Mem,
+        doff: usize,
+        s: &Mem,
+        soff: usize,
+        n: usize,
+    ) -> Result<()> {
+        PEER_COPIES.fetch_add(1, Ordering::Relaxed);
+        copy_mem(d, doff, s, soff, n)
+    }
+    fn write_staged(_: &Stream, dst: &Mem, offset: usize, src: &[u8]) -> Result<()> {
+        Mock::write(dst, offset, src)
+    }
+    fn read_staged(_: &Stream, src: &Mem, offset: usize, dst: &mut [u8]) -> Result<()> {
+        Mock::read(src, offset, dst)
+    }
+    fn memset_async(_: &Stream, mem: &Mem, offset: usize, len: usize, value: u8) -> Result<()> {
+        Mock::memset(mem, offset, len, value)
+    }
+    fn event_record(_: &Stream) -> Result<()> {
+        Ok(())
+    }
+    fn event_sync(_: &()) -> Result<()> {
+        Ok(())
+    }
+    fn event_query(_: &()) -> bool {
+        true
+    }
+    fn load_module(&self, gpu: &Arc<Gpu>, file: &'static str) -> Result<()> {
+        Err(Error::Compute {
+            device: gpu.name.clone(),
+            reason: format!("the mock has no compiler for {file}"),
+        })
+    }
+    fn function(_: &(), name: &str) -> Result<&'static str> {
+        Err(Error::InvalidArgument(format!("no mock kernel {name}")))
+    }
+    unsafe fn launch(_: &Stream, _: &&'static str, l: &Launch) -> Result<()> {
+        Err(Error::InvalidArgument(format!(
+            "mock cannot launch {}",
+            l.kernel
+        )))
+    }
+}
+
+fn open() -> std::result::Result<Runtime<Mock>, String> {
+    Runtime::open_each(Mock, 2, |i| {
+        Ok::<_, String>(Arc::new(Gpu {
+            ordinal: i,
+            name: format!("Mock {i}"),
+        }))
+    })
+}
+
+impl RegistryDriver for Mock {
+    const DEVICE_PREFIX: &'static str = "MOCK";
+    const ALLREDUCE_ENV: &'static str = "TESSERA_MOCK_ALLREDUCE";
+    fn runtime() -> &'static std::result::Result<Runtime<Mock>, String> {
+        static RUNTIME: std::sync::OnceLock<std::result::Result<Runtime<Mock>, String>> =
+            std::sync::OnceLock::new();
+        RUNTIME.get_or_init(open)
+    }
+    fn stream_raw(_: &Stream) -> *mut std::ffi::c_void {
+        std::ptr::null_mut()
+    }
+    fn load_collectives() -> Result<Nccl> {
+        Err(Error::Unavailable {
+            backend: "mock".into(),
+            reason: "no collective library".into(),
+        })
+    }
+}
+
+/// Host memory of another backend, for the fallback paths.
+#[derive(Debug)]
+struct HostVec(Mutex<Vec<u8>>);
+
+impl Buffer for HostVec {
+    fn size(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    fn name(&self) -> String {
+        "host vec".into()
+    }
+    fn is_host(&self) -> bool {
+        true
+    }
+    fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.0.lock().unwrap()[offset..offset + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        dst.copy_from_slice(&self.0.lock().unwrap()[offset..offset + dst.len()]);
+        Ok(())
+    }
+    fn memset(&self, offset: usize, len: usize, value: u8) -> Result<()> {
+        self.0.lock().unwrap()[offset..offset + len].fill(value);
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn devices(n: usize) -> Vec<Arc<dyn Device>> {
+    GpuRegistry::<Mock>::new().devices_with_count(n).unwrap()
+}
+
+fn stream(dev: &Arc<dyn Device>) -> Box<dyn Backend> {
+    dev.init_backend(&BackendOptions::default()).unwrap()
+}
+
+#[test]
+fn registry_names_devices_and_shares_gpus_round_robin() {
+    let reg = GpuRegistry::<Mock>::new();
+    assert_eq!((reg.reason(), reg.gpu_count()), (None, 2));
+    assert!(reg.probe().is_ok());
+    let devs = devices(3);
+    let names: Vec<&str> = devs.iter().map(|d| d.name()).collect();
+    assert_eq!(names, ["MOCK0", "MOCK1", "MOCK2"]);
+    assert_eq!(devs[2].description(), "Mock 0 (mock GPU 0)");
+    assert_eq!(devs[0].memory().free, 1 << 19);
+    assert!(!devs[0].caps().host_buffer && devs[0].host_buffer_type().is_none());
+    // MOCK2 shares GPU 0 with MOCK0: it reaches MOCK0's memory but does not own it.
+    let buf = devs[0].buffer_type().alloc(64).unwrap();
+    assert!(devs[2].can_access(buf.as_ref()) && !devs[2].owns_buffer(buf.as_ref()));
+    assert!(devs[0].owns_buffer(buf.as_ref()) && !devs[1].can_access(buf.as_ref()));
+    for n in [0, 257] {
+        assert!(matches!(
+            reg.devices_with_count(n),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+}
+
+#[test]
+fn buffers_and_streams_copy_on_the_right_path() {
+    let devs = devices(2);
+    let a: Arc<dyn Buffer> = devs[0].buffer_type().alloc(16).unwrap();
+    let b: Arc<dyn Buffer> = devs[1].buffer_type().alloc(16).unwrap();
+    let host: Arc<dyn Buffer> = Arc::new(HostVec(Mutex::new(vec![0; 16])));
+    let mut s0 = stream(&devs[0]);
+    s0.write_async(a.as_ref(), 4, &[1, 2, 3, 4]).unwrap();
+    let mut got = [0u8; 4];
+    s0.read_async(a.as_ref(), 4, &mut got).unwrap();
+    assert_eq!(got, [1, 2, 3, 4]);
+    // Another GPU's memory: a peer copy.
+    let peers = PEER_COPIES.load(Ordering::Relaxed);
+    s0.copy_async(&a, 4, &b, 8, 4).unwrap();
+    assert_eq!(PEER_COPIES.load(Ordering::Relaxed), peers + 1);
+    b.read(8, &mut got).unwrap();
+    assert_eq!(got, [1, 2, 3, 4]);
+    // Host memory of another backend: synchronize, then copy through the host.
+    s0.copy_async(&b, 8, &host, 0, 4).unwrap();
+    host.read(0, &mut got).unwrap();
+    assert_eq!(got, [1, 2, 3, 4]);
+    // A write to memory the stream's GPU does not hold goes through the buffer.
+    s0.write_async(b.as_ref(), 0, &[9]).unwrap();
+    b.read(0, &mut got[..1]).unwrap();
+    assert_eq!(got[0], 9);
+    // Blocking copies between device buffers, and range errors.
+    assert!(a.copy_from(b.as_ref(), 8, 0, 4).unwrap());
+    assert!(!a.copy_from(host.as_ref(), 0, 0, 4).unwrap());
+    assert!(matches!(
+        a.write(14, &[0; 4]),
+        Err(Error::OutOfBounds { .. })
+    ));
+    let ev = s0.record_event().unwrap().expect("GPU streams have events");
+    let mut s1 = stream(&devs[1]);
+    s1.wait_event(&ev).unwrap();
+    assert!(ev.is_complete());
+    s0.synchronize().unwrap();
+}
+
+#[test]
+fn a_kernel_source_that_does_not_build_is_an_error_each_time() {
+    let devs = devices(1);
+    let mut s = stream(&devs[0]);
+    let gs = s.as_any_mut().downcast_mut::<GpuStream<Mock>>().unwrap();
+    let kernels = gs.context().kernels().clone();
+    for _ in 0..2 {
+        let e = kernels.get("k_f32_to_bf16").unwrap_err().to_string();
+        assert!(e.contains("no compiler for comm.cu"), "{e}");
+    }
+    let e = kernels.get("k_nope").unwrap_err().to_string();
+    assert!(e.contains("no mock kernel named k_nope"), "{e}");
+}
+
+#[test]
+fn the_comm_trio_declines_what_it_cannot_reduce() {
+    let reg = GpuRegistry::<Mock>::new();
+    let api = CommApi::from_registry(&reg).expect("the trio is exported");
+    // Two logical devices on one GPU: one rank per GPU, so the trio declines.
+    let shared = devices(3);
+    let mut streams = vec![stream(&shared[0]), stream(&shared[2])];
+    assert!(api.init(&mut streams).is_none());
+    // Two GPUs, but no collective library: declined too.
+    let mut streams = vec![stream(&shared[0]), stream(&shared[1])];
+    assert!(api.init(&mut streams).is_none());
+    assert!(api.init(&mut []).is_none());
+}
+
+#[test]
+fn slices_are_validated_before_anything_is_queued() {
+    let devs = devices(2);
+    let bufs: Vec<Arc<dyn Buffer>> = devs
+        .iter()
+        .map(|d| d.buffer_type().alloc(64).unwrap())
+        .collect();
+    let call = |b: &Arc<dyn Buffer>, offset: usize, len: usize| CommCall {
+        buffer: Some(b.clone()),
+        offset,
+        len,
+        contributes: true,
+    };
+    let on_its_gpu = |m: &usize, g: &<Mock as Driver>::Gpu| Mock::ordinal(g) == *m;
+    let members = [0usize, 1];
+    let ok = vec![call(&bufs[0], 0, 8), call(&bufs[1], 4, 8)];
+    let (len, slots) = validate_slices::<Mock, _>(ok, &members, on_its_gpu).unwrap();
+    let gb = bufs[1].as_any().downcast_ref::<GpuBuffer<Mock>>().unwrap();
+    assert_eq!((len, slots[1].ptr, slots[1].offset), (8, gb.ptr() + 4, 4));
+    let cases = [
+        (vec![call(&bufs[0], 0, 16)], -2), // one slice for two members
+        (vec![call(&bufs[1], 0, 16), call(&bufs[0], 0, 16)], 1), // swapped GPUs
+        (vec![call(&bufs[0], 2, 8), call(&bufs[1], 0, 8)], 1), // misaligned
+        (vec![call(&bufs[0], 0, 17), call(&bufs[1], 0, 17)], 1), // past the end
+        (vec![call(&bufs[0], 0, 8), call(&bufs[1], 0, 4)], 1), // unequal lengths
+    ];
+    for (calls, status) in cases {
+        assert_eq!(
+            validate_slices::<Mock, _>(calls, &members, on_its_gpu).unwrap_err(),
+            status
+        );
+    }
+}

