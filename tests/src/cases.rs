@@ -12,7 +12,8 @@
 //! - [`NMSE_F16`] 5e-4: F16 (or BF16) outputs or inputs: half precision is ~1e-3 relative, so
 //!   rounding alone gives an NMSE of ~1e-6..1e-4 after a few rounded intermediates.
 //! - [`NMSE_MUL_MAT_QUANT`] 5e-4: MUL_MAT with quantized weights, where the backend quantizes
-//!   the activations (to Q8_0, Q8_1 for Q4_1 / Q5_1, or Q8_K for the K-quants, as ggml) while
+//!   the activations (to Q8_0, Q8_1 for Q4_1 / Q5_1, or Q8_K for the K-quants and IQ4_XS, as
+//!   ggml) while
 //!   the reference uses the
 //!   f32 activations.
 //! - [`NMSE_MUL_MAT_F16`] 1e-5 and [`NMSE_MUL_MAT_BF16`] 5e-4: half-precision weights, with
@@ -942,6 +943,11 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
     ];
     // (m, n, k, a batch [a2, a3], repeats [b2/a2, b3/a3], layout of b)
     let mut shapes: Vec<MulMatShape> = [1, 2, 7, 33]
@@ -1137,10 +1143,19 @@ fn get_rows_cases(v: &mut Vec<Case>) {
         DType::Q5_0,
         DType::Q4_1,
         DType::Q5_1,
+        DType::IQ4_NL,
+        DType::MXFP4,
     ] {
         all.extend(shapes.iter().map(|&(ne, n)| (t, ne, n)));
     }
-    for t in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+    for t in [
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_XS,
+    ] {
         all.push((t, [256, 10, 1, 1], 5));
         all.push((t, [512, 4, 3, 2], 4));
     }
@@ -1207,6 +1222,9 @@ fn set_rows_cases(v: &mut Vec<Case>) {
     all.push((DType::F32, DType::Q5_1, [64, 10, 1, 1], 4, 1, 1));
     all.push((DType::F32, DType::Q4_K, [256, 6, 1, 1], 3, 1, 1));
     all.push((DType::F32, DType::Q6_K, [256, 8, 3, 2], 3, 3, 2));
+    all.push((DType::F32, DType::Q2_K, [256, 6, 1, 1], 3, 1, 1));
+    all.push((DType::F32, DType::IQ4_XS, [256, 6, 1, 1], 3, 1, 1));
+    all.push((DType::F32, DType::MXFP4, [64, 10, 1, 1], 4, 1, 1));
     all.push((DType::F16, DType::F32, [64, 10, 1, 1], 4, 1, 1));
     for (src_t, dst_t, ne, n, i1, i2) in all {
         let params = format!(
@@ -1253,6 +1271,11 @@ fn cpy_cases(v: &mut Vec<Case>) {
         DType::Q5_K,
         DType::Q6_K,
         DType::Q8_K,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
     ] {
         pairs.push((
             DType::F32,
