@@ -270,6 +270,23 @@ impl Case {
         (self.build)(ctx)
     }
 
+    /// The dtypes of the tensors the case's ops compute (not leaves or views; sorted, without
+    /// repeats); empty for a case that fails to build.
+    pub fn written_dtypes(&self) -> Vec<tessera_core::DType> {
+        let mut ctx = Context::new();
+        if self.build(&mut ctx).is_err() {
+            return Vec::new();
+        }
+        let mut out: Vec<tessera_core::DType> = Vec::new();
+        for t in ctx.tensors() {
+            if !t.op().kind().is_view() && !out.contains(&t.dtype()) {
+                out.push(t.dtype());
+            }
+        }
+        out.sort_by_key(|d| d.name());
+        out
+    }
+
     /// The dtypes of every tensor the case builds (sorted, without repeats); empty for a case
     /// that fails to build.
     pub fn dtypes(&self) -> Vec<tessera_core::DType> {
@@ -289,8 +306,8 @@ impl Case {
 }
 
 /// The dtypes the GPU kernels (CUDA, HIP, SYCL: `kernels/cuda`) implement; conformance cases with
-/// other dtypes (the K-quants, Q5_0) are outside their coverage.
-pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 8] = [
+/// other dtypes (Q4_K, Q5_K, Q6_K, Q5_0) are outside their coverage.
+pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 13] = [
     tessera_core::DType::F32,
     tessera_core::DType::F16,
     tessera_core::DType::BF16,
@@ -299,6 +316,21 @@ pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 8] = [
     tessera_core::DType::Q4_0,
     tessera_core::DType::Q4_1,
     tessera_core::DType::Q5_1,
+    tessera_core::DType::Q2_K,
+    tessera_core::DType::Q3_K,
+    tessera_core::DType::IQ4_NL,
+    tessera_core::DType::IQ4_XS,
+    tessera_core::DType::MXFP4,
+];
+
+/// Of [`GPU_KERNEL_DTYPES`], those the GPU kernels only read (MUL_MAT weights, GET_ROWS tables,
+/// dequantizing copies): cases that quantize into them (CPY, SET_ROWS) are outside coverage.
+pub const GPU_READ_ONLY_DTYPES: [tessera_core::DType; 5] = [
+    tessera_core::DType::Q2_K,
+    tessera_core::DType::Q3_K,
+    tessera_core::DType::IQ4_NL,
+    tessera_core::DType::IQ4_XS,
+    tessera_core::DType::MXFP4,
 ];
 
 // ===== Sources with layouts =====
