@@ -112,6 +112,11 @@ pub fn encode_f32(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
         DType::Q5_K => k::quantize_row_q5_k(values, &mut out),
         DType::Q6_K => k::quantize_row_q6_k(values, &mut out),
         DType::Q8_K => k::quantize_row_q8_k(values, &mut out),
+        DType::Q2_K => k::quantize_row_q2_k(values, &mut out),
+        DType::Q3_K => k::quantize_row_q3_k(values, &mut out),
+        DType::IQ4_NL => k::quantize_row_iq4_nl(values, &mut out),
+        DType::IQ4_XS => k::quantize_row_iq4_xs(values, &mut out),
+        DType::MXFP4 => k::quantize_row_mxfp4(values, &mut out),
         other => return Err(Error::InvalidArgument(format!("cannot encode {other}"))),
     }
     Ok(out)
@@ -157,6 +162,11 @@ pub fn decode_to_f32(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
         DType::Q5_K => k::dequantize_row_q5_k(bytes, &mut out),
         DType::Q6_K => k::dequantize_row_q6_k(bytes, &mut out),
         DType::Q8_K => k::dequantize_row_q8_k(bytes, &mut out),
+        DType::Q2_K => k::dequantize_row_q2_k(bytes, &mut out),
+        DType::Q3_K => k::dequantize_row_q3_k(bytes, &mut out),
+        DType::IQ4_NL => k::dequantize_row_iq4_nl(bytes, &mut out),
+        DType::IQ4_XS => k::dequantize_row_iq4_xs(bytes, &mut out),
+        DType::MXFP4 => k::dequantize_row_mxfp4(bytes, &mut out),
         other => return Err(Error::InvalidArgument(format!("cannot decode {other}"))),
     }
     Ok(out)
@@ -182,6 +192,11 @@ mod tests {
             DType::Q5_K,
             DType::Q6_K,
             DType::Q8_K,
+            DType::Q2_K,
+            DType::Q3_K,
+            DType::IQ4_NL,
+            DType::IQ4_XS,
+            DType::MXFP4,
         ] {
             let back = decode_to_f32(d, &encode_f32(d, &v).unwrap()).unwrap();
             let err = v
@@ -193,6 +208,13 @@ mod tests {
                 DType::Q4_0 | DType::Q4_1 | DType::Q4_K => 0.3,
                 DType::Q5_0 | DType::Q5_1 | DType::Q5_K => 0.15,
                 DType::Q6_K | DType::Q8_K => 0.05,
+                // 4 levels per 16 values (Q2_K), symmetric levels for one-signed groups (Q3_K).
+                DType::Q2_K => 0.6,
+                DType::Q3_K => 0.5,
+                // The OCP scale rule, 2^(⌊log2 amax⌋ − 2), saturates values above 6/8 of the
+                // next power of two (3.875 → 3 here).
+                DType::MXFP4 => 0.9,
+                DType::IQ4_NL | DType::IQ4_XS => 0.4,
                 _ => 0.02,
             };
             assert!(err <= tol, "{d}: max error {err}");
@@ -200,6 +222,8 @@ mod tests {
         assert!(encode_f32(DType::Q8_0, &[1.0; 31]).is_err());
         assert!(encode_f32(DType::Q4_K, &[1.0; 128]).is_err());
         assert!(decode_to_f32(DType::Q6_K, &[0; 209]).is_err());
+        assert!(encode_f32(DType::IQ4_XS, &[1.0; 32]).is_err());
+        assert!(decode_to_f32(DType::MXFP4, &[0; 18]).is_err());
     }
 
     #[test]

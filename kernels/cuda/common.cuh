@@ -29,12 +29,23 @@ typedef long long i64;
 #define T_Q4_0 5
 #define T_Q4_1 6
 #define T_Q5_1 7
+#define T_Q2_K 8
+#define T_Q3_K 9
+#define T_IQ4_NL 10
+#define T_IQ4_XS 11
+#define T_MXFP4 12
 
 #define QK 32
 #define Q8_0_BYTES 34
 #define Q4_0_BYTES 18
 #define Q4_1_BYTES 20
 #define Q5_1_BYTES 24
+#define QK_K 256
+#define Q2_K_BYTES 84
+#define Q3_K_BYTES 110
+#define IQ4_NL_BYTES 18
+#define IQ4_XS_BYTES 136
+#define MXFP4_BYTES 17
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -144,8 +155,13 @@ __device__ __forceinline__ float block_scale(const char* blk) {
     return h2f((u16)(b[0] | (b[1] << 8)));
 }
 
+// Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4: read (dequantized) by the kernels, never written.
+__device__ __forceinline__ bool is_lowbit(int type) {
+    return type >= T_Q2_K && type <= T_MXFP4;
+}
+
 __device__ __forceinline__ bool is_quant(int type) {
-    return type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_1;
+    return type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_1 || is_lowbit(type);
 }
 
 __device__ __forceinline__ int quant_block_bytes(int type) {
@@ -153,8 +169,76 @@ __device__ __forceinline__ int quant_block_bytes(int type) {
     case T_Q8_0: return Q8_0_BYTES;
     case T_Q4_1: return Q4_1_BYTES;
     case T_Q5_1: return Q5_1_BYTES;
+    case T_Q2_K: return Q2_K_BYTES;
+    case T_Q3_K: return Q3_K_BYTES;
+    case T_IQ4_NL: return IQ4_NL_BYTES;
+    case T_IQ4_XS: return IQ4_XS_BYTES;
+    case T_MXFP4: return MXFP4_BYTES;
     default: return Q4_0_BYTES;
     }
+}
+
+// Elements per block: 256 for the super-block formats, else 32.
+__device__ __forceinline__ int quant_block_elems(int type) {
+    return (type == T_Q2_K || type == T_Q3_K || type == T_IQ4_XS) ? QK_K : QK;
+}
+
+// ggml's kvalues_iq4nl (IQ4_NL / IQ4_XS levels) and kvalues_mxfp4 (E2M1 values doubled).
+__device__ __forceinline__ float iq4nl_level(int i) {
+    const signed char k[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    return (float)k[i];
+}
+
+__device__ __forceinline__ float mxfp4_level(int i) {
+    const signed char k[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    return (float)k[i];
+}
+
+// Half an E8M0 scale, 2^(e - 128), as ggml_e8m0_to_fp32_half.
+__device__ __forceinline__ float e8m0_half(u8 e) {
+    u32 bits = e < 2 ? (0x00200000u << e) : ((u32)(e - 1) << 23);
+    return __int_as_float((int)bits);
+}
+
+// Nibble j (0..31) of a 32-element group's 16 bytes: low nibbles first, then high nibbles.
+__device__ __forceinline__ int nibble32(const u8* q, int j) {
+    u8 b = q[j & 15];
+    return j < 16 ? (b & 15) : (b >> 4);
+}
+
+// Element j of a Q2_K / Q3_K / IQ4_NL / IQ4_XS / MXFP4 block (ggml's dequantize_row_* layouts;
+// the K formats keep element j = 128h + 32t + l as the 2-bit field t of quant byte 32h + l).
+__device__ __forceinline__ float lowbit_elem(const char* blk, int type, int j) {
+    const u8* b = (const u8*)blk;
+    if (type == T_IQ4_NL) {
+        return block_scale(blk) * iq4nl_level(nibble32(b + 2, j));
+    }
+    if (type == T_MXFP4) {
+        return mxfp4_level(nibble32(b + 1, j)) * e8m0_half(b[0]);
+    }
+    if (type == T_IQ4_XS) {
+        int g = j / 32;
+        u32 h = (u32)b[2] | ((u32)b[3] << 8);
+        int ls = ((b[4 + g / 2] >> (4 * (g % 2))) & 15) | (int)(((h >> (2 * g)) & 3u) << 4);
+        float dl = block_scale(blk) * (float)(ls - 32);
+        return dl * iq4nl_level(nibble32(b + 8 + 16 * g, j % 32));
+    }
+    int q = (b[(type == T_Q2_K ? 16 : 32) + 32 * (j / 128) + j % 32] >> (2 * ((j % 128) / 32))) & 3;
+    if (type == T_Q2_K) {
+        u8 sc = b[j / 16];
+        float dl = block_scale(blk + 80) * (float)(sc & 15);
+        float ml = block_scale(blk + 82) * (float)(sc >> 4);
+        return dl * (float)q - ml;
+    }
+    // Q3_K: 6-bit scale of group g (low nibble in byte g or g - 8, top bits in byte 8 + g % 4),
+    // high bit j / 32 of hmask byte j % 32.
+    int g = j / 16;
+    const u8* sc = b + 96;
+    int low = g < 8 ? (sc[g] & 15) : (sc[g - 8] >> 4);
+    int scale = (low | (((sc[8 + g % 4] >> (2 * (g / 4))) & 3) << 4)) - 32;
+    int high = (b[j % 32] >> (j / 32)) & 1;
+    float dl = block_scale(blk + 108) * (float)scale;
+    return dl * (float)(q - (high ? 0 : 4));
 }
 
 // Level j (0..31, unsigned) of a Q4_1 / Q5_1 block: f16 d, f16 m, [Q5_1: u32 fifth bits], 16
@@ -172,6 +256,10 @@ __device__ __forceinline__ int affine_level(const char* blk, int type, int j) {
 
 // Element i0 of a quantized row.
 __device__ __forceinline__ float ld_quant(const char* row, int type, i64 i0) {
+    if (is_lowbit(type)) {
+        int qk = quant_block_elems(type);
+        return lowbit_elem(row + (i0 / qk) * quant_block_bytes(type), type, (int)(i0 % qk));
+    }
     i64 blk = i0 / QK;
     int j = (int)(i0 % QK);
     const char* b = row + blk * quant_block_bytes(type);

@@ -1,6 +1,7 @@
 // MUL_MAT: dst[m, n, b2, b3] (f32) = w[k, m, w2, w3]^T · x[k, n, b2, b3], weights broadcast over
 // the batch axes (plane (i2, i3) of dst uses weight plane (i2 / r2, i3 / r3)).
-// Weights: F32, F16, BF16 (any row stride), Q8_0, Q4_0, Q4_1, Q5_1; activations: any float type and strides.
+// Weights: F32, F16, BF16 (any row stride), Q8_0, Q4_0, Q4_1, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4;
+// activations: any float type and strides.
 #include "common.cuh"
 
 // Plane bookkeeping shared by the kernels.
@@ -39,8 +40,9 @@ extern "C" __global__ void k_mul_mat_vec_f(Tensor dst, Tensor w, Tensor x, i64 r
     }
 }
 
-// Dequantising GEMV for Q8_0 / Q4_0 / Q4_1 / Q5_1 weights: one warp per (row, column, plane); each lane takes
-// whole blocks, so a warp reads 32 consecutive blocks per step.
+// Dequantising GEMV for quantized weights: one warp per (row, column, plane); each lane takes whole
+// 32-element groups (blocks, or eighths of a 256-element super-block), so a warp reads 32 consecutive
+// groups per step.
 extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     i64 m = w.ne[1], n = x.ne[1], nblk = w.ne[0] / QK;
@@ -72,6 +74,14 @@ extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r
                 part += (float)((int)(q >> 4) - 8) * ld(x, k0 + j + QK / 2, col, i2, i3);
             }
             s += part * block_scale(blk);
+        } else if (is_lowbit(w.type)) {
+            int per = quant_block_elems(w.type) / QK;
+            const char* blk = wr + (b / per) * quant_block_bytes(w.type);
+            int j0 = (int)(b % per) * QK;
+            for (int j = 0; j < QK; j++) {
+                part += lowbit_elem(blk, w.type, j0 + j) * ld(x, k0 + j, col, i2, i3);
+            }
+            s += part;
         } else {
             // Affine blocks: d * sum(level * x) + m * sum(x).
             const char* blk = wr + b * quant_block_bytes(w.type);

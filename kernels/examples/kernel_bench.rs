@@ -13,8 +13,9 @@ use std::time::Instant;
 
 use tessera_kernels::cpu::{
     Isa, WeightType, act_row_bytes, act_type, active_isa, mul_mat_tile_with_isa, prepare_act,
-    quantize_row_q4_0, quantize_row_q4_1, quantize_row_q4_k, quantize_row_q5_0, quantize_row_q5_1,
-    quantize_row_q5_k, quantize_row_q6_k, quantize_row_q8_0,
+    quantize_row_iq4_nl, quantize_row_iq4_xs, quantize_row_mxfp4, quantize_row_q2_k,
+    quantize_row_q3_k, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q4_k, quantize_row_q5_0,
+    quantize_row_q5_1, quantize_row_q5_k, quantize_row_q6_k, quantize_row_q8_0,
 };
 
 fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -58,6 +59,11 @@ fn encode(wt: WeightType, vals: &[f32], k: usize) -> Vec<u8> {
             WeightType::Q4_K => quantize_row_q4_k(src, dst),
             WeightType::Q5_K => quantize_row_q5_k(src, dst),
             WeightType::Q6_K => quantize_row_q6_k(src, dst),
+            WeightType::Q2_K => quantize_row_q2_k(src, dst),
+            WeightType::Q3_K => quantize_row_q3_k(src, dst),
+            WeightType::IQ4_NL => quantize_row_iq4_nl(src, dst),
+            WeightType::IQ4_XS => quantize_row_iq4_xs(src, dst),
+            WeightType::MXFP4 => quantize_row_mxfp4(src, dst),
         }
     }
     out

@@ -1,7 +1,8 @@
 // Prints the golden values of kernels/src/cpu/kquant_golden.rs from ggml itself: FNV-1a 64 hashes
 // of ggml's reference quantizers' output (and of ggml's dequantizers applied to it) for
 // deterministic inputs, plus ggml's CPU vec_dot results on those bytes. Q8_1 (the activation form
-// of the Q4_1 / Q5_1 dots) has no ggml dequantizer: only its quantized bytes are hashed.
+// of the Q4_1 / Q5_1 dots) has no ggml dequantizer: only its quantized bytes are hashed. The rows
+// for Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4 are checked by kernels/src/cpu/lowbit_golden.rs.
 //
 // The input generator is mirrored exactly in the Rust test (xorshift32; every float operation is
 // exact or done in the same order). Build against a ggml build (ggml-base is compiled without
@@ -32,6 +33,16 @@ void dequantize_row_q4_K(const void * x, float * y, int64_t k);
 void dequantize_row_q5_K(const void * x, float * y, int64_t k);
 void dequantize_row_q6_K(const void * x, float * y, int64_t k);
 void dequantize_row_q8_K(const void * x, float * y, int64_t k);
+void quantize_row_q2_K_ref(const float * x, void * y, int64_t k);
+void quantize_row_q3_K_ref(const float * x, void * y, int64_t k);
+void quantize_row_iq4_nl_ref(const float * x, void * y, int64_t k);
+void quantize_row_iq4_xs_ref(const float * x, void * y, int64_t k);
+void quantize_row_mxfp4_ref(const float * x, void * y, int64_t k);
+void dequantize_row_q2_K(const void * x, float * y, int64_t k);
+void dequantize_row_q3_K(const void * x, float * y, int64_t k);
+void dequantize_row_iq4_nl(const void * x, float * y, int64_t k);
+void dequantize_row_iq4_xs(const void * x, float * y, int64_t k);
+void dequantize_row_mxfp4(const void * x, float * y, int64_t k);
 
 #define N 1024  // four super-blocks per distribution
 #define NDIST 8
@@ -78,6 +89,12 @@ int main(void) {
         {"q8_K", quantize_row_q8_K_ref, dequantize_row_q8_K, 292, 256},
         {"q4_1", quantize_row_q4_1_ref, dequantize_row_q4_1, 20, 32},
         {"q5_1", quantize_row_q5_1_ref, dequantize_row_q5_1, 24, 32},
+        // Checked by lowbit_golden.rs.
+        {"q2_K", quantize_row_q2_K_ref, dequantize_row_q2_K, 84, 256},
+        {"q3_K", quantize_row_q3_K_ref, dequantize_row_q3_K, 110, 256},
+        {"iq4_nl", quantize_row_iq4_nl_ref, dequantize_row_iq4_nl, 18, 32},
+        {"iq4_xs", quantize_row_iq4_xs_ref, dequantize_row_iq4_xs, 136, 256},
+        {"mxfp4", quantize_row_mxfp4_ref, dequantize_row_mxfp4, 17, 32},
     };
     const int ncodec = sizeof t / sizeof t[0];
     static float x[N], y[N];
@@ -104,13 +121,16 @@ int main(void) {
     // vec_dot through ggml's CPU backend: weights from distribution dw, activations from da.
     printf("// (weight dtype, weight distribution, activation distribution, ggml's vec_dot bits)\n");
     enum ggml_type wt[] = {GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
-                           GGML_TYPE_Q4_1, GGML_TYPE_Q5_1};
+                           GGML_TYPE_Q4_1, GGML_TYPE_Q5_1, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,
+                           GGML_TYPE_IQ4_XS, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4};
     quant_fn wq[] = {quantize_row_q5_0_ref, quantize_row_q4_K_ref, quantize_row_q5_K_ref, quantize_row_q6_K_ref,
-                     quantize_row_q4_1_ref, quantize_row_q5_1_ref};
-    const char * wn[] = {"q5_0", "q4_K", "q5_K", "q6_K", "q4_1", "q5_1"};
+                     quantize_row_q4_1_ref, quantize_row_q5_1_ref, quantize_row_q2_K_ref, quantize_row_q3_K_ref,
+                     quantize_row_iq4_xs_ref, quantize_row_iq4_nl_ref, quantize_row_mxfp4_ref};
+    const char * wn[] = {"q5_0", "q4_K", "q5_K", "q6_K", "q4_1", "q5_1", "q2_K", "q3_K", "iq4_xs", "iq4_nl",
+                         "mxfp4"};
     static uint8_t qa[N / 256 * 292 + N / 32 * 36];
     static float xa[N];
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < (int)(sizeof wt / sizeof wt[0]); k++) {
         for (int dw = 0; dw < 2; dw++) {
             for (int da = 0; da < 3; da++) {
                 gen(dw, x);
@@ -118,8 +138,8 @@ int main(void) {
                 memset(q, 0, sizeof q);
                 memset(qa, 0, sizeof qa);
                 wq[k](x, q, N);
-                if (k == 0) quantize_row_q8_0_ref(xa, qa, N);
-                else if (k >= 4) quantize_row_q8_1_ref(xa, qa, N);
+                if (k == 0 || k >= 9) quantize_row_q8_0_ref(xa, qa, N);
+                else if (k == 4 || k == 5) quantize_row_q8_1_ref(xa, qa, N);
                 else quantize_row_q8_K_ref(xa, qa, N);
                 float r = 0;
                 ggml_get_type_traits_cpu(wt[k])->vec_dot(N, &r, 0, q, 0, qa, 0, 1);

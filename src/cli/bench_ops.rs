@@ -34,6 +34,11 @@ fn cases(k: usize) -> Vec<BenchCase> {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
     ] {
         // K-quants need k in whole super-blocks of 256.
         let Some(row) = dtype.row_size(k) else {

@@ -221,6 +221,44 @@ fn every_arch_round_trips_through_a_gguf_file() {
 }
 
 #[test]
+fn low_bit_weights_round_trip_through_a_gguf_file() {
+    let dir = std::env::temp_dir().join(format!("tessera-lowbit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for dtype in [
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
+    ] {
+        let config = LlamaConfig {
+            n_embd: 256,
+            head_dim: 64,
+            n_ff: 512,
+            weight_dtype: dtype,
+            ..LlamaConfig::tiny_arch(Arch::Qwen3)
+        };
+        let synth = LlamaModel::new(config.clone(), SEED).unwrap();
+        let path = dir.join(format!("{dtype}.gguf"));
+        synth.write_gguf(&path).unwrap();
+        let file = Arc::new(crate::gguf::GgufFile::open(&path).unwrap());
+        assert_eq!(
+            file.tensor_info("blk.0.attn_q.weight")
+                .unwrap()
+                .dtype()
+                .unwrap(),
+            dtype
+        );
+        let loaded = LlamaModel::from_gguf(file, None).unwrap();
+        assert_eq!(loaded.config(), &config, "{dtype}");
+        let want = session(&synth, "cpu:1").eval(&PROMPT).unwrap();
+        let got = session(&loaded, "cpu:1").eval(&PROMPT).unwrap();
+        assert_eq!(got, want, "{dtype}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn k_quant_weights_split_by_whole_super_blocks() {
     for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q5_0] {
         let config = LlamaConfig {

@@ -12,7 +12,8 @@
 //! - [`NMSE_F16`] 5e-4: F16 (or BF16) outputs or inputs: half precision is ~1e-3 relative, so
 //!   rounding alone gives an NMSE of ~1e-6..1e-4 after a few rounded intermediates.
 //! - [`NMSE_MUL_MAT_QUANT`] 5e-4: MUL_MAT with quantized weights, where the backend quantizes
-//!   the activations (to Q8_0, Q8_1 for Q4_1 / Q5_1, or Q8_K for the K-quants, as ggml) while
+//!   the activations (to Q8_0, Q8_1 for Q4_1 / Q5_1, or Q8_K for the K-quants and IQ4_XS, as
+//!   ggml) while
 //!   the reference uses the
 //!   f32 activations.
 //! - [`NMSE_MUL_MAT_F16`] 1e-5 and [`NMSE_MUL_MAT_BF16`] 5e-4: half-precision weights, with
@@ -269,6 +270,23 @@ impl Case {
         (self.build)(ctx)
     }
 
+    /// The dtypes of the tensors the case's ops compute (not leaves or views; sorted, without
+    /// repeats); empty for a case that fails to build.
+    pub fn written_dtypes(&self) -> Vec<tessera_core::DType> {
+        let mut ctx = Context::new();
+        if self.build(&mut ctx).is_err() {
+            return Vec::new();
+        }
+        let mut out: Vec<tessera_core::DType> = Vec::new();
+        for t in ctx.tensors() {
+            if !t.op().kind().is_view() && !out.contains(&t.dtype()) {
+                out.push(t.dtype());
+            }
+        }
+        out.sort_by_key(|d| d.name());
+        out
+    }
+
     /// The dtypes of every tensor the case builds (sorted, without repeats); empty for a case
     /// that fails to build.
     pub fn dtypes(&self) -> Vec<tessera_core::DType> {
@@ -288,8 +306,8 @@ impl Case {
 }
 
 /// The dtypes the GPU kernels (CUDA, HIP, SYCL: `kernels/cuda`) implement; conformance cases with
-/// other dtypes (the K-quants, Q5_0) are outside their coverage.
-pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 8] = [
+/// other dtypes (Q4_K, Q5_K, Q6_K, Q5_0) are outside their coverage.
+pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 13] = [
     tessera_core::DType::F32,
     tessera_core::DType::F16,
     tessera_core::DType::BF16,
@@ -298,6 +316,21 @@ pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 8] = [
     tessera_core::DType::Q4_0,
     tessera_core::DType::Q4_1,
     tessera_core::DType::Q5_1,
+    tessera_core::DType::Q2_K,
+    tessera_core::DType::Q3_K,
+    tessera_core::DType::IQ4_NL,
+    tessera_core::DType::IQ4_XS,
+    tessera_core::DType::MXFP4,
+];
+
+/// Of [`GPU_KERNEL_DTYPES`], those the GPU kernels only read (MUL_MAT weights, GET_ROWS tables,
+/// dequantizing copies): cases that quantize into them (CPY, SET_ROWS) are outside coverage.
+pub const GPU_READ_ONLY_DTYPES: [tessera_core::DType; 5] = [
+    tessera_core::DType::Q2_K,
+    tessera_core::DType::Q3_K,
+    tessera_core::DType::IQ4_NL,
+    tessera_core::DType::IQ4_XS,
+    tessera_core::DType::MXFP4,
 ];
 
 // ===== Sources with layouts =====
@@ -943,6 +976,11 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
     ];
     // (m, n, k, a batch [a2, a3], repeats [b2/a2, b3/a3], layout of b)
     let mut shapes: Vec<MulMatShape> = [1, 2, 7, 33]
@@ -1154,6 +1192,11 @@ fn moe_cases(v: &mut Vec<Case>) {
         DType::Q5_1,
         DType::Q4_K,
         DType::Q6_K,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
     ];
     // (n_expert, n_used, tokens, activation columns per token: 1 = shared by the slots)
     let shapes = [(4, 2, 1, 1), (8, 2, 5, 1), (8, 3, 33, 3), (6, 6, 7, 6)];
@@ -1285,10 +1328,19 @@ fn get_rows_cases(v: &mut Vec<Case>) {
         DType::Q5_0,
         DType::Q4_1,
         DType::Q5_1,
+        DType::IQ4_NL,
+        DType::MXFP4,
     ] {
         all.extend(shapes.iter().map(|&(ne, n)| (t, ne, n)));
     }
-    for t in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+    for t in [
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_XS,
+    ] {
         all.push((t, [256, 10, 1, 1], 5));
         all.push((t, [512, 4, 3, 2], 4));
     }
@@ -1355,6 +1407,9 @@ fn set_rows_cases(v: &mut Vec<Case>) {
     all.push((DType::F32, DType::Q5_1, [64, 10, 1, 1], 4, 1, 1));
     all.push((DType::F32, DType::Q4_K, [256, 6, 1, 1], 3, 1, 1));
     all.push((DType::F32, DType::Q6_K, [256, 8, 3, 2], 3, 3, 2));
+    all.push((DType::F32, DType::Q2_K, [256, 6, 1, 1], 3, 1, 1));
+    all.push((DType::F32, DType::IQ4_XS, [256, 6, 1, 1], 3, 1, 1));
+    all.push((DType::F32, DType::MXFP4, [64, 10, 1, 1], 4, 1, 1));
     all.push((DType::F16, DType::F32, [64, 10, 1, 1], 4, 1, 1));
     for (src_t, dst_t, ne, n, i1, i2) in all {
         let params = format!(
@@ -1401,6 +1456,11 @@ fn cpy_cases(v: &mut Vec<Case>) {
         DType::Q5_K,
         DType::Q6_K,
         DType::Q8_K,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
     ] {
         pairs.push((
             DType::F32,

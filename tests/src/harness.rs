@@ -2,10 +2,10 @@
 //! case), compared with the f64 reference. Without devices the trials are ignored with the
 //! reason in their names (`[skipped: ...] cuda/...`); `TESSERA_REQUIRE=<backend>` makes that a
 //! failure. A backend may declare the dtypes it covers (the GPU kernels:
-//! [`crate::GPU_KERNEL_DTYPES`]): cases with other dtypes are ignored with that reason; any other
-//! unsupported case fails.
+//! [`crate::GPU_KERNEL_DTYPES`]): cases with other dtypes, or writing one of
+//! [`crate::GPU_READ_ONLY_DTYPES`], are ignored with that reason; any other unsupported case fails.
 
-use crate::{Case, Status, all_cases, format_line, run_case};
+use crate::{Case, GPU_READ_ONLY_DTYPES, Status, all_cases, format_line, run_case};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -94,13 +94,22 @@ pub fn run_device_suite(
     for (key, dev) in &targets {
         for case in &cases {
             let name = format!("{key}/{}", case.label());
-            let outside: Vec<&str> = match covers {
-                Some(covered) => case
-                    .dtypes()
-                    .into_iter()
-                    .filter(|d| !covered.contains(d))
-                    .map(|d| d.name())
-                    .collect(),
+            let outside: Vec<String> = match covers {
+                Some(covered) => {
+                    let mut v: Vec<String> = case
+                        .dtypes()
+                        .into_iter()
+                        .filter(|d| !covered.contains(d))
+                        .map(|d| d.name().to_string())
+                        .collect();
+                    v.extend(
+                        case.written_dtypes()
+                            .into_iter()
+                            .filter(|d| GPU_READ_ONLY_DTYPES.contains(d))
+                            .map(|d| format!("writing {d}")),
+                    );
+                    v
+                }
                 None => Vec::new(),
             };
             if !outside.is_empty() {

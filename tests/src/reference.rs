@@ -147,7 +147,12 @@ pub fn encode_into(dtype: DType, vals: &[f64], out: &mut Vec<u8>) -> RefResult<(
         | DType::Q4_K
         | DType::Q5_K
         | DType::Q6_K
-        | DType::Q8_K => {
+        | DType::Q8_K
+        | DType::Q2_K
+        | DType::Q3_K
+        | DType::IQ4_NL
+        | DType::IQ4_XS
+        | DType::MXFP4 => {
             use tessera_kernels::cpu as k;
             let row = dtype
                 .row_size(vals.len())
@@ -161,6 +166,11 @@ pub fn encode_into(dtype: DType, vals: &[f64], out: &mut Vec<u8>) -> RefResult<(
                 DType::Q4_K => k::quantize_row_q4_k(&x, &mut bytes),
                 DType::Q5_K => k::quantize_row_q5_k(&x, &mut bytes),
                 DType::Q6_K => k::quantize_row_q6_k(&x, &mut bytes),
+                DType::Q2_K => k::quantize_row_q2_k(&x, &mut bytes),
+                DType::Q3_K => k::quantize_row_q3_k(&x, &mut bytes),
+                DType::IQ4_NL => k::quantize_row_iq4_nl(&x, &mut bytes),
+                DType::IQ4_XS => k::quantize_row_iq4_xs(&x, &mut bytes),
+                DType::MXFP4 => k::quantize_row_mxfp4(&x, &mut bytes),
                 _ => k::quantize_row_q8_k(&x, &mut bytes),
             }
             out.extend_from_slice(&bytes);
@@ -247,9 +257,107 @@ pub fn decode(dtype: DType, bytes: &[u8], n: usize) -> RefResult<Vec<f64>> {
                 b[4..260].iter().map(move |&q| d * f64::from(q as i8))
             })
             .collect(),
+        DType::Q2_K => bytes
+            .chunks_exact(84)
+            .flat_map(dequantize_q2_k_block)
+            .collect(),
+        DType::Q3_K => bytes
+            .chunks_exact(110)
+            .flat_map(dequantize_q3_k_block)
+            .collect(),
+        DType::IQ4_NL => bytes
+            .chunks_exact(18)
+            .flat_map(|b| {
+                let d = f16::from_le_bytes([b[0], b[1]]).to_f64();
+                (0..32).map(move |j| d * f64::from(IQ4NL_LEVELS[nibble_32(&b[2..18], j)]))
+            })
+            .collect(),
+        DType::IQ4_XS => bytes
+            .chunks_exact(136)
+            .flat_map(dequantize_iq4_xs_block)
+            .collect(),
+        DType::MXFP4 => bytes
+            .chunks_exact(17)
+            .flat_map(|b| {
+                // E8M0: 2^(e − 127); the E2M1 value table below is not doubled.
+                let scale = 2f64.powi(i32::from(b[0]) - 127);
+                (0..32).map(move |j| scale * E2M1_LEVELS[nibble_32(&b[1..17], j)])
+            })
+            .collect(),
         other => return Err(format!("the reference cannot decode {other}")),
     };
     Ok(out)
+}
+
+/// IQ4_NL / IQ4_XS levels (ggml's `kvalues_iq4nl`).
+const IQ4NL_LEVELS: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// The OCP E2M1 values of codes 0..16 (sign bit 3, then 2 exponent bits, 1 mantissa bit).
+const E2M1_LEVELS: [f64; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// Index `j` of a 32-element group from its 16 bytes (low nibbles first, then high nibbles).
+fn nibble_32(qs: &[u8], j: usize) -> usize {
+    usize::from(if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 })
+}
+
+/// The 2-bit field of element `e = 128h + 32t + l` of a Q2_K / Q3_K super-block's 64 quant
+/// bytes: bits `2t..2t + 2` of byte `32h + l`.
+fn two_bits(qs: &[u8], e: usize) -> u8 {
+    let (h, t, l) = (e / 128, (e % 128) / 32, e % 32);
+    (qs[32 * h + l] >> (2 * t)) & 3
+}
+
+/// Decodes one Q2_K super-block (84 bytes: 16 scale bytes — low nibble scale, high nibble min of
+/// group `e / 16` — 64 quant bytes, f16 `d`, f16 `dmin`): `d·sc·q − dmin·m`.
+fn dequantize_q2_k_block(b: &[u8]) -> Vec<f64> {
+    let d = f16::from_le_bytes([b[80], b[81]]).to_f64();
+    let dmin = f16::from_le_bytes([b[82], b[83]]).to_f64();
+    (0..256)
+        .map(|e| {
+            let (sc, m) = (b[e / 16] & 0xF, b[e / 16] >> 4);
+            d * f64::from(sc) * f64::from(two_bits(&b[16..80], e)) - dmin * f64::from(m)
+        })
+        .collect()
+}
+
+/// Decodes one Q3_K super-block (110 bytes: 32 bytes of high bits — element `e`'s is bit `e / 32`
+/// of byte `e % 32` — 64 quant bytes, 12 scale bytes, f16 `d`). Group `g`'s 6-bit scale has its
+/// low nibble in byte `g` (`g < 8`, low half) or `g − 8` (high half) and its top two bits at
+/// bit `2(g / 4)` of byte `8 + g % 4`; value `d·(sc − 32)·(q − 4·(1 − high))`.
+fn dequantize_q3_k_block(b: &[u8]) -> Vec<f64> {
+    let (hmask, qs, sc) = (&b[..32], &b[32..96], &b[96..108]);
+    let d = f16::from_le_bytes([b[108], b[109]]).to_f64();
+    (0..256)
+        .map(|e| {
+            let g = e / 16;
+            let low = if g < 8 { sc[g] & 0xF } else { sc[g - 8] >> 4 };
+            let scale = i32::from(low | (((sc[8 + g % 4] >> (2 * (g / 4))) & 3) << 4)) - 32;
+            let high = (hmask[e % 32] >> (e / 32)) & 1;
+            let q = i32::from(two_bits(qs, e)) - if high == 1 { 0 } else { 4 };
+            d * f64::from(scale) * f64::from(q)
+        })
+        .collect()
+}
+
+/// Decodes one IQ4_XS super-block (136 bytes: f16 `d`, u16 high scale bits, 4 bytes of low scale
+/// nibbles, 8 groups of 16 index bytes). Group `g`'s 6-bit scale is nibble `g % 2` of byte
+/// `4 + g / 2` plus bits `2g..2g + 2` of the u16 as its top bits; value `d·(ls − 32)·level`.
+fn dequantize_iq4_xs_block(b: &[u8]) -> Vec<f64> {
+    let d = f16::from_le_bytes([b[0], b[1]]).to_f64();
+    let high = u16::from_le_bytes([b[2], b[3]]);
+    (0..256)
+        .map(|e| {
+            let g = e / 32;
+            let low = (b[4 + g / 2] >> (4 * (g % 2))) & 0xF;
+            let ls = i32::from(low) | (i32::from((high >> (2 * g)) & 3) << 4);
+            let level = IQ4NL_LEVELS[nibble_32(&b[8 + 16 * g..8 + 16 * g + 16], e % 32)];
+            d * f64::from(ls - 32) * f64::from(level)
+        })
+        .collect()
 }
 
 /// Decodes one Q5_0 block (22 bytes: f16 `d`, u32 fifth bits, 16 bytes of nibbles; element `j`

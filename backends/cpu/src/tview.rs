@@ -134,6 +134,11 @@ impl TView {
             DType::Q5_K => k::dequantize_row_q5_k(raw, out),
             DType::Q6_K => k::dequantize_row_q6_k(raw, out),
             DType::Q8_K => k::dequantize_row_q8_k(raw, out),
+            DType::Q2_K => k::dequantize_row_q2_k(raw, out),
+            DType::Q3_K => k::dequantize_row_q3_k(raw, out),
+            DType::IQ4_NL => k::dequantize_row_iq4_nl(raw, out),
+            DType::IQ4_XS => k::dequantize_row_iq4_xs(raw, out),
+            DType::MXFP4 => k::dequantize_row_mxfp4(raw, out),
             _ => out.fill(f32::NAN),
         }
     }
@@ -219,6 +224,11 @@ impl TView {
                 DType::Q5_K => k::quantize_row_q5_k(src, raw),
                 DType::Q6_K => k::quantize_row_q6_k(src, raw),
                 DType::Q8_K => k::quantize_row_q8_k(src, raw),
+                DType::Q2_K => k::quantize_row_q2_k(src, raw),
+                DType::Q3_K => k::quantize_row_q3_k(src, raw),
+                DType::IQ4_NL => k::quantize_row_iq4_nl(src, raw),
+                DType::IQ4_XS => k::quantize_row_iq4_xs(src, raw),
+                DType::MXFP4 => k::quantize_row_mxfp4(src, raw),
                 _ => {}
             }
             return;

@@ -30,6 +30,11 @@ fn encode(dtype: DType, values: &[f32]) -> Result<Vec<u8>, String> {
         DType::Q4_K => k::quantize_row_q4_k,
         DType::Q5_K => k::quantize_row_q5_k,
         DType::Q6_K => k::quantize_row_q6_k,
+        DType::Q2_K => k::quantize_row_q2_k,
+        DType::Q3_K => k::quantize_row_q3_k,
+        DType::IQ4_NL => k::quantize_row_iq4_nl,
+        DType::IQ4_XS => k::quantize_row_iq4_xs,
+        DType::MXFP4 => k::quantize_row_mxfp4,
         d => return Err(format!("no quantizer for {d}")),
     };
     let rb = K / dtype.block_size() * dtype.type_size();
@@ -158,6 +163,39 @@ fn packed_weights_give_the_plain_results_and_read_back_as_written() {
                 assert_eq!(raw, w_bytes, "{dtype}: copy out");
             }
         }
+    }
+}
+
+#[test]
+fn weights_without_a_packed_layout_stay_plain() {
+    let dev = CpuDevice::new("CPU", vec![]);
+    for dtype in [
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
+    ] {
+        let n = 5;
+        let c = case(dtype, n);
+        let plain = dev.buffer_type().alloc_tensors(&c.ctx).unwrap();
+        let weights = dev.weight_buffer_type().alloc_tensors(&c.ctx).unwrap();
+        // Same bytes, same kernels: identical results.
+        assert_eq!(
+            run(&dev, &c, &weights, n),
+            run(&dev, &c, &plain, n),
+            "{dtype}"
+        );
+        let cpu = weights
+            .buffer()
+            .as_any()
+            .downcast_ref::<tessera_cpu::CpuBuffer>()
+            .unwrap();
+        assert_eq!(cpu.packed_tensors(), 0, "{dtype}: nothing is packed");
+        let w_bytes = encode(dtype, &values(K * ROWS, 1)).unwrap();
+        let mut back = vec![0u8; w_bytes.len()];
+        weights.get(c.w, &mut back).unwrap();
+        assert_eq!(back, w_bytes, "{dtype}: read back");
     }
 }
 

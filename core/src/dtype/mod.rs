@@ -40,11 +40,24 @@ pub enum DType {
     /// Super-blocks of 256: f32 `d`, 256 × i8, 16 × i16 sums of each 16 quants. The activation
     /// form of the K-quant dot products (as in ggml), not a storage type for weights.
     Q8_K,
+    /// Super-blocks of 256: 16 bytes of 4-bit scale / 4-bit min pairs (one per 16 values), 64 bytes
+    /// of 2-bit values, f16 `d`, f16 `dmin`; `x = d·sc·q − dmin·m`.
+    Q2_K,
+    /// Super-blocks of 256: 32 bytes of high bits, 64 bytes of low 2-bit pairs, 12 bytes of 6-bit
+    /// scales (one per 16 values), f16 `d`; `x = d·(sc − 32)·(q − 4)` with `q` in `0..8`.
+    Q3_K,
+    /// Blocks of 32: f16 scale + 16 bytes of 4-bit indices into ggml's non-linear `kvalues_iq4nl`.
+    IQ4_NL,
+    /// Super-blocks of 256: f16 `d`, 6-bit scales (one per 32 values, split over a u16 of high
+    /// bits and 4 bytes of low nibbles), 128 bytes of `kvalues_iq4nl` indices.
+    IQ4_XS,
+    /// Blocks of 32 (OCP microscaling FP4): one E8M0 exponent byte + 16 bytes of E2M1 codes.
+    MXFP4,
 }
 
 impl DType {
     /// Every dtype, in ggml id order.
-    pub const ALL: [DType; 13] = [
+    pub const ALL: [DType; 18] = [
         DType::F32,
         DType::F16,
         DType::Q4_0,
@@ -52,12 +65,17 @@ impl DType {
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
         DType::Q8_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
         DType::I32,
         DType::BF16,
+        DType::MXFP4,
     ];
 
     /// Elements per K-quant super-block (ggml's `QK_K`).
@@ -67,8 +85,20 @@ impl DType {
     pub const fn block_size(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 | DType::I32 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 32,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => DType::QK_K,
+            DType::Q8_0
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::IQ4_NL
+            | DType::MXFP4 => 32,
+            DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+            | DType::Q8_K
+            | DType::IQ4_XS => DType::QK_K,
         }
     }
 
@@ -86,6 +116,11 @@ impl DType {
             DType::Q5_K => 176,
             DType::Q6_K => 210,
             DType::Q8_K => 292,
+            DType::Q2_K => 84,
+            DType::Q3_K => 110,
+            DType::IQ4_NL => 18,
+            DType::IQ4_XS => 136,
+            DType::MXFP4 => 17,
         }
     }
 
@@ -102,6 +137,11 @@ impl DType {
                 | DType::Q5_K
                 | DType::Q6_K
                 | DType::Q8_K
+                | DType::Q2_K
+                | DType::Q3_K
+                | DType::IQ4_NL
+                | DType::IQ4_XS
+                | DType::MXFP4
         )
     }
 
@@ -132,8 +172,13 @@ impl DType {
             DType::Q5_K => 13,
             DType::Q6_K => 14,
             DType::Q8_K => 15,
+            DType::Q2_K => 10,
+            DType::Q3_K => 11,
+            DType::IQ4_NL => 20,
+            DType::IQ4_XS => 23,
             DType::I32 => 26,
             DType::BF16 => 30,
+            DType::MXFP4 => 39,
         }
     }
 
@@ -168,6 +213,11 @@ impl DType {
             DType::Q5_K => "q5_K",
             DType::Q6_K => "q6_K",
             DType::Q8_K => "q8_K",
+            DType::Q2_K => "q2_K",
+            DType::Q3_K => "q3_K",
+            DType::IQ4_NL => "iq4_nl",
+            DType::IQ4_XS => "iq4_xs",
+            DType::MXFP4 => "mxfp4",
         }
     }
 
@@ -221,6 +271,23 @@ mod tests {
         assert_eq!(DType::Q8_K.row_size(256), Some(4 + 256 + 32));
         assert_eq!(DType::Q4_K.row_size(128), None);
         assert!(DType::Q6_K.is_quantized() && !DType::Q6_K.is_float());
+        // ggml-common.h: block_q2_K, block_q3_K, block_iq4_nl, block_iq4_xs, block_mxfp4.
+        assert_eq!(DType::Q2_K.row_size(256), Some(2 * 2 + 16 + 64));
+        assert_eq!(DType::Q3_K.row_size(512), Some(2 * (2 + 64 + 32 + 12)));
+        assert_eq!(DType::IQ4_NL.row_size(64), Some(2 * (2 + 16)));
+        assert_eq!(DType::IQ4_XS.row_size(256), Some(2 + 2 + 4 + 128));
+        assert_eq!(DType::MXFP4.row_size(96), Some(3 * 17));
+        assert_eq!(DType::IQ4_XS.row_size(32), None);
+        assert_eq!(DType::MXFP4.row_size(16), None);
+        for d in [
+            DType::Q2_K,
+            DType::Q3_K,
+            DType::IQ4_NL,
+            DType::IQ4_XS,
+            DType::MXFP4,
+        ] {
+            assert!(d.is_quantized() && !d.is_float(), "{d}");
+        }
     }
 
     #[test]
@@ -233,6 +300,11 @@ mod tests {
             (DType::Q5_K, 13, "q5_K"),
             (DType::Q6_K, 14, "q6_K"),
             (DType::Q8_K, 15, "q8_K"),
+            (DType::Q2_K, 10, "q2_K"),
+            (DType::Q3_K, 11, "q3_K"),
+            (DType::IQ4_NL, 20, "iq4_nl"),
+            (DType::IQ4_XS, 23, "iq4_xs"),
+            (DType::MXFP4, 39, "mxfp4"),
         ] {
             assert_eq!(d.ggml_type_id(), id);
             assert_eq!(DType::from_ggml_type_id(id), Some(d));

@@ -10,7 +10,7 @@
 //! the reader allocate more than a small multiple of its own size, nor recurse more than
 //! [`MAX_ARRAY_NESTING`] deep), and each problem is a typed [`GgufError`] naming the file and the
 //! key or tensor: bad magic, unsupported version, truncation, lengths beyond the file, unknown
-//! value types, unknown or unsupported tensor types (`unsupported tensor type Q2_K (id 10)`),
+//! value types, unknown or unsupported tensor types (`unsupported tensor type IQ2_XXS (id 16)`),
 //! misaligned offsets, tensor data beyond the end, duplicate keys and tensor names. No input
 //! makes the reader panic.
 //!

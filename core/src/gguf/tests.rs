@@ -361,12 +361,12 @@ fn duplicate_keys_and_tensor_names() {
 #[test]
 fn tensor_types_name_the_ggml_type() {
     let mut w = GgufWriter::new();
-    w.add_raw_tensor("blk.0.ffn_down.weight", 10, &[256, 2], vec![0u8; 168])
+    w.add_raw_tensor("blk.0.ffn_down.weight", 16, &[256, 2], vec![0u8; 132])
         .unwrap();
     let e = open_bytes(w.to_bytes()).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "<test>: tensor blk.0.ffn_down.weight: unsupported tensor type Q2_K (id 10)"
+        "<test>: tensor blk.0.ffn_down.weight: unsupported tensor type IQ2_XXS (id 16)"
     );
     let f = GgufFile::from_bytes(
         w.to_bytes(),
@@ -375,7 +375,7 @@ fn tensor_types_name_the_ggml_type() {
     )
     .unwrap();
     let t = f.tensor("blk.0.ffn_down.weight").unwrap();
-    assert_eq!((t.ggml_type().name(), t.nbytes()), ("Q2_K", 168));
+    assert_eq!((t.ggml_type().name(), t.nbytes()), ("IQ2_XXS", 132));
     assert!(matches!(
         t.dtype().unwrap_err().kind(),
         GgufErrorKind::UnsupportedTensorType { .. }

@@ -148,7 +148,15 @@ mod tests {
             GgmlType::from_id(12).and_then(GgmlType::dtype),
             Some(DType::Q4_K)
         );
-        assert_eq!(GgmlType::from_id(10).and_then(GgmlType::dtype), None);
+        assert_eq!(
+            GgmlType::from_id(10).and_then(GgmlType::dtype),
+            Some(DType::Q2_K)
+        );
+        assert_eq!(
+            GgmlType::from_id(39).and_then(GgmlType::dtype),
+            Some(DType::MXFP4)
+        );
+        assert_eq!(GgmlType::from_id(16).and_then(GgmlType::dtype), None);
         assert_eq!(GgmlType::from_id(4), None);
         assert_eq!(GgmlType::from_id(u32::MAX), None);
         assert_eq!(ggml_type_name(99), "id 99");

@@ -6,9 +6,11 @@
 
 use super::affine::{BLOCK_Q4_1_BYTES, BLOCK_Q5_1_BYTES, BLOCK_Q8_1_BYTES};
 use super::features::{Isa, active_isa};
+use super::iquant::{BLOCK_IQ4_NL_BYTES, BLOCK_IQ4_XS_BYTES, BLOCK_MXFP4_BYTES};
 use super::kquant::{
     BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES,
 };
+use super::lowbit::{BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES};
 use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES};
 
 /// Dot product of two f32 slices (SIMD with FMA where available).
@@ -222,6 +224,61 @@ block_dot!(
     vec_dot_k,
     KQ_Q6_K,
     super::generic::vec_dot_q6_k_q8_k
+);
+block_dot!(
+    vec_dot_q2_k_q8_k,
+    vec_dot_q2_k_q8_k_with_isa,
+    "Q2_K",
+    BLOCK_Q2_K_BYTES,
+    "Q8_K",
+    BLOCK_Q8_K_BYTES,
+    vec_dot_lb,
+    LB_Q2_K,
+    super::lowbit::vec_dot_q2_k_q8_k
+);
+block_dot!(
+    vec_dot_q3_k_q8_k,
+    vec_dot_q3_k_q8_k_with_isa,
+    "Q3_K",
+    BLOCK_Q3_K_BYTES,
+    "Q8_K",
+    BLOCK_Q8_K_BYTES,
+    vec_dot_lb,
+    LB_Q3_K,
+    super::lowbit::vec_dot_q3_k_q8_k
+);
+block_dot!(
+    vec_dot_iq4_xs_q8_k,
+    vec_dot_iq4_xs_q8_k_with_isa,
+    "IQ4_XS",
+    BLOCK_IQ4_XS_BYTES,
+    "Q8_K",
+    BLOCK_Q8_K_BYTES,
+    vec_dot_lb,
+    LB_IQ4_XS,
+    super::iquant::vec_dot_iq4_xs_q8_k
+);
+block_dot!(
+    vec_dot_iq4_nl_q8_0,
+    vec_dot_iq4_nl_q8_0_with_isa,
+    "IQ4_NL",
+    BLOCK_IQ4_NL_BYTES,
+    "Q8_0",
+    BLOCK_Q8_0_BYTES,
+    vec_dot_lb,
+    LB_IQ4_NL,
+    super::iquant::vec_dot_iq4_nl_q8_0
+);
+block_dot!(
+    vec_dot_mxfp4_q8_0,
+    vec_dot_mxfp4_q8_0_with_isa,
+    "MXFP4",
+    BLOCK_MXFP4_BYTES,
+    "Q8_0",
+    BLOCK_Q8_0_BYTES,
+    vec_dot_lb,
+    LB_MXFP4,
+    super::iquant::vec_dot_mxfp4_q8_0
 );
 
 #[cfg(test)]

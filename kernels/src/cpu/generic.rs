@@ -270,7 +270,12 @@ pub(crate) fn mul_mat_tile(
         | WeightType::Q5_1
         | WeightType::Q4_K
         | WeightType::Q5_K
-        | WeightType::Q6_K => {
+        | WeightType::Q6_K
+        | WeightType::Q2_K
+        | WeightType::Q3_K
+        | WeightType::IQ4_NL
+        | WeightType::IQ4_XS
+        | WeightType::MXFP4 => {
             let xrow = act_row_bytes(act_type(wt), k);
             let dot: fn(&[u8], &[u8]) -> f32 = match wt {
                 WeightType::Q8_0 => vec_dot_q8_0_q8_0,
@@ -280,6 +285,11 @@ pub(crate) fn mul_mat_tile(
                 WeightType::Q5_1 => vec_dot_affine_q8_1::<true>,
                 WeightType::Q4_K => vec_dot_qk_affine_q8_k::<false>,
                 WeightType::Q5_K => vec_dot_qk_affine_q8_k::<true>,
+                WeightType::Q2_K => super::lowbit::vec_dot_q2_k_q8_k,
+                WeightType::Q3_K => super::lowbit::vec_dot_q3_k_q8_k,
+                WeightType::IQ4_NL => super::iquant::vec_dot_iq4_nl_q8_0,
+                WeightType::IQ4_XS => super::iquant::vec_dot_iq4_xs_q8_k,
+                WeightType::MXFP4 => super::iquant::vec_dot_mxfp4_q8_0,
                 _ => vec_dot_q6_k_q8_k,
             };
             for r in 0..rows {

@@ -37,7 +37,7 @@ pub const BLOCK_Q6_K_BYTES: usize = 210;
 pub const BLOCK_Q8_K_BYTES: usize = 292;
 
 /// ggml's `GROUP_MAX_EPS`: below this a group counts as all zeros.
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 
 #[inline]
 pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
@@ -153,12 +153,12 @@ pub fn dequantize_row_q5_0(src: &[u8], dst: &mut [f32]) {
 
 // ===== K-quant helpers (ggml's make_qkx2_quants / make_qx_quants) =====
 
-/// ggml's `make_qkx2_quants` with `use_mad == false`: the affine (scale, min) fit of one
-/// sub-block to `0..=nmax`, refined over `nstep + 1` candidate scales. Writes the levels to `l`
-/// and returns `(scale, -min)`. Every operation is in ggml's order (f32, no fused multiply-add)
-/// so the result is bit-identical.
+/// ggml's `make_qkx2_quants`: the affine (scale, min) fit of one sub-block to `0..=nmax`,
+/// refined over `nstep + 1` candidate scales, with squared errors (`MAD == false`, Q4_K/Q5_K) or
+/// absolute ones (`MAD == true`, Q2_K). Writes the levels to `l` and returns `(scale, -min)`.
+/// Every operation is in ggml's order (f32, no fused multiply-add) so the result is bit-identical.
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
+pub(crate) fn make_qkx2_quants<const MAD: bool>(
     nmax: i32,
     x: &[f32],
     weights: &[f32],
@@ -199,7 +199,7 @@ fn make_qkx2_quants(
         let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
         l[i] = q as u8;
         let diff = scale * f32::from(l[i]) + min - x[i];
-        best_error += weights[i] * (diff * diff);
+        best_error += weights[i] * if MAD { diff.abs() } else { diff * diff };
     }
     if nstep < 1 {
         return (scale, -min);
@@ -227,7 +227,7 @@ fn make_qkx2_quants(
             let mut cur_error = 0.0f32;
             for i in 0..n {
                 let diff = this_scale * f32::from(laux[i]) + this_min - x[i];
-                cur_error += weights[i] * (diff * diff);
+                cur_error += weights[i] * if MAD { diff.abs() } else { diff * diff };
             }
             if cur_error < best_error {
                 l[..n].copy_from_slice(&laux[..n]);
@@ -322,7 +322,7 @@ fn quantize_k_affine(
         for (w, &v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        let (s, m) = make_qkx2_quants(
+        let (s, m) = make_qkx2_quants::<false>(
             nmax,
             xs,
             &weights,

@@ -12,10 +12,10 @@ use super::features::Isa;
 use super::kquant::*;
 use super::quant::quantize_row_q8_0;
 
-const N: usize = 1024;
+pub(super) const N: usize = 1024;
 
 /// Mirrors `gen` in ggml_golden.c (xorshift32; every float operation exact or in the same order).
-fn golden_input(dist: u32) -> Vec<f32> {
+pub(super) fn golden_input(dist: u32) -> Vec<f32> {
     let mut s: u32 = 0x9E37_79B9 ^ (dist * 7919 + 1);
     let mut next = move || {
         s ^= s << 13;
@@ -52,7 +52,7 @@ fn golden_input(dist: u32) -> Vec<f32> {
     out
 }
 
-fn fnv(bytes: &[u8]) -> u64 {
+pub(super) fn fnv(bytes: &[u8]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for &b in bytes {
         h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);

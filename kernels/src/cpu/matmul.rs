@@ -9,10 +9,12 @@ use super::affine::{
     BLOCK_Q4_1_BYTES, BLOCK_Q5_1_BYTES, BLOCK_Q8_1_BYTES, QK4_1, QK5_1, QK8_1, quantize_row_q8_1,
 };
 use super::features::{Isa, active_isa};
+use super::iquant::{BLOCK_IQ4_NL_BYTES, BLOCK_IQ4_XS_BYTES, BLOCK_MXFP4_BYTES, QK_MXFP4, QK4_NL};
 use super::kquant::{
     BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES, QK_K,
     QK5_0, quantize_row_q8_k,
 };
+use super::lowbit::{BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES};
 use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK4_0, QK8_0, quantize_row_q8_0};
 
 /// Weight element type of a matmul.
@@ -42,11 +44,21 @@ pub enum WeightType {
     Q5_K,
     /// ggml Q6_K super-blocks (256 elements, 210 bytes).
     Q6_K,
+    /// ggml Q2_K super-blocks (256 elements, 84 bytes).
+    Q2_K,
+    /// ggml Q3_K super-blocks (256 elements, 110 bytes).
+    Q3_K,
+    /// ggml IQ4_NL blocks (32 elements, 18 bytes).
+    IQ4_NL,
+    /// ggml IQ4_XS super-blocks (256 elements, 136 bytes).
+    IQ4_XS,
+    /// ggml MXFP4 blocks (32 elements, 17 bytes).
+    MXFP4,
 }
 
 impl WeightType {
     /// All weight types.
-    pub const ALL: [WeightType; 11] = [
+    pub const ALL: [WeightType; 16] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::BF16,
@@ -58,6 +70,11 @@ impl WeightType {
         WeightType::Q4_K,
         WeightType::Q5_K,
         WeightType::Q6_K,
+        WeightType::Q2_K,
+        WeightType::Q3_K,
+        WeightType::IQ4_NL,
+        WeightType::IQ4_XS,
+        WeightType::MXFP4,
     ];
 
     /// Elements per block (1 for the float types).
@@ -69,7 +86,14 @@ impl WeightType {
             WeightType::Q5_0 => QK5_0,
             WeightType::Q4_1 => QK4_1,
             WeightType::Q5_1 => QK5_1,
-            WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => QK_K,
+            WeightType::IQ4_NL => QK4_NL,
+            WeightType::MXFP4 => QK_MXFP4,
+            WeightType::Q4_K
+            | WeightType::Q5_K
+            | WeightType::Q6_K
+            | WeightType::Q2_K
+            | WeightType::Q3_K
+            | WeightType::IQ4_XS => QK_K,
         }
     }
 
@@ -96,6 +120,11 @@ impl WeightType {
             WeightType::Q4_K => k / QK_K * BLOCK_Q4_K_BYTES,
             WeightType::Q5_K => k / QK_K * BLOCK_Q5_K_BYTES,
             WeightType::Q6_K => k / QK_K * BLOCK_Q6_K_BYTES,
+            WeightType::Q2_K => k / QK_K * BLOCK_Q2_K_BYTES,
+            WeightType::Q3_K => k / QK_K * BLOCK_Q3_K_BYTES,
+            WeightType::IQ4_XS => k / QK_K * BLOCK_IQ4_XS_BYTES,
+            WeightType::IQ4_NL => k / QK4_NL * BLOCK_IQ4_NL_BYTES,
+            WeightType::MXFP4 => k / QK_MXFP4 * BLOCK_MXFP4_BYTES,
         }
     }
 
@@ -106,8 +135,8 @@ impl WeightType {
 }
 
 /// The form the activations must be in for a weight type: F32 for
-/// F32/F16/BF16 weights, Q8_0 for Q8_0/Q4_0/Q5_0, Q8_1 for Q4_1/Q5_1, Q8_K for
-/// the K-quants (as ggml's `vec_dot_type`).
+/// F32/F16/BF16 weights, Q8_0 for Q8_0/Q4_0/Q5_0/IQ4_NL/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for
+/// the K-quants and IQ4_XS (as ggml's `vec_dot_type`).
 // ggml's spelling (`Q8_K`), so names match GGUF and test-backend-ops.
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,9 +155,18 @@ pub enum ActType {
 pub fn act_type(w: WeightType) -> ActType {
     match w {
         WeightType::F32 | WeightType::F16 | WeightType::BF16 => ActType::F32,
-        WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q5_0 => ActType::Q8_0,
+        WeightType::Q8_0
+        | WeightType::Q4_0
+        | WeightType::Q5_0
+        | WeightType::IQ4_NL
+        | WeightType::MXFP4 => ActType::Q8_0,
         WeightType::Q4_1 | WeightType::Q5_1 => ActType::Q8_1,
-        WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => ActType::Q8_K,
+        WeightType::Q4_K
+        | WeightType::Q5_K
+        | WeightType::Q6_K
+        | WeightType::Q2_K
+        | WeightType::Q3_K
+        | WeightType::IQ4_XS => ActType::Q8_K,
     }
 }
 
@@ -317,7 +355,9 @@ pub fn mul_mat_tile_with_isa(
 pub(crate) mod tests {
     use super::*;
     use crate::cpu::affine::*;
+    use crate::cpu::iquant::*;
     use crate::cpu::kquant::*;
+    use crate::cpu::lowbit::*;
     use crate::cpu::quant::{dequantize_row_q4_0, dequantize_row_q8_0, quantize_row_q4_0};
 
     pub(crate) fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -390,6 +430,26 @@ pub(crate) mod tests {
             WeightType::Q6_K => {
                 quantize_row_q6_k(vals, &mut bytes);
                 dequantize_row_q6_k(&bytes, &mut dec);
+            }
+            WeightType::Q2_K => {
+                quantize_row_q2_k(vals, &mut bytes);
+                dequantize_row_q2_k(&bytes, &mut dec);
+            }
+            WeightType::Q3_K => {
+                quantize_row_q3_k(vals, &mut bytes);
+                dequantize_row_q3_k(&bytes, &mut dec);
+            }
+            WeightType::IQ4_NL => {
+                quantize_row_iq4_nl(vals, &mut bytes);
+                dequantize_row_iq4_nl(&bytes, &mut dec);
+            }
+            WeightType::IQ4_XS => {
+                quantize_row_iq4_xs(vals, &mut bytes);
+                dequantize_row_iq4_xs(&bytes, &mut dec);
+            }
+            WeightType::MXFP4 => {
+                quantize_row_mxfp4(vals, &mut bytes);
+                dequantize_row_mxfp4(&bytes, &mut dec);
             }
         }
         (bytes, dec)

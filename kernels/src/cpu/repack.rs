@@ -376,6 +376,15 @@ mod tests {
     ];
 
     #[test]
+    fn only_the_packable_types_pack() {
+        // Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4 have no packed layout: weight buffers keep them
+        // as ggml lays them out.
+        for wt in WeightType::ALL {
+            assert_eq!(can_pack(wt), PACKABLE.contains(&wt), "{wt:?}");
+        }
+    }
+
+    #[test]
     fn the_kquant_byte_map_is_a_permutation() {
         for wt in [WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K] {
             let bb = block_bytes(wt);

@@ -185,7 +185,7 @@ const FA_MAX_D: usize = 512;
 const ARGSORT_MAX: usize = 4096;
 /// Weight types of MUL_MAT_ID: those `ld` in common.cuh dequantises, which k_mul_mat_id reads
 /// its weights with.
-const MUL_MAT_ID_WEIGHTS: [DType; 7] = [
+const MUL_MAT_ID_WEIGHTS: [DType; 12] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -193,6 +193,11 @@ const MUL_MAT_ID_WEIGHTS: [DType; 7] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_1,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::IQ4_NL,
+    DType::IQ4_XS,
+    DType::MXFP4,
 ];
 /// Threads per block of the grid-stride kernels.
 const BLOCK: u32 = 256;
@@ -210,13 +215,32 @@ fn type_code(d: DType) -> i32 {
         DType::Q4_0 => 5,
         DType::Q4_1 => 6,
         DType::Q5_1 => 7,
+        DType::Q2_K => 8,
+        DType::Q3_K => 9,
+        DType::IQ4_NL => 10,
+        DType::IQ4_XS => 11,
+        DType::MXFP4 => 12,
         _ => -1,
     }
 }
 
-/// Required alignment of a tensor's address and strides for the kernels' loads.
+/// Required alignment of a tensor's address and strides for the kernels' loads (MXFP4 blocks
+/// are 17 bytes, read byte by byte).
 pub fn alignment_of(d: DType) -> usize {
-    if d.is_quantized() { 2 } else { d.type_size() }
+    match d {
+        DType::MXFP4 => 1,
+        d if d.is_quantized() => 2,
+        d => d.type_size(),
+    }
+}
+
+/// Whether the kernels only read `d` (dequantize it) and have no quantizer for it: Q2_K, Q3_K,
+/// IQ4_NL, IQ4_XS and MXFP4.
+pub fn read_only_dtype(d: DType) -> bool {
+    matches!(
+        d,
+        DType::Q2_K | DType::Q3_K | DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4
+    )
 }
 
 /// Whether the kernels implement node `node`.
@@ -232,6 +256,11 @@ pub fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
         return Support::No("a dtype without a CUDA kernel".into());
     }
     let rows_fit = |d: &TensorDesc| d.nrows() <= i32::MAX as usize;
+    let same_type_copy = matches!(t.op().kind(), OpKind::Cpy | OpKind::Cont)
+        && src(0).is_some_and(|s| s.dtype() == t.dtype() && s.ne() == t.ne());
+    if read_only_dtype(t.dtype()) && !t.op().kind().is_view() && !same_type_copy {
+        return Support::No(format!("no kernel writes {}", t.dtype()));
+    }
     match t.op().kind() {
         OpKind::None | OpKind::View | OpKind::Reshape | OpKind::Permute | OpKind::Transpose => {
             Support::Yes
@@ -734,6 +763,36 @@ mod tests {
         let l = plan(ts, &ptrs, 0x40, s).unwrap();
         assert_eq!((l.kernel, l.grid, l.block), ("k_argsort", (2, 1, 1), 256));
         assert_eq!(l.args[2], Arg::I32(1));
+    }
+
+    #[test]
+    fn low_bit_dtypes_are_read_but_not_written() {
+        use tessera_core::Context;
+        let support = |wt: DType, write: bool| {
+            let mut ctx = Context::new();
+            let w = ctx.new_tensor(wt, [256, 4]).unwrap();
+            let x = ctx.new_tensor(DType::F32, [256, 4]).unwrap();
+            let y = if write {
+                ctx.cpy(x, w).unwrap()
+            } else {
+                ctx.mul_mat(w, x).unwrap()
+            };
+            let g = ctx.build_forward(y).unwrap();
+            matches!(supports(g.tensors(), y), Support::Yes)
+        };
+        for d in [
+            DType::Q2_K,
+            DType::Q3_K,
+            DType::IQ4_NL,
+            DType::IQ4_XS,
+            DType::MXFP4,
+        ] {
+            assert!(read_only_dtype(d));
+            assert!(support(d, false), "MUL_MAT with {d} weights");
+            assert!(!support(d, true), "CPY into {d}");
+        }
+        assert!(support(DType::Q8_0, true) && support(DType::Q4_0, false));
+        assert_eq!(alignment_of(DType::MXFP4), 1);
     }
 
     #[test]

@@ -34,6 +34,11 @@ pub(crate) fn weight_type(d: DType) -> Option<WeightType> {
         DType::Q4_K => WeightType::Q4_K,
         DType::Q5_K => WeightType::Q5_K,
         DType::Q6_K => WeightType::Q6_K,
+        DType::Q2_K => WeightType::Q2_K,
+        DType::Q3_K => WeightType::Q3_K,
+        DType::IQ4_NL => WeightType::IQ4_NL,
+        DType::IQ4_XS => WeightType::IQ4_XS,
+        DType::MXFP4 => WeightType::MXFP4,
         _ => return None,
     })
 }

@@ -295,6 +295,11 @@ mod tests {
             (DType::Q4_1, true),
             (DType::Q5_1, true),
             (DType::Q6_K, true),
+            (DType::Q2_K, true),
+            (DType::Q3_K, true),
+            (DType::IQ4_NL, true),
+            (DType::IQ4_XS, true),
+            (DType::MXFP4, true),
             (DType::Q8_K, false),
         ] {
             let mut ctx = Context::new();

@@ -8,7 +8,10 @@
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+pub(crate) mod lowbit;
 pub(crate) mod packed;
+
+pub(crate) use lowbit::{LB_IQ4_NL, LB_IQ4_XS, LB_MXFP4, LB_Q2_K, LB_Q3_K, vec_dot_lb};
 
 use super::affine::{BLOCK_Q4_1_BYTES, BLOCK_Q5_1_BYTES, BLOCK_Q8_1_BYTES};
 use super::features::Isa;
@@ -273,6 +276,13 @@ pub(crate) fn mul_mat_tile(
         }
         WeightType::Q6_K => {
             kquant_tile::<KQ_Q6_K>(isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo)
+        }
+        WeightType::Q2_K
+        | WeightType::Q3_K
+        | WeightType::IQ4_NL
+        | WeightType::IQ4_XS
+        | WeightType::MXFP4 => {
+            lowbit::tile(isa, wt, w, w_stride, rows, x, x_stride, cols, k, out, ldo)
         }
     }
 }
