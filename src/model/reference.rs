@@ -139,6 +139,23 @@ pub fn reference_models() -> Vec<ReferenceModel> {
             },
         ));
     }
+    // The low-bit formats of downloaded files (Q8_K activations for the K-quants and IQ4_XS,
+    // Q8_0 for IQ4_NL).
+    for (arch, dtype, tag) in [
+        (Arch::Llama, DType::Q2_K, "q2_k"),
+        (Arch::Qwen3, DType::Q3_K, "q3_k"),
+        (Arch::Qwen2, DType::IQ4_NL, "iq4_nl"),
+        (Arch::Llama, DType::IQ4_XS, "iq4_xs"),
+    ] {
+        out.push(variant(
+            format!("{}-{tag}-gqa", arch.name()),
+            LlamaConfig {
+                weight_dtype: dtype,
+                n_ff: 768,
+                ..base_config(arch)
+            },
+        ));
+    }
     // Linear RoPE scaling (`rope.scaling.factor` 4) and final-logit soft-capping.
     out.push(variant(
         "llama-f32-gqa-linear4".into(),
@@ -223,6 +240,11 @@ fn moe_models(out: &mut Vec<ReferenceModel>) {
     out.push(variant(
         "llama-moe-q4_k-gqa".into(),
         moe(Arch::Llama, 2, 256, DType::Q4_K),
+    ));
+    // gpt-oss as released: MXFP4 weights (Q8_0 activations).
+    out.push(variant(
+        "gpt-oss-mxfp4-gqa".into(),
+        moe(Arch::GptOss, 4, 192, DType::MXFP4),
     ));
     // gpt-oss's own RoPE: YaRN ×4 on every layer, the local ones included.
     out.push(variant(
