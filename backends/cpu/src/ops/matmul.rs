@@ -3,6 +3,7 @@
 //! from a shared counter and run the kernels crate's tile function on each.
 
 use super::{Exec, ThreadScratch, row_index, split_range};
+use crate::tview::TView;
 use std::sync::atomic::Ordering;
 use tessera_core::{DType, TensorDesc, TensorId};
 use tessera_kernels::cpu::{self as k, ActType, WeightType};
@@ -88,14 +89,7 @@ pub(crate) fn mul_mat(
         // SAFETY: column `c`'s range is written by this thread alone before the barrier below.
         #[allow(unsafe_code)]
         let out = unsafe { exec.shared.slice_mut(c * arb..(c + 1) * arb) };
-        match act {
-            ActType::F32 => {
-                for (o, v) in out.chunks_exact_mut(4).zip(row.iter()) {
-                    o.copy_from_slice(&v.to_le_bytes());
-                }
-            }
-            ActType::Q8_0 | ActType::Q8_1 | ActType::Q8_K => k::prepare_act(act, row, out),
-        }
+        prepare_column(act, row, out);
     }
     if ith == 0 {
         exec.counter.store(0, Ordering::Relaxed);
@@ -136,41 +130,61 @@ pub(crate) fn mul_mat(
         let wbytes = w.rows_raw(r0, rows, i2 / r2, i3 / r3);
         let first_col = (i3 * dst.ne[2] + i2) * n + c0;
         let xbytes = exec.shared.slice(first_col * arb..(first_col + cols) * arb);
-        tile.clear();
-        tile.resize(rows * cols, 0.0);
-        if w.packed.is_some() {
-            // Packed weights have whole groups of PACK_ROWS rows per plane and chunks are
-            // multiples of it, so `r0` starts a group and `rows` covers whole groups.
-            k::mul_mat_tile_packed(
-                k::active_isa(),
-                wt,
-                wbytes,
-                rows,
-                xbytes,
-                arb,
-                cols,
-                kdim,
-                tile,
-                rows,
-                &mut ts.bytes,
-            );
-        } else {
-            k::mul_mat_tile(
-                wt,
-                wbytes,
-                w.nb[1],
-                rows,
-                xbytes,
-                arb,
-                cols,
-                kdim,
-                tile,
-                rows,
-                &mut ts.bytes,
-            );
-        }
+        tile_product(wt, &w, wbytes, rows, xbytes, arb, cols, tile, &mut ts.bytes);
         for c in 0..cols {
             dst.write_f32_at(r0, c0 + c, i2, i3, &tile[c * rows..(c + 1) * rows]);
         }
+    }
+}
+
+/// One activation column `row` in the form the weights' kernels take (`act`), into `out`.
+pub(crate) fn prepare_column(act: ActType, row: &[f32], out: &mut [u8]) {
+    match act {
+        ActType::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(row.iter()) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        ActType::Q8_0 | ActType::Q8_1 | ActType::Q8_K => k::prepare_act(act, row, out),
+    }
+}
+
+/// `tile` (cleared, then `rows × cols`, column-major) = weight rows `wbytes` of `w` times the
+/// `cols` prepared activation columns of `xbytes` (`arb` bytes each), through the packed kernel
+/// when `w` is stored packed: its chunks start a group of PACK_ROWS rows and cover whole groups
+/// (callers size them so), as packed planes hold whole groups.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tile_product(
+    wt: WeightType,
+    w: &TView,
+    wbytes: &[u8],
+    rows: usize,
+    xbytes: &[u8],
+    arb: usize,
+    cols: usize,
+    tile: &mut Vec<f32>,
+    scratch: &mut Vec<u8>,
+) {
+    let kdim = w.ne[0];
+    tile.clear();
+    tile.resize(rows * cols, 0.0);
+    if w.packed.is_some() {
+        k::mul_mat_tile_packed(
+            k::active_isa(),
+            wt,
+            wbytes,
+            rows,
+            xbytes,
+            arb,
+            cols,
+            kdim,
+            tile,
+            rows,
+            scratch,
+        );
+    } else {
+        k::mul_mat_tile(
+            wt, wbytes, w.nb[1], rows, xbytes, arb, cols, kdim, tile, rows, scratch,
+        );
     }
 }

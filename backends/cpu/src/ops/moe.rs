@@ -6,12 +6,15 @@
 //! from the ids, prepares a share of the activation columns in expert order into shared scratch,
 //! and then takes (expert × row-block × column-block) chunks from a shared counter.
 
-use super::matmul::{GEMM_COLS, GEMM_ROWS, GEMV_ROWS, PACKED_GEMV_MAX_ROWS, weight_type};
+use super::matmul::{
+    GEMM_COLS, GEMM_ROWS, GEMV_ROWS, PACKED_GEMV_MAX_ROWS, prepare_column, tile_product,
+    weight_type,
+};
 use super::{Exec, ThreadScratch, my_rows, split_range};
 use crate::tview::TView;
 use std::sync::atomic::Ordering;
 use tessera_core::{Op, TensorDesc, TensorId};
-use tessera_kernels::cpu::{self as k, ActType};
+use tessera_kernels::cpu as k;
 
 /// `(slot, token)` pairs grouped by local expert: `pairs[start[e]..start[e + 1]]` route to
 /// expert `e` of the weight stack; `foreign` are the pairs routed to experts another device holds
@@ -138,14 +141,7 @@ pub(crate) fn mul_mat_id(
         // SAFETY: column `p`'s range is written by this thread alone before the barrier below.
         #[allow(unsafe_code)]
         let out = unsafe { exec.shared.slice_mut(p * arb..(p + 1) * arb) };
-        match act {
-            ActType::F32 => {
-                for (o, v) in out.chunks_exact_mut(4).zip(row.iter()) {
-                    o.copy_from_slice(&v.to_le_bytes());
-                }
-            }
-            ActType::Q8_0 | ActType::Q8_1 | ActType::Q8_K => k::prepare_act(act, row, out),
-        }
+        prepare_column(act, row, out);
     }
     // Columns of experts held elsewhere (expert parallelism) are zero, and never computed.
     if !routing.foreign.is_empty() {
@@ -209,38 +205,7 @@ pub(crate) fn mul_mat_id(
         let wbytes = w.rows_raw(r0, rows, e, 0);
         let p0 = routing.start[e] + c0;
         let xbytes = exec.shared.slice(p0 * arb..(p0 + cols) * arb);
-        tile.clear();
-        tile.resize(rows * cols, 0.0);
-        if w.packed.is_some() {
-            // Packed planes hold whole groups of PACK_ROWS rows and chunk rows are multiples of it.
-            k::mul_mat_tile_packed(
-                k::active_isa(),
-                wt,
-                wbytes,
-                rows,
-                xbytes,
-                arb,
-                cols,
-                kdim,
-                tile,
-                rows,
-                &mut ts.bytes,
-            );
-        } else {
-            k::mul_mat_tile(
-                wt,
-                wbytes,
-                w.nb[1],
-                rows,
-                xbytes,
-                arb,
-                cols,
-                kdim,
-                tile,
-                rows,
-                &mut ts.bytes,
-            );
-        }
+        tile_product(wt, &w, wbytes, rows, xbytes, arb, cols, tile, &mut ts.bytes);
         for c in 0..cols {
             let (i, t) = routing.pairs[p0 + c];
             dst.write_f32_at(r0, i, t, 0, &tile[c * rows..(c + 1) * rows]);
