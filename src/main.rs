@@ -129,6 +129,10 @@ enum Command {
     },
     /// Time a synthetic llama model: prompt processing and generation, whole or split by layers.
     Bench(cli::bench::BenchArgs),
+    /// Soak test: thousands of random-length requests on the synthetic model per split mode,
+    /// reporting resident memory and open file descriptors at start and end (they must stay
+    /// flat) and comparing sampled requests with fresh single-request runs.
+    Soak(cli::soak::SoakArgs),
 }
 
 fn main() -> ExitCode {
@@ -159,6 +163,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Devices { load } => cli::devices::run(&load).map(|_| ExitCode::SUCCESS),
         Command::Bench(args) => cli::bench::run(&args).map(|_| ExitCode::SUCCESS),
         Command::Run(args) => cli::run::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::Soak(args) => cli::soak::run(&args).map(|_| ExitCode::SUCCESS),
         Command::WriteReference { dir } => {
             std::fs::create_dir_all(&dir)?;
             for m in tessera::model::reference::reference_models() {

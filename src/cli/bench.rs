@@ -147,7 +147,7 @@ pub struct BenchArgs {
     /// (layers over all devices), tensor (every layer split over all devices: the meta device).
     #[arg(long, value_delimiter = ',', value_parser = parse_split_mode, default_value = "none,layer,tensor")]
     pub split_mode: Vec<SplitMode>,
-    /// Split ratios of the tensor mode, one per device (default: even).
+    /// Split ratios of the layer and tensor modes, one per device (default: even).
     #[arg(long, value_delimiter = ',', value_parser = super::args::ratio)]
     pub ratios: Vec<f32>,
     /// Devices: comma-separated names, or KIND:N (default: CPU for none, cpu:2 for layer and
@@ -282,7 +282,7 @@ pub(crate) fn open_session<'m>(
 ) -> anyhow::Result<Session<'m>> {
     let n_layer = model.config().n_layer;
     let layer_device = match mode {
-        SplitMode::Layer => layer_devices(n_layer, &[], devices.len())?,
+        SplitMode::Layer => layer_devices(n_layer, ratios, devices.len())?,
         SplitMode::None | SplitMode::Tensor | SplitMode::Expert => vec![0; n_layer],
     };
     let names = device_names(devices);

@@ -7,6 +7,7 @@ pub mod bench_ops;
 pub mod devices;
 pub mod inputs;
 pub mod run;
+pub mod soak;
 pub mod test_ops;
 pub mod test_tp;
 

@@ -30,7 +30,7 @@ pub struct RunArgs {
     /// Devices: comma-separated names, or KIND:N (default: CPU for none, cpu:2 otherwise).
     #[arg(long)]
     pub devices: Option<String>,
-    /// Split ratios of the tensor mode, one per device.
+    /// Split ratios of the layer and tensor modes, one per device.
     #[arg(long, value_delimiter = ',', value_parser = super::args::ratio)]
     pub ratios: Vec<f32>,
     /// Sampling temperature, a finite number >= 0; 0 is greedy.
