@@ -5,9 +5,11 @@
 #   scripts/fuzz.sh gguf 600                 # ten minutes on the GGUF reader
 #   scripts/fuzz.sh all 30                   # every target for 30 s (what CI runs)
 #   scripts/fuzz.sh tokenizer 60 -jobs=2     # extra arguments go to libFuzzer
+#   FUZZ_SANITIZER=none scripts/fuzz.sh gguf 3600   # no AddressSanitizer: 2-3x the executions
+#                                                  # (long campaigns; CI keeps the default)
 #
 # Targets: gguf, tokenizer, chat_template, plugin_codec, devices, meta_propagate
-# (fuzz/fuzz_targets/). Installs the nightly toolchain (rustup) and cargo-fuzz
+# (fuzz/fuzz_targets/). Installs the nightly toolchain (rustup) and cargo-fuzz 0.13.2
 # (cargo install --locked) when missing. Seeds come from fuzz/seeds/TARGET (committed); what the
 # fuzzer adds goes to fuzz/corpus/TARGET and crashes to fuzz/artifacts/TARGET (both ignored by
 # git). A crash exits non-zero; reproduce it with
@@ -33,7 +35,7 @@ if ! rustup run nightly rustc --version >/dev/null 2>&1; then
   rustup toolchain install nightly --profile minimal
 fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
-  cargo install --locked cargo-fuzz
+  cargo install --locked cargo-fuzz --version 0.13.2
 fi
 
 if [ "$target" = all ]; then
@@ -41,8 +43,9 @@ if [ "$target" = all ]; then
 else
   list=("$target")
 fi
+sanitizer=(-s "${FUZZ_SANITIZER:-address}")
 # One build for all targets (the sanitizer build of the whole crate family takes minutes).
-(cd fuzz && cargo +nightly fuzz build)
+(cd fuzz && cargo +nightly fuzz build "${sanitizer[@]}")
 
 status=0
 summary=()
@@ -52,7 +55,7 @@ for t in "${list[@]}"; do
   echo "== fuzz $t for ${seconds}s"
   # -timeout: an input taking over 10 s is a finding (a hostile file must fail fast);
   # -rss_limit_mb: so must one needing over 2 GiB.
-  if (cd fuzz && cargo +nightly fuzz run "$t" "corpus/$t" "seeds/$t" -- \
+  if (cd fuzz && cargo +nightly fuzz run "${sanitizer[@]}" "$t" "corpus/$t" "seeds/$t" -- \
       -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
       -artifact_prefix="artifacts/$t/" -print_final_stats=1 "$@") >"$log" 2>&1; then
     result=ok
