@@ -43,7 +43,12 @@ if [ "$target" = all ]; then
 else
   list=("$target")
 fi
-sanitizer=(-s "${FUZZ_SANITIZER:-address}")
+# Another sanitizer builds into its own directory, so switching does not rebuild the other.
+san="${FUZZ_SANITIZER:-address}"
+sanitizer=(-s "$san")
+if [ "$san" != address ]; then
+  sanitizer+=(--target-dir "target/$san")
+fi
 # One build for all targets (the sanitizer build of the whole crate family takes minutes).
 (cd fuzz && cargo +nightly fuzz build "${sanitizer[@]}")
 
