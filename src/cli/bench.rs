@@ -83,6 +83,13 @@ impl Session<'_> {
             Session::Tp(s) => s.eval_outputs_into(tokens, Outputs::Last, logits),
         }
     }
+    /// See [`LlamaSession::set_check_finite`].
+    pub(crate) fn set_check_finite(&mut self, on: bool) {
+        match self {
+            Session::Sched(s) => s.set_check_finite(on),
+            Session::Tp(s) => s.set_check_finite(on),
+        }
+    }
     pub(crate) fn reset(&mut self) {
         match self {
             Session::Sched(s) => s.reset(),
@@ -140,8 +147,8 @@ pub struct BenchArgs {
     /// (layers over all devices), tensor (every layer split over all devices: the meta device).
     #[arg(long, value_delimiter = ',', value_parser = parse_split_mode, default_value = "none,layer,tensor")]
     pub split_mode: Vec<SplitMode>,
-    /// Split ratios of the tensor mode, one per device (default: even).
-    #[arg(long, value_delimiter = ',')]
+    /// Split ratios of the layer and tensor modes, one per device (default: even).
+    #[arg(long, value_delimiter = ',', value_parser = super::args::ratio)]
     pub ratios: Vec<f32>,
     /// Devices: comma-separated names, or KIND:N (default: CPU for none, cpu:2 for layer and
     /// tensor).
@@ -157,7 +164,7 @@ pub struct BenchArgs {
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub repetitions: usize,
     /// Threads per device stream (default: the device's cores).
-    #[arg(short = 't', long)]
+    #[arg(short = 't', long, value_parser = super::args::threads)]
     pub threads: Option<usize>,
     /// Synthetic model to run when no file is given.
     #[arg(
@@ -275,7 +282,7 @@ pub(crate) fn open_session<'m>(
 ) -> anyhow::Result<Session<'m>> {
     let n_layer = model.config().n_layer;
     let layer_device = match mode {
-        SplitMode::Layer => layer_devices(n_layer, &[], devices.len())?,
+        SplitMode::Layer => layer_devices(n_layer, ratios, devices.len())?,
         SplitMode::None | SplitMode::Tensor | SplitMode::Expert => vec![0; n_layer],
     };
     let names = device_names(devices);
@@ -474,9 +481,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if args.repetitions == 0 {
         anyhow::bail!("-r must be at least 1");
-    }
-    if args.threads == Some(0) {
-        anyhow::bail!("-t must be at least 1");
     }
     let model = match &args.model_file {
         Some(path) => {

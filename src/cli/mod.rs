@@ -1,11 +1,13 @@
 //! The `tessera` command line: device listing, op conformance, op and model benchmarks.
 
+pub mod args;
 pub mod bench;
 pub mod bench_allreduce;
 pub mod bench_ops;
 pub mod devices;
 pub mod inputs;
 pub mod run;
+pub mod soak;
 pub mod test_ops;
 pub mod test_tp;
 
@@ -38,6 +40,9 @@ pub fn parse_list(s: &str) -> anyhow::Result<Vec<usize>> {
                 .parse::<usize>()
                 .map_err(|_| anyhow::anyhow!("'{x}' is not a positive integer"))
         })
-        .filter(|r| !matches!(r, Ok(0)))
+        .map(|r| match r {
+            Ok(0) => Err(anyhow::anyhow!("'0' is not a positive integer")),
+            r => r,
+        })
         .collect()
 }

@@ -30,20 +30,20 @@ pub struct RunArgs {
     /// Devices: comma-separated names, or KIND:N (default: CPU for none, cpu:2 otherwise).
     #[arg(long)]
     pub devices: Option<String>,
-    /// Split ratios of the tensor mode, one per device.
-    #[arg(long, value_delimiter = ',')]
+    /// Split ratios of the layer and tensor modes, one per device.
+    #[arg(long, value_delimiter = ',', value_parser = super::args::ratio)]
     pub ratios: Vec<f32>,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    /// Sampling temperature, a finite number >= 0; 0 is greedy.
+    #[arg(long, default_value_t = 0.0, value_parser = super::args::temperature)]
     pub temp: f32,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Context (KV cache rows); default: prompt + generated tokens, within the model's context.
-    #[arg(short = 'c', long)]
+    #[arg(short = 'c', long, value_parser = super::args::context)]
     pub ctx_size: Option<usize>,
     /// Threads per device stream.
-    #[arg(short = 't', long)]
+    #[arg(short = 't', long, value_parser = super::args::threads)]
     pub threads: Option<usize>,
     /// Writes the logits of every evaluated position (f32 little-endian, row-major
     /// [n_tokens × n_vocab]) to this file.
@@ -63,6 +63,21 @@ pub struct RunArgs {
     /// With `--chat`: always render the Jinja template (as llama.cpp's `--jinja`).
     #[arg(long, requires = "chat")]
     pub jinja: bool,
+    /// When a step's logits hold a NaN or infinity (always an error: nothing is sampled from
+    /// them), re-run the step with every op checked and name the first op that produced one.
+    #[arg(long)]
+    pub check_finite: bool,
+}
+
+/// Refuses logits holding a NaN or infinity: sampling from them would pick an arbitrary token.
+fn check_logits(logits: &[f32], step: usize) -> anyhow::Result<()> {
+    if let Some((i, v)) = tessera::model::first_non_finite(logits) {
+        anyhow::bail!(
+            "step {step}: logit {i} is {v}; refusing to sample from non-finite logits (rerun \
+             with --check-finite to name the op that produced it)"
+        );
+    }
+    Ok(())
 }
 
 /// A small seeded generator for sampling (xorshift64*).
@@ -143,6 +158,14 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     }
     let wanted = prompt.len() + args.n_predict.max(1);
     let config = tessera::model::LlamaConfig::from_gguf(&file)?;
+    if let Some(c) = args.ctx_size
+        && c > config.n_ctx
+    {
+        anyhow::bail!(
+            "-c {c} exceeds the model's context of {} tokens",
+            config.n_ctx
+        );
+    }
     let n_ctx = args.ctx_size.unwrap_or(wanted.min(config.n_ctx));
     if wanted > n_ctx {
         anyhow::bail!(
@@ -174,6 +197,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         &args.ratios,
         args.threads,
     )?;
+    session.set_check_finite(args.check_finite);
     eprintln!("loaded in {:.2} s", t_load.elapsed().as_secs_f64());
 
     let n_vocab = c.n_vocab;
@@ -206,6 +230,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     };
     let pp_s = t_pp.elapsed().as_secs_f64();
     write_logits(&logits)?;
+    check_logits(&logits, 0)?;
     let mut last = if all_positions {
         logits[logits.len() - n_vocab..].to_vec()
     } else {
@@ -226,6 +251,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
         last = session.eval_last(&[next])?;
         write_logits(&last)?;
+        check_logits(&last, i + 1)?;
     }
     let tg_s = t_tg.elapsed().as_secs_f64();
     pending.push(b'\n');
@@ -266,6 +292,69 @@ mod tests {
             seen[sample(&logits, 100.0, &mut rng)] = true;
         }
         assert!(seen.iter().all(|&s| s));
+    }
+
+    /// The tiny synthetic model as a GGUF file whose `output.weight` has an f16 NaN block scale.
+    fn nan_output_model(dir: &std::path::Path) -> PathBuf {
+        use tessera::gguf::{GgufFile, ReadOptions};
+        let m = tessera::model::LlamaModel::new(tessera::model::LlamaConfig::tiny(), 3).unwrap();
+        let mut bytes = m.to_gguf().unwrap().to_bytes();
+        let file = GgufFile::from_bytes(bytes.clone(), "tiny", &ReadOptions::default()).unwrap();
+        let at = file
+            .tensor_info("output.weight")
+            .unwrap()
+            .file_range()
+            .start;
+        bytes[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+        let path = dir.join("nan-output.gguf");
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    fn args(model: PathBuf, check_finite: bool) -> RunArgs {
+        RunArgs {
+            model,
+            prompt: "ab".into(),
+            n_predict: 2,
+            split_mode: SplitMode::None,
+            devices: None,
+            ratios: Vec::new(),
+            temp: 0.7,
+            seed: 1,
+            ctx_size: None,
+            threads: Some(1),
+            logits_out: None,
+            parse_special: true,
+            chat: false,
+            system: None,
+            jinja: false,
+            check_finite,
+        }
+    }
+
+    #[test]
+    fn nan_logits_are_an_error_and_check_finite_names_the_op() {
+        let dir = std::env::temp_dir().join(format!("tessera-run-nan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let model = nan_output_model(&dir);
+        let e = run(&args(model.clone(), false)).unwrap_err().to_string();
+        assert!(
+            e.contains("refusing to sample from non-finite logits"),
+            "{e}"
+        );
+        let e = format!("{:#}", run(&args(model, true)).unwrap_err());
+        assert!(e.contains("(MUL_MAT of 'output.weight'"), "{e}");
+        assert!(e.contains("first non-finite value"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn check_logits_refuses_nan_and_inf() {
+        assert!(check_logits(&[0.0, 1.0], 0).is_ok());
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let e = check_logits(&[0.0, bad], 3).unwrap_err().to_string();
+            assert!(e.contains("step 3: logit 1"), "{e}");
+        }
     }
 
     #[test]

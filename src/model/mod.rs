@@ -22,6 +22,7 @@
 //! ```
 
 mod config;
+mod finite;
 mod gguf_io;
 mod graph;
 mod llama;
@@ -32,6 +33,8 @@ mod session;
 mod tests;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_arch;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_finite;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_moe;
 #[cfg(all(test, feature = "cpu"))]
@@ -47,6 +50,7 @@ mod tp;
 mod weights;
 
 pub use config::{Arch, Gating, LlamaConfig};
+pub use finite::first_non_finite;
 pub use gguf_io::{ARCHITECTURE, llama_keys, synthetic_vocab};
 pub use llama::{
     KV_PAD, LayerTensors, LlamaModel, MoeTensors, Outputs, Placement, Step, WeightSource,

@@ -19,6 +19,9 @@ pub struct LlamaSession<'m> {
     /// Logit bytes read back, reused across steps.
     read_buf: Vec<u8>,
     plans: usize,
+    /// Non-finite logits are an error naming the first op producing one
+    /// ([`LlamaSession::set_check_finite`]).
+    check_finite: bool,
 }
 
 impl<'m> LlamaSession<'m> {
@@ -60,6 +63,7 @@ impl<'m> LlamaSession<'m> {
             planned: None,
             read_buf: Vec::new(),
             plans: 0,
+            check_finite: false,
         })
     }
 
@@ -76,6 +80,18 @@ impl<'m> LlamaSession<'m> {
     /// Cache rows filled so far.
     pub fn n_past(&self) -> usize {
         self.n_past
+    }
+
+    /// With `on`, every step runs with every node kept ([`crate::Graph::with_all_outputs`])
+    /// and checked in execution order, and fails with [`Error::Compute`] naming the first op
+    /// whose value holds a NaN or infinity, before any logits are returned. This also catches
+    /// a NaN that never reaches the logits (quantizing activations to Q8_0 turns NaN into 0).
+    /// It costs the memory of every intermediate and a read of each; off by default.
+    pub fn set_check_finite(&mut self, on: bool) {
+        if on != self.check_finite {
+            self.planned = None;
+        }
+        self.check_finite = on;
     }
 
     /// Starts a new sequence. The caches are not cleared: a step only reads rows it or an earlier
@@ -132,7 +148,10 @@ impl<'m> LlamaSession<'m> {
             *o == outputs && self.model.step_fits(step, tokens.len(), self.n_past)
         });
         if !reusable {
-            let step = self.model.build_step(tokens.len(), self.n_past, outputs)?;
+            let mut step = self.model.build_step(tokens.len(), self.n_past, outputs)?;
+            if self.check_finite {
+                step.graph = step.graph.with_all_outputs();
+            }
             // A failed plan must not leave a stale step marked as planned.
             self.planned = None;
             self.sched.alloc_graph(&step.graph, &self.weights)?;
@@ -148,6 +167,28 @@ impl<'m> LlamaSession<'m> {
         }
         self.sched.compute()?;
         self.sched.synchronize()?;
+        if self.check_finite {
+            let sched = &self.sched;
+            let found = super::finite::first_non_finite_node(&step.graph, |id, t| {
+                let mut buf = vec![0u8; t.nbytes()];
+                sched.get(id, &mut buf)?;
+                Ok(buf)
+            })?;
+            if let Some(found) = found {
+                let devices: Vec<String> = sched
+                    .devices()
+                    .iter()
+                    .map(|d| d.name().to_string())
+                    .collect();
+                return Err(super::finite::non_finite_error(
+                    devices.join(","),
+                    &step.graph,
+                    &found,
+                    tokens.len(),
+                    self.n_past,
+                ));
+            }
+        }
         let n = step.graph.tensors()[step.logits.index()].nbytes();
         self.read_buf.resize(n, 0);
         self.sched.get(step.logits, &mut self.read_buf)?;

@@ -21,6 +21,8 @@ pub struct TpSession<'m> {
     /// builds and binds one graph per [`crate::model::KV_PAD`] tokens.
     cached: Option<CachedStep>,
     read_buf: Vec<u8>,
+    /// See [`TpSession::set_check_finite`].
+    check_finite: bool,
 }
 
 /// A step graph of a [`TpSession`] and where its inputs and logits live.
@@ -170,6 +172,7 @@ impl<'m> TpSession<'m> {
             n_past: 0,
             cached: None,
             read_buf: Vec::new(),
+            check_finite: false,
         })
     }
 
@@ -316,6 +319,20 @@ impl<'m> TpSession<'m> {
         }
         self.backend.compute(&c.step.graph, &c.bindings)?;
         self.backend.synchronize()?;
+        if self.check_finite {
+            let backend = &self.backend;
+            let found =
+                super::finite::first_non_finite_node(&c.step.graph, |id, _| backend.get(id))?;
+            if let Some(found) = found {
+                return Err(super::finite::non_finite_error(
+                    self.meta.name().to_string(),
+                    &c.step.graph,
+                    &found,
+                    tokens.len(),
+                    self.n_past,
+                ));
+            }
+        }
         let Some(&(logits_id, logits_off)) = c.at.last() else {
             return Err(Error::InvalidArgument("the step has no logits".into()));
         };
@@ -327,11 +344,24 @@ impl<'m> TpSession<'m> {
         Ok(())
     }
 
+    /// As [`crate::model::LlamaSession::set_check_finite`]: with `on`, every step runs with
+    /// every node kept and gathered from the devices, and the first op producing a NaN or
+    /// infinity is an error.
+    pub fn set_check_finite(&mut self, on: bool) {
+        if on != self.check_finite {
+            self.cached = None;
+        }
+        self.check_finite = on;
+    }
+
     /// Builds the step graph for `n_tokens` after the cached rows and binds its inputs and
     /// logits in one host buffer of the first device; the meta stream copies inputs to devices
     /// that cannot read it and gathers the logits into it.
     fn prepare_step(&self, n_tokens: usize, outputs: Outputs) -> Result<CachedStep> {
-        let step = self.model.build_step(n_tokens, self.n_past, outputs)?;
+        let mut step = self.model.build_step(n_tokens, self.n_past, outputs)?;
+        if self.check_finite {
+            step.graph = step.graph.with_all_outputs();
+        }
         let host = self.meta.devices()[0].buffer_type();
         let tensors = step.graph.tensors();
         let align = host.alignment().max(1);

@@ -96,6 +96,21 @@ impl Graph {
     pub fn label(&self, id: TensorId) -> String {
         label_of(&self.tensors, id)
     }
+    /// The same graph with every node flagged and listed as an output, for debugging: no
+    /// allocator reuses a node's memory, so after a compute every node's value can be read back
+    /// (what `--check-finite` does to name the first op producing a NaN or infinity).
+    pub fn with_all_outputs(&self) -> Graph {
+        let mut tensors: Vec<TensorDesc> = self.tensors.to_vec();
+        for &id in &self.nodes {
+            tensors[id.index()].flags.output = true;
+        }
+        Graph {
+            tensors: tensors.into(),
+            nodes: self.nodes.clone(),
+            leafs: self.leafs.clone(),
+            outputs: self.nodes.clone(),
+        }
+    }
     /// A graph over `tensors` with the given nodes, leaves and outputs (schedulers build
     /// per-device sub-graphs this way; descriptors are trusted to come from a checked context).
     pub(crate) fn from_parts(

@@ -635,6 +635,37 @@ impl Backend for MetaBackend {
     }
 
     fn compute(&mut self, graph: &Graph, bindings: &Bindings) -> Result<()> {
+        let queued = self.queue_graph(graph, bindings);
+        if queued.is_err() {
+            // End the failed graph on every device before returning: wait for what the other
+            // streams had queued (sub-graphs, all-reduces) and clear the errors it left on them,
+            // so none surfaces in the next graph; none of its outputs is delivered, now or later.
+            if let Err(also) = self.sync_streams() {
+                tracing::warn!(target: "tessera::meta", device = %self.inner.name, error = %also, "another stream failed in the same graph");
+            }
+            self.last = None;
+        }
+        queued
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        if let Err(e) = self.sync_streams() {
+            // Every stream is drained and clean again; the failed graph's outputs are garbage
+            // and must not be written into the caller's buffers by a later call.
+            self.last = None;
+            return Err(e);
+        }
+        self.finish_pending()
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl MetaBackend {
+    /// Queues `graph` on every device: [`Backend::compute`] without the clean-up on failure.
+    fn queue_graph(&mut self, graph: &Graph, bindings: &Bindings) -> Result<()> {
         // Outputs of the previous graph still owed to their buffers are read before this graph
         // may reuse the memory.
         if self.last.as_ref().is_some_and(|l| !l.pending.is_empty()) {
@@ -698,14 +729,5 @@ impl Backend for MetaBackend {
         }
         self.last = Some(LastRun { plan, pending });
         Ok(())
-    }
-
-    fn synchronize(&mut self) -> Result<()> {
-        self.sync_streams()?;
-        self.finish_pending()
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }

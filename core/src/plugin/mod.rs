@@ -3,6 +3,8 @@
 //!
 //! - [`abi`]: the `#[repr(C)]` tables (registry, device, buffer type, buffer, backend, event),
 //!   each with magic, ABI version and size, and the flat graph form.
+//! - [`codec`]: conversions between core's graphs, descriptors and errors and those flat forms
+//!   (public so plugin authors and the fuzz targets can decode what crosses the boundary).
 //! - The export adapter: [`export_backend!`](crate::export_backend) turns a Rust [`crate::Registry`]
 //!   into those tables in a `cdylib`, catching panics and forwarding `tracing` logs to the host.
 //! - The import adapter: [`load_backend`] opens a library and wraps its tables back into the
@@ -14,7 +16,7 @@
 //! typed wrappers here and never transmute themselves.
 
 pub mod abi;
-mod codec;
+pub mod codec;
 mod comm;
 mod comm_impl;
 mod export;

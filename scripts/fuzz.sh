@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Runs one coverage-guided fuzz target (cargo fuzz / libFuzzer) for SECONDS, or every target
+# with TARGET=all, and prints the executions each reached.
+#
+#   scripts/fuzz.sh gguf 600                 # ten minutes on the GGUF reader
+#   scripts/fuzz.sh all 30                   # every target for 30 s (what CI runs)
+#   scripts/fuzz.sh tokenizer 60 -jobs=2     # extra arguments go to libFuzzer
+#   FUZZ_SANITIZER=none scripts/fuzz.sh gguf 3600   # no AddressSanitizer: 2-3x the executions
+#                                                  # (long campaigns; CI keeps the default)
+#
+# Targets: gguf, tokenizer, chat_template, plugin_codec, devices, meta_propagate
+# (fuzz/fuzz_targets/). Installs the nightly toolchain (rustup) and cargo-fuzz 0.13.2
+# (cargo install --locked) when missing. Seeds come from fuzz/seeds/TARGET (committed); what the
+# fuzzer adds goes to fuzz/corpus/TARGET and crashes to fuzz/artifacts/TARGET (both ignored by
+# git). A crash exits non-zero; reproduce it with
+#   cargo +nightly fuzz run TARGET fuzz/artifacts/TARGET/crash-...   (from fuzz/'s parent)
+# and add a regression test to the normal test suite before fixing it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TARGETS=(gguf tokenizer chat_template plugin_codec devices meta_propagate)
+target="${1:-}"
+seconds="${2:-}"
+if [ -z "$target" ] || [ -z "$seconds" ]; then
+  echo "usage: $0 TARGET|all SECONDS [libFuzzer args...]" >&2
+  echo "targets: ${TARGETS[*]}" >&2
+  exit 2
+fi
+shift 2
+
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  rustup toolchain install nightly --profile minimal
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install --locked cargo-fuzz --version 0.13.2
+fi
+
+if [ "$target" = all ]; then
+  list=("${TARGETS[@]}")
+else
+  list=("$target")
+fi
+# Another sanitizer builds into its own directory, so switching does not rebuild the other.
+san="${FUZZ_SANITIZER:-address}"
+sanitizer=(-s "$san")
+if [ "$san" != address ]; then
+  sanitizer+=(--target-dir "target/$san")
+fi
+# One build for all targets (the sanitizer build of the whole crate family takes minutes).
+(cd fuzz && cargo +nightly fuzz build "${sanitizer[@]}")
+
+status=0
+summary=()
+for t in "${list[@]}"; do
+  mkdir -p "fuzz/corpus/$t" "fuzz/seeds/$t" "fuzz/artifacts/$t"
+  log="fuzz/artifacts/$t/last-run.log"
+  echo "== fuzz $t for ${seconds}s"
+  # -timeout: an input taking over 10 s is a finding (a hostile file must fail fast);
+  # -rss_limit_mb: so must one needing over 2 GiB.
+  if (cd fuzz && cargo +nightly fuzz run "${sanitizer[@]}" "$t" "corpus/$t" "seeds/$t" -- \
+      -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -artifact_prefix="artifacts/$t/" -print_final_stats=1 "$@") >"$log" 2>&1; then
+    result=ok
+  else
+    result="FAILED (see $log)"
+    status=1
+    tail -n 40 "$log" >&2
+  fi
+  runs="$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -n 1)"
+  cov="$(grep -oE 'cov: [0-9]+' "$log" | tail -n 1 | grep -oE '[0-9]+')"
+  summary+=("$(printf '%-16s %12s executions  cov %6s  %s' "$t" "${runs:-?}" "${cov:-?}" "$result")")
+done
+echo "== fuzz summary (${seconds}s per target)"
+printf '%s\n' "${summary[@]}"
+exit "$status"
