@@ -305,3 +305,61 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parses(args: &[&str]) -> bool {
+        Cli::try_parse_from(std::iter::once("tessera").chain(args.iter().copied())).is_ok()
+    }
+
+    #[test]
+    fn nonsensical_numbers_are_refused_by_every_command() {
+        let bad: &[&[&str]] = &[
+            &["run", "-m", "x.gguf", "-p", "hi", "--temp", "nan"],
+            &["run", "-m", "x.gguf", "-p", "hi", "--temp", "inf"],
+            &["run", "-m", "x.gguf", "-p", "hi", "--temp=-1"],
+            &["run", "-m", "x.gguf", "-p", "hi", "-t", "0"],
+            &["run", "-m", "x.gguf", "-p", "hi", "-t", "1000000"],
+            &["run", "-m", "x.gguf", "-p", "hi", "-c", "0"],
+            &["run", "-m", "x.gguf", "-p", "hi", "--ratios", "1,nan"],
+            &["run", "-m", "x.gguf", "-p", "hi", "--ratios=-1,2"],
+            &["bench", "-t", "0"],
+            &["bench", "--ratios", "inf,1"],
+            &["test-tp", "--ratios", "nan,1"],
+            // NaN seconds used to reach Duration::from_secs_f64 and panic.
+            &["bench-ops", "--min-time", "nan"],
+            &["bench-ops", "--min-time", "inf"],
+            &["bench-ops", "--min-time=-1"],
+            &["bench-ops", "-k", "0"],
+            &["bench-allreduce", "--min-time", "nan"],
+            &["bench-allreduce", "-t", "0"],
+            &["soak", "--requests", "0"],
+            &["soak", "--ratios", "2,nan,1"],
+        ];
+        for args in bad {
+            assert!(!parses(args), "accepted: {args:?}");
+        }
+        let good: &[&[&str]] = &[
+            &[
+                "run", "-m", "x.gguf", "-p", "hi", "--temp", "0.7", "-t", "2", "-c", "64",
+            ],
+            &["bench", "--ratios", "2,1,1", "-t", "1"],
+            &["bench-ops", "--min-time", "0.5", "-k", "256"],
+            &["bench-allreduce", "--min-time", "0"],
+            &["soak", "--requests", "10", "--ratios", "2,1,1"],
+        ];
+        for args in good {
+            assert!(parses(args), "refused: {args:?}");
+        }
+    }
+
+    #[test]
+    fn a_zero_thread_count_in_a_list_is_an_error() {
+        assert_eq!(cli::parse_list("1, 2").unwrap(), vec![1, 2]);
+        // `-t 0,2` used to drop the 0 silently.
+        assert!(cli::parse_list("0,2").is_err());
+        assert!(cli::parse_list("x").is_err());
+    }
+}

@@ -64,6 +64,14 @@ pub fn context(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A count that must be at least 1 (`soak --requests`, `--max-prompt`, `--max-gen`).
+pub fn count(s: &str) -> Result<usize, String> {
+    match number::<usize>(s, "a count")? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
 /// `bench-ops -k`: a reduction length in `1..=MAX_K`.
 pub fn reduction(s: &str) -> Result<usize, String> {
     match number::<usize>(s, "a length")? {
@@ -91,7 +99,8 @@ mod tests {
             assert!(threads(bad).is_err(), "-t {bad}");
         }
         assert_eq!(threads("4").unwrap(), 4);
-        assert!(context("0").is_err());
+        assert!(context("0").is_err() && count("0").is_err() && count("-2").is_err());
+        assert_eq!(count("3").unwrap(), 3);
         assert!(reduction("0").is_err() && reduction("65537").is_err());
         assert_eq!(ratio(" 2 ").unwrap(), 2.0);
     }

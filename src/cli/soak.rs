@@ -11,7 +11,7 @@ use tessera::model::{LlamaModel, argmax};
 #[derive(Clone, Debug, clap::Args)]
 pub struct SoakArgs {
     /// Requests per split mode.
-    #[arg(long, default_value_t = 2000, value_parser = super::args::context)]
+    #[arg(long, default_value_t = 2000, value_parser = super::args::count)]
     pub requests: usize,
     /// Split modes, run one after the other in this process.
     #[arg(long, value_delimiter = ',', value_parser = parse_split_mode, default_value = "none,layer,tensor")]
@@ -26,10 +26,10 @@ pub struct SoakArgs {
     #[arg(long, value_enum, default_value = "synthetic-100m")]
     pub preset: ModelPreset,
     /// Longest prompt of a request (lengths are uniform in 1..=this).
-    #[arg(long, default_value_t = 32, value_parser = super::args::context)]
+    #[arg(long, default_value_t = 32, value_parser = super::args::count)]
     pub max_prompt: usize,
     /// Most tokens a request generates (uniform in 1..=this, greedy).
-    #[arg(long, default_value_t = 16, value_parser = super::args::context)]
+    #[arg(long, default_value_t = 16, value_parser = super::args::count)]
     pub max_gen: usize,
     /// Requests compared against a fresh session (evenly spaced, first and last included).
     #[arg(long, default_value_t = 8)]
