@@ -39,7 +39,15 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 
 if [ "$target" = all ]; then
-  list=("${TARGETS[@]}")
+  # FUZZ_SKIP: space-separated targets left out of `all` (CI skips a target whose open finding
+  # would fail every run until it is fixed; see README, "Fuzzing").
+  list=()
+  for t in "${TARGETS[@]}"; do
+    case " ${FUZZ_SKIP:-} " in
+      *" $t "*) echo "== fuzz $t skipped (FUZZ_SKIP)" ;;
+      *) list+=("$t") ;;
+    esac
+  done
 else
   list=("$target")
 fi
