@@ -62,6 +62,8 @@ pub(crate) struct ThreadScratch {
     pub b: Vec<f32>,
     pub c: Vec<f32>,
     pub bytes: Vec<u8>,
+    /// MUL_MAT_ID's expert grouping.
+    pub routing: moe::Routing,
 }
 
 impl ThreadScratch {

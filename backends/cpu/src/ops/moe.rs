@@ -18,17 +18,26 @@ use tessera_kernels::cpu as k;
 
 /// `(slot, token)` pairs grouped by local expert: `pairs[start[e]..start[e + 1]]` route to
 /// expert `e` of the weight stack; `foreign` are the pairs routed to experts another device holds
-/// (local-range form only).
-struct Routing {
+/// (local-range form only). Kept in each thread's scratch so that a step allocates nothing once
+/// warm; `next` and `first_chunk` are working space of `route` and the chunk table.
+#[derive(Default)]
+pub(crate) struct Routing {
     pairs: Vec<(usize, usize)>,
     start: Vec<usize>,
     foreign: Vec<(usize, usize)>,
+    next: Vec<usize>,
+    first_chunk: Vec<usize>,
 }
 
-/// Groups the pairs of `ids` `[n_used, T]` by expert. Plain form (`first` = `None`): every id
-/// must lie in `0..n_expert`. Local-range form: the stack holds experts
+/// Groups the pairs of `ids` `[n_used, T]` by expert into `r`. Plain form (`first` = `None`):
+/// every id must lie in `0..n_expert`. Local-range form: the stack holds experts
 /// `first..first + n_expert`, other non-negative ids are foreign. Names the first bad id.
-fn route(ids: &TView, n_expert: usize, first: Option<usize>) -> Result<Routing, String> {
+fn route(
+    r: &mut Routing,
+    ids: &TView,
+    n_expert: usize,
+    first: Option<usize>,
+) -> Result<(), String> {
     let (n_used, n_tok) = (ids.ne[0], ids.ne[1]);
     let base = first.unwrap_or(0);
     // The local expert of an id, `Ok(None)` for a foreign one.
@@ -40,14 +49,15 @@ fn route(ids: &TView, n_expert: usize, first: Option<usize>) -> Result<Routing, 
             None => Err(()),
         }
     };
-    let mut count = vec![0usize; n_expert + 1];
-    let mut foreign = Vec::new();
+    r.start.clear();
+    r.start.resize(n_expert + 1, 0);
+    r.foreign.clear();
     for t in 0..n_tok {
         for i in 0..n_used {
             let e = ids.get_i32([i, t, 0, 0]);
             match local(e) {
-                Ok(Some(l)) => count[l + 1] += 1,
-                Ok(None) => foreign.push((i, t)),
+                Ok(Some(l)) => r.start[l + 1] += 1,
+                Ok(None) => r.foreign.push((i, t)),
                 Err(()) => {
                     return Err(match first {
                         None => format!(
@@ -60,24 +70,21 @@ fn route(ids: &TView, n_expert: usize, first: Option<usize>) -> Result<Routing, 
         }
     }
     for e in 0..n_expert {
-        count[e + 1] += count[e];
+        r.start[e + 1] += r.start[e];
     }
-    let start = count.clone();
-    let mut next = count;
-    let mut pairs = vec![(0, 0); start[n_expert]];
+    r.next.clear();
+    r.next.extend_from_slice(&r.start);
+    r.pairs.clear();
+    r.pairs.resize(r.start[n_expert], (0, 0));
     for t in 0..n_tok {
         for i in 0..n_used {
             if let Ok(Some(l)) = local(ids.get_i32([i, t, 0, 0])) {
-                pairs[next[l]] = (i, t);
-                next[l] += 1;
+                r.pairs[r.next[l]] = (i, t);
+                r.next[l] += 1;
             }
         }
     }
-    Ok(Routing {
-        pairs,
-        start,
-        foreign,
-    })
+    Ok(())
 }
 
 /// Shared scratch bytes for the prepared activations of MUL_MAT_ID node `t`: one column per
@@ -101,6 +108,21 @@ pub(crate) fn mul_mat_id(
     nth: usize,
     ts: &mut ThreadScratch,
 ) {
+    // The routing tables live in the thread's scratch (taken out while the rest of it is used).
+    let mut routing = std::mem::take(&mut ts.routing);
+    mul_mat_id_routed(exec, node, first_expert, ith, nth, ts, &mut routing);
+    ts.routing = routing;
+}
+
+fn mul_mat_id_routed(
+    exec: &Exec<'_>,
+    node: TensorId,
+    first_expert: Option<usize>,
+    ith: usize,
+    nth: usize,
+    ts: &mut ThreadScratch,
+    routing: &mut Routing,
+) {
     let (dst, w, x, ids) = (
         exec.view(node),
         exec.src(node, 0),
@@ -119,15 +141,15 @@ pub(crate) fn mul_mat_id(
         return;
     };
     // Every thread sees the same ids, so all of them skip the barrier below together on error.
-    let routing = match route(&ids, w.ne[2], first_expert) {
-        Ok(r) => r,
+    match route(routing, &ids, w.ne[2], first_expert) {
+        Ok(()) => {}
         Err(e) => {
             if ith == 0 {
                 exec.fail(format!("MUL_MAT_ID {}: {e}", label()));
             }
             return;
         }
-    };
+    }
     let kdim = w.ne[0];
     let act = k::act_type(wt);
     let arb = k::act_row_bytes(act, kdim);
@@ -175,7 +197,8 @@ pub(crate) fn mul_mat_id(
         }
     };
     // First chunk index of each expert (every thread computes the same table).
-    let mut first_chunk = Vec::with_capacity(n_expert + 1);
+    let mut first_chunk = std::mem::take(&mut routing.first_chunk);
+    first_chunk.clear();
     let mut total = 0usize;
     for e in 0..n_expert {
         first_chunk.push(total);
@@ -211,6 +234,7 @@ pub(crate) fn mul_mat_id(
             dst.write_f32_at(r0, i, t, 0, &tile[c * rows..(c + 1) * rows]);
         }
     }
+    routing.first_chunk = first_chunk;
 }
 
 pub(crate) fn add_id(
