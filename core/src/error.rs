@@ -133,6 +133,19 @@ pub enum Error {
     #[error(transparent)]
     Gguf(#[from] crate::gguf::GgufError),
 
+    // === Several processes ===
+    /// A collective between the processes (ranks) of a distributed job failed or timed out;
+    /// `rank` is the rank reporting it, `reason` names the peers and the collective.
+    #[error("{engine} rank {rank}: {reason}")]
+    Dist {
+        /// The engine ("mpi", "threads").
+        engine: String,
+        /// The rank that raised it.
+        rank: usize,
+        /// What failed, naming the ranks concerned.
+        reason: String,
+    },
+
     // === Execution ===
     /// A graph failed while running on a device; later calls on that stream report it once.
     #[error("compute failed on {device}: {reason}")]

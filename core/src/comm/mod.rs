@@ -12,6 +12,8 @@
 //! overwrites what an earlier step still reads); slices that do not contribute are overwritten
 //! with zeros copied from a zero buffer, never scaled by 0 (stale NaN · 0 = NaN).
 
+mod dist;
 mod generic;
 
+pub use dist::{DistComm, ThreadGroup, allreduce_bf16, check_same, fnv1a};
 pub use generic::{Algorithm, AllReduce, CommSlice, DEFAULT_RING_THRESHOLD, ReducePath, Wire};

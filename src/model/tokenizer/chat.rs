@@ -12,6 +12,8 @@
 //!   texts; a leading `bos_token` is dropped from the result when the vocabulary adds BOS itself
 //!   (as llama.cpp's Jinja path does).
 
+mod bounded;
+
 use super::Tokenizer;
 use crate::gguf::Metadata;
 
@@ -138,9 +140,15 @@ impl ChatTemplate {
             file: self.file.clone(),
             reason: format!("{e:#}"),
         };
+        let content: usize = messages
+            .iter()
+            .map(|m| m.content.len() + m.role.len())
+            .sum();
+        let budget = RenderBudget::for_input(self.source.len() + content, messages.len());
         let mut env = minijinja::Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(budget.fuel));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<String, _> {
             Err(minijinja::Error::new(
@@ -148,6 +156,8 @@ impl ChatTemplate {
                 format!("raise_exception: {msg}"),
             ))
         });
+        bounded::guard_sequence_filters(&mut env);
+        bounded::guard_output(&mut env);
         env.add_template("chat", &self.source).map_err(err)?;
         let msgs: Vec<minijinja::Value> = messages
             .iter()
@@ -159,14 +169,46 @@ impl ChatTemplate {
             bos_token => self.bos.as_str(),
             eos_token => self.eos.as_str(),
         };
-        let out = env
+        let mut sink = bounded::CappedWriter::new(budget.max_bytes);
+        let rendered = env
             .get_template("chat")
-            .and_then(|t| t.render(ctx))
-            .map_err(err)?;
+            .and_then(|t| t.render_captured_to(ctx, &mut sink).map(|_| ()));
+        if sink.overflowed() {
+            return Err(ChatError::Render {
+                file: self.file.clone(),
+                reason: format!(
+                    "the rendered prompt exceeds {} bytes (the limit for this template and conversation)",
+                    budget.max_bytes
+                ),
+            });
+        }
+        rendered.map_err(err)?;
+        let out = sink.into_string();
         Ok(match out.strip_prefix(self.bos.as_str()) {
             Some(rest) if self.strip_bos && !self.bos.is_empty() => rest.to_string(),
             _ => out,
         })
+    }
+}
+
+/// Limits on one render: a hostile template must fail promptly, not render for minutes or
+/// fill memory (`{{ (1,2) * 10**9 }}` is one instruction producing a billion items).
+#[derive(Clone, Copy, Debug)]
+struct RenderBudget {
+    /// minijinja instructions (loop iterations, calls, emits).
+    fuel: u64,
+    /// Bytes of rendered text.
+    max_bytes: usize,
+}
+
+impl RenderBudget {
+    /// Real chat templates spend well under 100k instructions and emit the conversation plus a
+    /// few KiB of markup; these bounds leave one to two orders of magnitude above that.
+    fn for_input(input_bytes: usize, n_messages: usize) -> RenderBudget {
+        RenderBudget {
+            fuel: 2_000_000 + 20_000 * n_messages as u64,
+            max_bytes: (1 << 20) + 8 * input_bytes,
+        }
     }
 }
 
@@ -185,3 +227,6 @@ pub fn user_turn<'a>(system: Option<&'a str>, user: &'a str) -> Vec<ChatMessage<
     });
     msgs
 }
+
+#[cfg(test)]
+mod tests;
