@@ -81,6 +81,8 @@ enum Command {
         /// experts per device).
         #[arg(long, value_parser = cli::bench::parse_split_mode, default_value = "tensor")]
         split_mode: cli::bench::SplitMode,
+        #[command(flatten)]
+        dist: cli::dist::DistArgs,
     },
     /// Time the all-reduce between devices (size, time, algbw, busbw, path).
     BenchAllreduce {
@@ -233,9 +235,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ratios,
             generic,
             split_mode,
+            dist,
         } => {
-            let devs = tessera::registry().select(&devices)?;
-            Ok(if cli::test_tp::run(&devs, &ratios, generic, split_mode)? {
+            let job = cli::dist::Job::start(&dist, &cli::dist::fingerprint(None)?)?;
+            let devs = job.finish(tessera::registry().select(&devices).map_err(Into::into))?;
+            let ok = job.finish(cli::test_tp::run(&devs, &ratios, generic, split_mode, &job))?;
+            Ok(if ok {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

@@ -178,6 +178,8 @@ pub struct BenchArgs {
     /// synthetic model.
     #[arg(short = 'm', long = "model-file")]
     pub model_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub dist: super::dist::DistArgs,
 }
 
 /// What one split mode measured, and the last-token logits kept to compare modes (empty when
@@ -279,7 +281,14 @@ pub(crate) fn open_session<'m>(
     devices: &[Arc<dyn Device>],
     ratios: &[f32],
     threads: Option<usize>,
+    comm: Option<Arc<dyn tessera::comm::DistComm>>,
 ) -> anyhow::Result<Session<'m>> {
+    if comm.is_some() && !matches!(mode, SplitMode::Tensor | SplitMode::Expert) {
+        anyhow::bail!(
+            "--dist splits each layer over the ranks: use --split-mode tensor or expert, not {}",
+            mode.name()
+        );
+    }
     let n_layer = model.config().n_layer;
     let layer_device = match mode {
         SplitMode::Layer => layer_devices(n_layer, ratios, devices.len())?,
@@ -319,7 +328,12 @@ pub(crate) fn open_session<'m>(
     };
     let session = match mode {
         SplitMode::Tensor | SplitMode::Expert => {
-            let meta = model.meta_device_with(devices, ratios, mode.expert_split())?;
+            let meta = match comm {
+                Some(comm) => {
+                    model.distributed_meta_device(devices, comm, ratios, mode.expert_split())?
+                }
+                None => model.meta_device_with(devices, ratios, mode.expert_split())?,
+            };
             let opts = match threads {
                 Some(t) => BackendOptions::with_threads(t),
                 None => BackendOptions::default(),
@@ -352,11 +366,22 @@ fn run_mode(
     args: &BenchArgs,
     prompt: &[i32],
     keep_logits: bool,
+    job: &super::dist::Job,
 ) -> anyhow::Result<ModeResult> {
     let devices = devices_for(mode, args.devices.as_deref())?;
     let names = device_names(&devices);
-    let tty = std::io::stderr().is_terminal();
-    let mut session = open_session(model, mode, &devices, &args.ratios, args.threads)?;
+    let tty = std::io::stderr().is_terminal() && job.is_root();
+    let mut session = open_session(
+        model,
+        mode,
+        &devices,
+        &args.ratios,
+        args.threads,
+        job.comm(),
+    )?;
+    if let (Some(comm), Session::Tp(s)) = (job.comm(), &session) {
+        report_ranks(comm.as_ref(), s)?;
+    }
 
     // Warm-up (not timed): plans and allocates compute memory for both graph shapes.
     if !prompt.is_empty() {
@@ -405,6 +430,17 @@ fn run_mode(
             }
         }
         _ => mode.name().to_string(),
+    };
+    let label = match (&session, job.size()) {
+        (Session::Tp(s), ranks) if ranks > 1 => {
+            let n = s.meta().devices().len();
+            if n % ranks == 0 {
+                format!("{label}, {ranks} ranks × {} dev", n / ranks)
+            } else {
+                format!("{label}, {ranks} ranks, {n} devs")
+            }
+        }
+        _ => label,
     };
     let mut r = ModeResult {
         mode,
@@ -476,6 +512,45 @@ fn backend_names(devices: &[Arc<dyn Device>]) -> String {
 /// # Errors
 /// Invalid arguments, device selection, loading and compute errors.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let job = super::dist::Job::start(
+        &args.dist,
+        &super::dist::fingerprint(args.model_file.as_deref())?,
+    )?;
+    job.finish(run_job(args, &job))
+}
+
+/// Each rank's memory after loading, printed by rank 0: what the rank's devices hold of the
+/// weights and caches, and the process's resident memory (a collective: every rank calls it).
+fn report_ranks(comm: &dyn tessera::comm::DistComm, s: &TpSession<'_>) -> anyhow::Result<()> {
+    let local: usize = s
+        .weight_bytes_per_device()
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| s.meta().is_local(*j))
+        .map(|(_, b)| *b)
+        .sum();
+    let (rss, anon) = super::dist::rss().unwrap_or((0, 0));
+    let mine: Vec<u8> = [local as u64, rss, anon]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let all = comm.allgather(&mine, &vec![24; comm.size()], "memory report")?;
+    if comm.rank() == 0 {
+        for (r, c) in all.chunks_exact(24).enumerate() {
+            let v = |i: usize| u64::from_le_bytes(c[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+            eprintln!(
+                "rank {r}: weights and caches on its devices {:.1} MiB; resident {:.1} MiB \
+                 (anonymous {:.1} MiB)",
+                v(0) as f64 / MIB,
+                v(1) as f64 / MIB,
+                v(2) as f64 / MIB
+            );
+        }
+    }
+    Ok(())
+}
+
+fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
     if args.split_mode.is_empty() {
         anyhow::bail!("no split mode given (accepted: {})", SplitMode::ACCEPTED);
     }
@@ -518,7 +593,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let compare = modes.len() > 1 && modes.contains(&SplitMode::None);
     let mut results = Vec::new();
     for &mode in &modes {
-        results.push(run_mode(&model, mode, args, &prompt, compare)?);
+        results.push(run_mode(&model, mode, args, &prompt, compare, job)?);
+    }
+    if !job.is_root() {
+        return Ok(());
     }
 
     let params = c.param_count() as f64;

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod bench_allreduce;
 pub mod bench_ops;
 pub mod devices;
+pub mod dist;
 pub mod inputs;
 pub mod run;
 pub mod soak;

@@ -67,6 +67,8 @@ pub struct RunArgs {
     /// them), re-run the step with every op checked and name the first op that produced one.
     #[arg(long)]
     pub check_finite: bool,
+    #[command(flatten)]
+    pub dist: super::dist::DistArgs,
 }
 
 /// Refuses logits holding a NaN or infinity: sampling from them would pick an arbitrary token.
@@ -134,6 +136,28 @@ fn flush_utf8(pending: &mut Vec<u8>, out: &mut impl Write) -> std::io::Result<()
 /// # Errors
 /// File, tokenizer, model, device and compute errors.
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let job = super::dist::Job::start(&args.dist, &super::dist::fingerprint(Some(&args.model))?)?;
+    job.finish(run_job(args, &job))
+}
+
+/// The next token on every rank: rank 0 samples it and broadcasts it, so that every rank feeds
+/// the same token even where sampling could differ (it does not: logits are gathered
+/// identically, but the token must never depend on that).
+fn next_token(
+    job: &super::dist::Job,
+    logits: &[f32],
+    temp: f32,
+    rng: &mut Rng,
+) -> anyhow::Result<i32> {
+    let mut tok = (sample(logits, temp, rng) as i32).to_le_bytes();
+    if let Some(comm) = job.comm() {
+        comm.broadcast(0, &mut tok, "sampled token")?;
+    }
+    Ok(i32::from_le_bytes(tok))
+}
+
+fn run_job(args: &RunArgs, job: &super::dist::Job) -> anyhow::Result<()> {
+    let root = job.is_root();
     let t_load = Instant::now();
     let file = Arc::new(
         GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
@@ -176,19 +200,21 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     }
     let model = LlamaModel::from_gguf(file.clone(), Some(n_ctx))?;
     let c = model.config();
-    eprintln!(
-        "model: {} ({}), {} layers, n_embd {}, {} heads ({} KV), vocab {}, {:.1} MiB of weights; \
+    if root {
+        eprintln!(
+            "model: {} ({}), {} layers, n_embd {}, {} heads ({} KV), vocab {}, {:.1} MiB of weights; \
          prompt {} tokens",
-        args.model.display(),
-        c.arch.name(),
-        c.n_layer,
-        c.n_embd,
-        c.n_head,
-        c.n_head_kv,
-        c.n_vocab,
-        model.weight_bytes_total() as f64 / (1u64 << 20) as f64,
-        prompt.len()
-    );
+            args.model.display(),
+            c.arch.name(),
+            c.n_layer,
+            c.n_embd,
+            c.n_head,
+            c.n_head_kv,
+            c.n_vocab,
+            model.weight_bytes_total() as f64 / (1u64 << 20) as f64,
+            prompt.len()
+        );
+    }
     let devices = devices_for(args.split_mode, args.devices.as_deref())?;
     let mut session = open_session(
         &model,
@@ -196,12 +222,15 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         &devices,
         &args.ratios,
         args.threads,
+        job.comm(),
     )?;
     session.set_check_finite(args.check_finite);
-    eprintln!("loaded in {:.2} s", t_load.elapsed().as_secs_f64());
+    if root {
+        eprintln!("loaded in {:.2} s", t_load.elapsed().as_secs_f64());
+    }
 
     let n_vocab = c.n_vocab;
-    let mut logits_out = match &args.logits_out {
+    let mut logits_out = match args.logits_out.as_ref().filter(|_| root) {
         Some(p) => Some(std::io::BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
         )),
@@ -216,7 +245,12 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         Ok(())
     };
 
-    let mut stdout = std::io::stdout();
+    // Only rank 0 prints the text.
+    let mut stdout: Box<dyn Write> = if root {
+        Box::new(std::io::stdout())
+    } else {
+        Box::new(std::io::sink())
+    };
     let mut pending = tok.decode(&prompt, false)?.into_bytes();
     flush_utf8(&mut pending, &mut stdout)?;
     let mut rng = Rng(args.seed | 1);
@@ -239,7 +273,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let t_tg = Instant::now();
     let mut generated = 0usize;
     for i in 0..args.n_predict {
-        let next = sample(&last, args.temp, &mut rng) as i32;
+        let next = next_token(job, &last, args.temp, &mut rng)?;
         if Some(next) == tok.eos() {
             break;
         }
@@ -258,6 +292,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     flush_utf8(&mut pending, &mut stdout)?;
     if let Some(mut w) = logits_out {
         w.flush()?;
+    }
+    if !root {
+        return Ok(());
     }
     eprintln!(
         "prompt: {} tokens in {:.3} s ({:.2} t/s); generation: {generated} tokens in {:.3} s \
@@ -329,6 +366,7 @@ mod tests {
             system: None,
             jinja: false,
             check_finite,
+            dist: Default::default(),
         }
     }
 

@@ -191,7 +191,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
             &args.ratios
         };
         let before_load = sample()?;
-        let mut session = open_session(&model, mode, &devices, ratios, args.threads)?;
+        let mut session = open_session(&model, mode, &devices, ratios, args.threads, None)?;
         let loaded = sample()?;
         let mut logits = Vec::new();
         let mut kept = Vec::new();
@@ -219,7 +219,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
         let mut max_diff = 0f32;
         let mut token_mismatches = 0usize;
         for (i, out) in &kept {
-            let mut fresh = open_session(&model, mode, &devices, ratios, args.threads)?;
+            let mut fresh = open_session(&model, mode, &devices, ratios, args.threads, None)?;
             let again = serve(&mut fresh, &reqs[*i], &mut logits)?;
             if again.tokens != out.tokens {
                 token_mismatches += 1;

@@ -51,8 +51,23 @@ pub fn run(
     ratios: &[f32],
     generic: bool,
     mode: SplitMode,
+    job: &super::dist::Job,
 ) -> anyhow::Result<bool> {
-    let names: Vec<&str> = devices.iter().map(|d| d.name()).collect();
+    // Under --dist every rank checks its own copy of the logits; rank 0 prints.
+    let root = job.is_root();
+    macro_rules! say {
+        ($($t:tt)*) => { if root { println!($($t)*); } };
+    }
+    let names: Vec<String> = devices
+        .iter()
+        .map(|d| {
+            if job.size() > 1 {
+                format!("r{}/{}", job.rank(), d.name())
+            } else {
+                d.name().to_string()
+            }
+        })
+        .collect();
     let experts = match mode {
         SplitMode::Tensor => ExpertSplit::Tensor,
         SplitMode::Expert => ExpertSplit::Expert,
@@ -61,11 +76,16 @@ pub fn run(
             other.name()
         ),
     };
-    println!(
-        "{}-parallel check on {} ({} devices, ratios {}), {}",
+    say!(
+        "{}-parallel check on {} ({} devices{}, ratios {}), {}",
         mode.name(),
         names.join(","),
         devices.len(),
+        if job.size() > 1 {
+            format!(" on rank 0 of {} ranks", job.size())
+        } else {
+            String::new()
+        },
         if ratios.is_empty() {
             "even".to_string()
         } else {
@@ -115,10 +135,12 @@ pub fn run(
                 SchedOptions::default(),
             )?)
         };
-        let meta = model
-            .meta_device_with(devices, ratios, experts)
-            .context("making the meta device")?
-            .with_vendor_comm(!generic);
+        let meta = match job.comm() {
+            Some(comm) => model.distributed_meta_device(devices, comm, ratios, experts),
+            None => model.meta_device_with(devices, ratios, experts),
+        }
+        .context("making the meta device")?
+        .with_vendor_comm(!generic);
         let mut tp = TpSession::new(&model, meta, &BackendOptions::default(), |_, _| {})
             .context("splitting the model")?;
         path = tp.backend().comm_path().to_string();
@@ -158,7 +180,7 @@ pub fn run(
             for row in rows {
                 let pass = row.nmse <= row.tolerance;
                 ok &= pass;
-                println!(
+                say!(
                     "  {:<5} {:<44} NMSE {:>10.3e} (≤ {:.0e})  {}",
                     row.dtype.to_string(),
                     row.output,
@@ -174,17 +196,32 @@ pub fn run(
             .iter()
             .map(|b| format!("{:.1}", *b as f64 / 1024.0))
             .collect();
-        println!(
-            "  {:<5} weights+caches per device [{}] KiB; {} all-reduces",
+        let st = tp.backend().stats();
+        say!(
+            "  {:<5} weights+caches per device [{}] KiB; {} all-reduces{}",
             dtype.to_string(),
             per_dev.join(", "),
-            tp.backend().stats().vendor_reduces + tp.backend().stats().generic_reduces
+            st.vendor_reduces + st.generic_reduces + st.dist_reduces,
+            if job.size() > 1 {
+                format!(" ({} across ranks)", st.dist_reduces)
+            } else {
+                String::new()
+            }
         );
     }
-    println!("all-reduce path: {path}");
+    say!("all-reduce path: {path}");
     if !described.is_empty() {
-        println!("{described}");
+        say!("{described}");
     }
-    println!("{}", if ok { "PASS" } else { "FAIL" });
+    if let Some(comm) = job.comm() {
+        // Every rank compared its own logits: the job passes when all did.
+        let all = comm.allgather(&[u8::from(ok)], &vec![1; comm.size()], "test-tp verdicts")?;
+        let failed: Vec<usize> = (0..all.len()).filter(|&r| all[r] == 0).collect();
+        if !failed.is_empty() {
+            say!("ranks {failed:?} saw outputs outside their tolerance");
+        }
+        ok = failed.is_empty();
+    }
+    say!("{}", if ok { "PASS" } else { "FAIL" });
     Ok(ok)
 }

@@ -33,6 +33,8 @@ mod session;
 mod tests;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_arch;
+#[cfg(test)]
+mod tests_fallback;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_finite;
 #[cfg(all(test, feature = "cpu"))]

@@ -264,3 +264,129 @@ fn a_tied_output_whose_slices_miss_the_row_groups_gets_memory_of_its_own() {
         assert!(e <= 1e-5, "nmse {e:e}");
     }
 }
+
+/// Runs the prompt and two decode steps with one rank per thread ([`crate::comm::ThreadGroup`]),
+/// each rank holding `per_rank` CPU devices; returns every rank's logits and stats.
+fn dist_run(
+    model: &LlamaModel,
+    per_rank: &[usize],
+    ratios: &[f32],
+    wire: crate::comm::Wire,
+    experts: crate::meta::ExpertSplit,
+) -> Vec<(Vec<Vec<f32>>, crate::meta::MetaStats)> {
+    let all = registry()
+        .select(&format!("cpu:{}", per_rank.iter().sum::<usize>()))
+        .unwrap();
+    let groups = crate::comm::ThreadGroup::new(per_rank.len(), std::time::Duration::from_secs(120));
+    let mut first = 0;
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = groups
+            .into_iter()
+            .zip(per_rank)
+            .map(|(g, &k)| {
+                let local: Vec<Arc<dyn Device>> = all[first..first + k].to_vec();
+                first += k;
+                sc.spawn(move || {
+                    let meta = model
+                        .distributed_meta_device(&local, Arc::new(g), ratios, experts)
+                        .unwrap()
+                        .with_wire(wire);
+                    let mut s =
+                        TpSession::new(model, meta, &BackendOptions::with_threads(1), |_, _| {})
+                            .unwrap();
+                    let out: Vec<Vec<f32>> = [&PROMPT[..], &[7], &[8]]
+                        .iter()
+                        .map(|chunk| s.eval(chunk).unwrap())
+                        .collect();
+                    (out, s.backend().stats())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn ranks_as_threads_match_single_device_and_each_other() {
+    for (dtype, tol) in [(DType::F32, 1e-6), (DType::Q8_0, 1e-6)] {
+        let model = LlamaModel::new(config(dtype), SEED).unwrap();
+        let want = reference(&model);
+        for (per_rank, ratios) in [
+            (&[1usize, 1][..], &[][..]),
+            (&[2, 1], &[2.0f32, 1.0, 1.0][..]),
+            (&[1, 2], &[1.0, 0.0, 1.0][..]),
+        ] {
+            let ranks = dist_run(
+                &model,
+                per_rank,
+                ratios,
+                crate::comm::Wire::F32,
+                crate::meta::ExpertSplit::Tensor,
+            );
+            for (r, (got, st)) in ranks.iter().enumerate() {
+                for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let e = nmse(g, w);
+                    assert!(
+                        e <= tol,
+                        "{dtype} ranks {per_rank:?} ratios {ratios:?} rank {r} step {step}: nmse {e:e}"
+                    );
+                }
+                // Every reduce crosses ranks: two per layer and step.
+                assert_eq!(st.dist_reduces, 3 * 2 * model.config().n_layer, "{st:?}");
+                // Only this rank's devices ran sub-graphs.
+                assert_eq!(st.subgraphs % per_rank[r], 0);
+                // Every rank ends with the same logits, bit for bit.
+                assert_eq!(got, &ranks[0].0, "rank {r} differs from rank 0");
+            }
+        }
+    }
+}
+
+#[test]
+fn ranks_with_a_bf16_wire_stay_close() {
+    let model = LlamaModel::new(config(DType::F32), SEED).unwrap();
+    let want = reference(&model);
+    let ranks = dist_run(
+        &model,
+        &[1, 1],
+        &[],
+        crate::comm::Wire::Bf16,
+        crate::meta::ExpertSplit::Tensor,
+    );
+    for (got, _) in &ranks {
+        for (g, w) in got.iter().zip(&want) {
+            let e = nmse(g, w);
+            assert!(e <= 1e-3, "bf16 wire: nmse {e:e}");
+        }
+        assert_eq!(got, &ranks[0].0);
+    }
+}
+
+#[test]
+fn ranks_split_experts_whole_and_match_single_device() {
+    let config = LlamaConfig {
+        n_layer: 2,
+        ..LlamaConfig::tiny_moe(crate::model::Arch::Qwen3Moe, 8, 2, 64)
+    };
+    let model = LlamaModel::new(config, SEED).unwrap();
+    let want = reference(&model);
+    for (per_rank, experts) in [
+        (&[1usize, 1][..], crate::meta::ExpertSplit::Expert),
+        (&[2, 1][..], crate::meta::ExpertSplit::Expert),
+        (&[1, 1][..], crate::meta::ExpertSplit::Tensor),
+    ] {
+        let ranks = dist_run(&model, per_rank, &[], crate::comm::Wire::F32, experts);
+        for (r, (got, st)) in ranks.iter().enumerate() {
+            for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+                let e = nmse(g, w);
+                assert!(
+                    e <= 1e-6,
+                    "{experts:?} ranks {per_rank:?} rank {r} step {step}: nmse {e:e}"
+                );
+            }
+            // One reduce after attention and one per mixture-of-experts block.
+            assert_eq!(st.dist_reduces, 3 * 2 * model.config().n_layer, "{st:?}");
+            assert_eq!(got, &ranks[0].0);
+        }
+    }
+}

@@ -91,6 +91,33 @@ impl LlamaModel {
     }
 }
 
+impl LlamaModel {
+    /// [`LlamaModel::meta_device_with`] over the devices of every rank of `comm` (a
+    /// collective: each rank calls it with its own `local` devices; `ratios` are global, one per
+    /// device of every rank, in rank order). Each rank then holds and computes only its own
+    /// devices' slices ([`MetaDevice::distributed`]).
+    ///
+    /// # Errors
+    /// As [`MetaDevice::distributed`] and [`MetaDevice::with_ratios`].
+    pub fn distributed_meta_device(
+        &self,
+        local: &[Arc<dyn Device>],
+        comm: Arc<dyn crate::comm::DistComm>,
+        ratios: &[f32],
+        experts: ExpertSplit,
+    ) -> Result<MetaDevice> {
+        // The policy adapts to the global layout it is asked about (its device count is only
+        // known once the ranks have exchanged their device lists).
+        let policy = self.split_policy(local.len()).with_expert_split(experts);
+        let meta = MetaDevice::distributed(local, comm, policy)?;
+        if ratios.is_empty() {
+            Ok(meta)
+        } else {
+            meta.with_ratios(ratios)
+        }
+    }
+}
+
 impl<'m> TpSession<'m> {
     /// Splits `model`'s weights and caches over `meta`'s devices, uploads them (calling
     /// `progress(done, total)` after each tensor) and opens a stream with `opts`.
@@ -191,13 +218,30 @@ impl<'m> TpSession<'m> {
             .iter()
             .map(|(name, n)| format!("{name} ×{n}"))
             .collect();
+        let across = self.meta.dist().map_or(String::new(), |d| {
+            format!(", then {} across {} ranks", d.engine(), d.size())
+        });
+        let fallbacks: Vec<String> = self
+            .backend
+            .fallbacks()
+            .iter()
+            .map(|(dev, ops)| {
+                let ops: Vec<String> = ops.iter().map(|(op, n)| format!("{op} ×{n}")).collect();
+                format!("{dev}: {}", ops.join(", "))
+            })
+            .collect();
         format!(
-            "{}; all-reduce: {}; last step: {} all-reduces{}{}",
+            "{}; all-reduce: {}{across}; last step: {} all-reduces{}{}{}",
             self.meta.describe(),
             self.backend.comm_path(),
             reduces.len(),
             if list.is_empty() { "" } else { ": " },
-            list.join(", ")
+            list.join(", "),
+            if fallbacks.is_empty() {
+                String::new()
+            } else {
+                format!("; on the host CPU instead: {}", fallbacks.join("; "))
+            }
         )
     }
 
@@ -362,7 +406,7 @@ impl<'m> TpSession<'m> {
         if self.check_finite {
             step.graph = step.graph.with_all_outputs();
         }
-        let host = self.meta.devices()[0].buffer_type();
+        let host = self.meta.local_devices()[0].buffer_type();
         let tensors = step.graph.tensors();
         let align = host.alignment().max(1);
         let mut ids = vec![step.tokens, step.positions, step.kv_rows, step.mask];

@@ -93,6 +93,28 @@ fn cache_trial(nvrtc: Arc<Nvrtc>) -> Trial {
     })
 }
 
+/// The comm across processes (`--dist mpi` with CUDA devices): the registry exports its two
+/// functions, and making a job id either works (NCCL needs no GPU for it) or is a clean error
+/// with NCCL's reason. With no GPU there is nothing to join: `MetaDevice` then reduces within
+/// each rank and across ranks through MPI (tests of the facade cover that path).
+fn across_processes_trial() -> Trial {
+    Trial::test("nccl/comm_across_processes", || {
+        let reg = tessera_cuda::registry();
+        let api = tessera_core::plugin::RanksCommApi::from_registry(reg.as_ref())
+            .ok_or_else(|| Failed::from("the CUDA registry exports no comm across processes"))?;
+        match api.unique_id() {
+            Ok(id) => {
+                if id.len() != tessera_core::plugin::COMM_ID_BYTES || id.iter().all(|&b| b == 0) {
+                    return Err(Failed::from(format!("implausible job id {id:?}")));
+                }
+                println!("NCCL made a job id without a GPU ({} bytes)", id.len());
+            }
+            Err(e) => println!("no job id here (reported, not a crash): {e}"),
+        }
+        Ok(())
+    })
+}
+
 fn main() {
     let args = Arguments::from_args();
     let mut trials = Vec::new();
@@ -136,5 +158,6 @@ fn main() {
         })),
         Err(e) => trials.push(missing("nccl/get_version".into(), &e.to_string())),
     }
+    trials.push(across_processes_trial());
     libtest_mimic::run(&args, trials).exit();
 }

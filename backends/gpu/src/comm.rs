@@ -18,7 +18,7 @@ use crate::inflight::InFlight;
 use crate::runtime::Kernels;
 use crate::runtime::RegistryDriver;
 use crate::stream::GpuStream;
-use crate::sys::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, Nccl, NcclComm};
+use crate::sys::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, Nccl, NcclComm, UNIQUE_ID_BYTES, UniqueId};
 use std::ffi::c_void;
 use std::sync::Arc;
 use tessera_core::plugin::{
@@ -37,8 +37,21 @@ pub fn f32_wire(n_devices: usize, n_elements: usize) -> bool {
     }
 }
 
-/// The comm trio's addresses by name, for driver `D`.
+/// The comm trio's addresses by name, for driver `D`, and the two functions of a comm across
+/// processes ([`tessera_core::plugin::COMM_UNIQUE_ID`], [`tessera_core::plugin::COMM_INIT_RANKS`]).
 pub fn proc_address<D: RegistryDriver>(name: &str) -> Option<ProcAddress> {
+    use tessera_core::plugin::{COMM_INIT_RANKS, COMM_UNIQUE_ID, CommInitRanksFn, CommUniqueIdFn};
+    match name {
+        COMM_UNIQUE_ID => {
+            let f: CommUniqueIdFn = comm_unique_id::<D>;
+            return Some(ProcAddress::new(f as *const c_void));
+        }
+        COMM_INIT_RANKS => {
+            let f: CommInitRanksFn = comm_init_ranks::<D>;
+            return Some(ProcAddress::new(f as *const c_void));
+        }
+        _ => {}
+    }
     tessera_core::plugin::comm_proc_address(
         name,
         comm_init::<D>,
@@ -49,6 +62,7 @@ pub fn proc_address<D: RegistryDriver>(name: &str) -> Option<ProcAddress> {
 
 struct Member<D: Driver> {
     ordinal: usize,
+    gpu: Arc<D::Gpu>,
     stream: Arc<D::Stream>,
     kernels: Arc<Kernels<D>>,
     scratch: Option<D::Mem>,
@@ -56,6 +70,9 @@ struct Member<D: Driver> {
 
 struct CommCtx<D: Driver> {
     members: Vec<Member<D>>,
+    /// Devices in the sum: the members, or every rank's devices for a comm across processes
+    /// (the wire choice depends on it and must be the same on every rank).
+    n_ranks: usize,
     nccl: Arc<Nccl>,
     comms: Vec<NcclComm>,
     inflight: InFlight<Vec<D::Event>>,
@@ -78,20 +95,18 @@ fn decline<T>(backend: &str, reason: &str) -> Option<T> {
     None
 }
 
-fn init<D: RegistryDriver>(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx<D>> {
-    if std::env::var(D::ALLREDUCE_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("none")) {
-        return decline(D::NAME, &format!("{}=none", D::ALLREDUCE_ENV));
-    }
-    if streams.len() < 2 {
-        return None;
-    }
+/// The members of a comm over `streams` (each a [`GpuStream<D>`] of its own GPU), or why not.
+fn members_of<D: RegistryDriver>(
+    streams: Vec<&mut Box<dyn Backend>>,
+) -> std::result::Result<Vec<Member<D>>, &'static str> {
     let mut members = Vec::with_capacity(streams.len());
     for backend in streams {
         let Some(s) = backend.as_any_mut().downcast_mut::<GpuStream<D>>() else {
-            return decline(D::NAME, "a stream is of another backend");
+            return Err("a stream is of another backend");
         };
         members.push(Member {
             ordinal: s.gpu_ordinal(),
+            gpu: s.context().gpu().clone(),
             stream: s.driver_stream().clone(),
             kernels: s.context().kernels().clone(),
             scratch: None,
@@ -100,11 +115,107 @@ fn init<D: RegistryDriver>(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCt
     let mut ordinals: Vec<usize> = members.iter().map(|m| m.ordinal).collect();
     ordinals.sort_unstable();
     if ordinals.windows(2).any(|w| w[0] == w[1]) {
-        return decline(
-            D::NAME,
-            "two logical devices share a GPU (one rank per GPU)",
-        );
+        return Err("two logical devices share a GPU (one rank per GPU)");
     }
+    Ok(members)
+}
+
+unsafe extern "C" fn comm_unique_id<D: RegistryDriver>(out: *mut u8, len: usize) -> i32 {
+    if out.is_null() || len != UNIQUE_ID_BYTES {
+        return -2;
+    }
+    let made = std::panic::catch_unwind(|| D::load_collectives().and_then(|n| n.unique_id()));
+    match made {
+        Ok(Ok(id)) => {
+            // SAFETY: the caller's contract: `out` has room for `len` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(id.0.as_ptr(), out, len) };
+            0
+        }
+        Ok(Err(e)) => {
+            tracing::info!(backend = D::NAME, error = %e, "no job id for a comm across processes");
+            -1
+        }
+        Err(_) => -3,
+    }
+}
+
+unsafe extern "C" fn comm_init_ranks<D: RegistryDriver>(
+    streams: *const *mut c_void,
+    n: usize,
+    id: *const u8,
+    id_len: usize,
+    n_ranks: usize,
+    first_rank: usize,
+) -> *mut c_void {
+    if id.is_null() || id_len != UNIQUE_ID_BYTES {
+        return std::ptr::null_mut();
+    }
+    let mut uid = UniqueId([0; UNIQUE_ID_BYTES]);
+    // SAFETY: the caller's contract: `id` points to `id_len` readable bytes.
+    unsafe { std::ptr::copy_nonoverlapping(id, uid.0.as_mut_ptr(), id_len) };
+    // SAFETY: forwarded from the comm ABI's contract for this function.
+    unsafe { comm_init_with(streams, n, |s| init_ranks::<D>(s, uid, n_ranks, first_rank)) }
+}
+
+/// A comm whose members are global ranks `first_rank..` of `n_ranks` in job `id`.
+fn init_ranks<D: RegistryDriver>(
+    streams: Vec<&mut Box<dyn Backend>>,
+    id: UniqueId,
+    n_ranks: usize,
+    first_rank: usize,
+) -> Option<CommCtx<D>> {
+    if std::env::var(D::ALLREDUCE_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("none")) {
+        return decline(D::NAME, &format!("{}=none", D::ALLREDUCE_ENV));
+    }
+    let members = match members_of::<D>(streams) {
+        Ok(m) => m,
+        Err(why) => return decline(D::NAME, why),
+    };
+    let nccl = match D::load_collectives() {
+        Ok(n) => Arc::new(n),
+        Err(e) => return decline(D::NAME, &e.to_string()),
+    };
+    let comms = nccl.group(|| {
+        members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                D::bind_gpu(&m.gpu)?;
+                nccl.init_rank(n_ranks, id, first_rank + i)
+            })
+            .collect::<Result<Vec<_>>>()
+    });
+    let comms = match comms {
+        Ok(c) => c,
+        Err(e) => return decline(D::NAME, &e.to_string()),
+    };
+    tracing::debug!(
+        backend = D::NAME,
+        ranks = n_ranks,
+        first_rank,
+        local = members.len(),
+        "all-reduce across processes ready"
+    );
+    Some(CommCtx {
+        members,
+        n_ranks,
+        nccl,
+        comms,
+        inflight: InFlight::new(),
+    })
+}
+
+fn init<D: RegistryDriver>(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx<D>> {
+    if std::env::var(D::ALLREDUCE_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("none")) {
+        return decline(D::NAME, &format!("{}=none", D::ALLREDUCE_ENV));
+    }
+    if streams.len() < 2 {
+        return None;
+    }
+    let members = match members_of::<D>(streams) {
+        Ok(m) => m,
+        Err(why) => return decline(D::NAME, why),
+    };
     let nccl = match D::load_collectives() {
         Ok(n) => Arc::new(n),
         Err(e) => return decline(D::NAME, &e.to_string()),
@@ -116,6 +227,7 @@ fn init<D: RegistryDriver>(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCt
     };
     tracing::debug!(backend = D::NAME, path = %nccl.path().display(), ranks = devs.len(), "all-reduce ready");
     Some(CommCtx {
+        n_ranks: members.len(),
         members,
         nccl,
         comms,
@@ -194,7 +306,7 @@ fn allreduce<D: RegistryDriver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> R
     if len == 0 {
         return Ok(0);
     }
-    let f32_path = f32_wire(ctx.members.len(), len);
+    let f32_path = f32_wire(ctx.n_ranks, len);
     if !f32_path {
         for m in ctx.members.iter_mut() {
             if m.scratch.as_ref().is_none_or(|s| D::mem_size(s) < len * 2) {

@@ -506,5 +506,8 @@ macro_rules! forward_registry_methods {
         fn stream_raw(stream: &Self::Stream) -> *mut ::std::ffi::c_void {
             stream.raw()
         }
+        fn bind_gpu(gpu: &Self::Gpu) -> $crate::__private::Result<()> {
+            gpu.bind()
+        }
     };
 }

@@ -194,6 +194,13 @@ pub trait RegistryDriver: Driver {
     /// The raw stream handle, for the collective library (`cudaStream_t` / `hipStream_t`).
     fn stream_raw(stream: &Self::Stream) -> *mut c_void;
 
+    /// Makes `gpu` the calling thread's current device (its context), as the collective
+    /// library's per-rank init expects (`ncclCommInitRank` uses the current device).
+    ///
+    /// # Errors
+    /// The driver's status.
+    fn bind_gpu(gpu: &Self::Gpu) -> Result<()>;
+
     /// The NCCL-API collective library (NCCL, RCCL) for the comm trio.
     ///
     /// # Errors

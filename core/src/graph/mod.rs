@@ -113,6 +113,11 @@ impl Graph {
     }
     /// A graph over `tensors` with the given nodes, leaves and outputs (schedulers build
     /// per-device sub-graphs this way; descriptors are trusted to come from a checked context).
+    /// The shared descriptor list (sub-graphs of one graph share it).
+    pub(crate) fn tensors_arc(&self) -> &Arc<[TensorDesc]> {
+        &self.tensors
+    }
+
     pub(crate) fn from_parts(
         tensors: Arc<[TensorDesc]>,
         nodes: Vec<TensorId>,

@@ -138,11 +138,13 @@ impl BufferType for MetaBufferType {
             .map(|d| d.buffer_type().alignment().max(1))
             .collect();
         // Weights are only read (the contract of weight buffers): a mirrored one needs a single
-        // copy when every device can use device 0's weight memory in place (CPU devices of one
-        // process).
-        let first = self.inner.devices[0].weight_buffer_type();
+        // copy when every device of this process can use its first device's weight memory in
+        // place (CPU devices of one process). Devices of other ranks hold nothing here.
+        let local = self.inner.local_range();
+        let home0 = local.start;
+        let first = self.inner.devices[home0].weight_buffer_type();
         let can_share = self.weights
-            && self.inner.devices[1..]
+            && self.inner.devices[local.start + 1..local.end]
                 .iter()
                 .all(|d| d.supports_buffer_type(first.as_ref()));
         for &(offset, desc) in tensors {
@@ -184,10 +186,10 @@ impl BufferType for MetaBufferType {
             let shared = can_share && state.is_mirrored();
             let mut home = Vec::with_capacity(n);
             for j in 0..n {
-                if shared && j > 0 {
-                    home.push(0);
-                    local_offset.push(local_offset[0]);
-                    local_bytes.push(local_bytes[0]);
+                if shared && j > home0 && local.contains(&j) {
+                    home.push(home0);
+                    local_offset.push(local_offset[home0]);
+                    local_bytes.push(local_bytes[home0]);
                     continue;
                 }
                 home.push(j);
@@ -267,7 +269,9 @@ impl MetaBufferType {
             return Ok(None);
         };
         let n = self.inner.devices.len();
-        let single = orig.home.iter().all(|&h| h == 0) && n > 1;
+        let local = self.inner.local_range();
+        let home0 = local.start;
+        let single = local.clone().all(|j| orig.home[j] == home0) && n > 1;
         let same = orig.desc.dtype() == desc.dtype()
             && orig.desc.ne() == desc.ne()
             && desc.is_contiguous()
@@ -283,7 +287,7 @@ impl MetaBufferType {
                 return Ok(None);
             }
             let (ne, _) = slice_desc(desc, state, j)?;
-            local_offset.push(orig.local_offset[0] + start * row);
+            local_offset.push(orig.local_offset[home0] + start * row);
             local_bytes.push(ne[1] * row);
             start += ne[1];
         }
@@ -293,7 +297,9 @@ impl MetaBufferType {
             state: state.clone(),
             local_offset,
             local_bytes,
-            home: vec![0; n],
+            home: (0..n)
+                .map(|j| if local.contains(&j) { home0 } else { j })
+                .collect(),
             window_of: Some(original.clone()),
         }))
     }
@@ -492,7 +498,10 @@ impl Buffer for MetaBuffer {
         }
         let (p, rel) = self.locate(offset, dst.len())?;
         match p.state.kind() {
-            SplitKind::Mirrored => self.parts[0].read(p.local_offset[0] + rel, dst)?,
+            SplitKind::Mirrored => {
+                let j = self.inner.local_range().start;
+                self.parts[j].read(p.local_offset[j] + rel, dst)?
+            }
             SplitKind::Partial => {
                 Self::check_partial(p, rel, dst.len())?;
                 let mut acc = vec![0f32; dst.len() / 4];

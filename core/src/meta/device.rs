@@ -8,7 +8,7 @@ use crate::backend::{
     Backend, BackendOptions, Buffer, BufferType, Device, DeviceCaps, DeviceType, MemoryInfo,
     Support,
 };
-use crate::comm::Wire;
+use crate::comm::{DistComm, Wire};
 use crate::error::{Error, Result};
 use crate::tensor::{TensorDesc, TensorId};
 use std::fmt;
@@ -79,6 +79,38 @@ pub(crate) struct MetaInner {
     pub(crate) layout: SplitLayout,
     pub(crate) wire: Wire,
     pub(crate) vendor_comm: bool,
+    /// Set when the devices span several processes: which are this process's.
+    pub(crate) dist: Option<DistPart>,
+}
+
+/// The ranks of a distributed meta device.
+#[derive(Clone, Debug)]
+pub(crate) struct DistPart {
+    pub(crate) comm: Arc<dyn DistComm>,
+    /// The rank owning each device (ranks' devices are contiguous, in rank order).
+    pub(crate) owner: Vec<usize>,
+}
+
+impl MetaInner {
+    /// Whether device `j` belongs to this process.
+    pub(crate) fn is_local(&self, j: usize) -> bool {
+        self.dist
+            .as_ref()
+            .is_none_or(|d| d.owner[j] == d.comm.rank())
+    }
+
+    /// This process's devices: a contiguous range of the device list.
+    pub(crate) fn local_range(&self) -> std::ops::Range<usize> {
+        match &self.dist {
+            None => 0..self.devices.len(),
+            Some(d) => {
+                let me = d.comm.rank();
+                let start = d.owner.iter().position(|&r| r == me).unwrap_or(0);
+                let len = d.owner.iter().filter(|&&r| r == me).count();
+                start..start + len
+            }
+        }
+    }
 }
 
 impl fmt::Debug for MetaInner {
@@ -149,6 +181,120 @@ impl MetaDevice {
                 },
                 wire: Wire::F32,
                 vendor_comm: true,
+                dist: None,
+            }),
+        })
+    }
+
+    /// A meta device over the devices of every rank of `comm`, in rank order: `local` are this
+    /// process's; the others are learned from their ranks (a collective: every rank calls this
+    /// with its own devices). Each rank allocates and computes only its own devices' slices;
+    /// all-reduces sum within the rank, then across ranks through `comm`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty `local` list or duplicate names; `comm` errors.
+    pub fn distributed(
+        local: &[Arc<dyn Device>],
+        comm: Arc<dyn DistComm>,
+        policy: impl SplitPolicy + 'static,
+    ) -> Result<MetaDevice> {
+        let me = comm.rank();
+        if local.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "rank {me}: a distributed meta device needs at least one local device"
+            )));
+        }
+        let mut list = String::new();
+        for d in local {
+            if d.kind() == DeviceType::Meta {
+                return Err(Error::InvalidArgument(format!(
+                    "meta device {} cannot be part of another meta device",
+                    d.name()
+                )));
+            }
+            list += &format!("{}\t{}\t{}\n", d.name(), d.backend_name(), d.kind());
+        }
+        let n_ranks = comm.size();
+        let lens = comm.allgather(
+            &(list.len() as u64).to_le_bytes(),
+            &vec![8; n_ranks],
+            "device list sizes",
+        )?;
+        let counts: Vec<usize> = lens
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+            .collect();
+        let all = comm.allgather(list.as_bytes(), &counts, "device lists")?;
+        let mut devices: Vec<Arc<dyn Device>> = Vec::new();
+        let mut owner = Vec::new();
+        let mut names = Vec::new();
+        let mut at = 0;
+        for (r, &c) in counts.iter().enumerate() {
+            let text = String::from_utf8_lossy(&all[at..at + c]).into_owned();
+            at += c;
+            if r == me {
+                for d in local {
+                    names.push(format!("r{r}/{}", d.name()));
+                    devices.push(d.clone());
+                    owner.push(r);
+                }
+                continue;
+            }
+            for line in text.lines() {
+                let mut f = line.split('\t');
+                let (Some(name), Some(backend), Some(kind)) = (f.next(), f.next(), f.next()) else {
+                    return Err(Error::Dist {
+                        engine: comm.engine().into(),
+                        rank: me,
+                        reason: format!("rank {r} sent a malformed device list: {line:?}"),
+                    });
+                };
+                let kind = match kind {
+                    "GPU" => DeviceType::Gpu,
+                    "IGPU" => DeviceType::Igpu,
+                    "ACCEL" => DeviceType::Accel,
+                    _ => DeviceType::Cpu,
+                };
+                let global = format!("r{r}/{name}");
+                names.push(global.clone());
+                devices.push(Arc::new(super::remote::RemoteDevice::new(
+                    global,
+                    backend.to_string(),
+                    kind,
+                    r,
+                )));
+                owner.push(r);
+            }
+        }
+        if owner.iter().filter(|&&r| r != me).count() + local.len() != devices.len()
+            || (0..n_ranks).any(|r| !owner.contains(&r))
+        {
+            return Err(Error::Dist {
+                engine: comm.engine().into(),
+                rank: me,
+                reason: "every rank needs at least one device".into(),
+            });
+        }
+        for (i, d) in local.iter().enumerate() {
+            if local[..i].iter().any(|e| e.name() == d.name()) {
+                return Err(Error::InvalidArgument(format!(
+                    "device {} is listed twice in the meta device",
+                    d.name()
+                )));
+            }
+        }
+        Ok(MetaDevice {
+            inner: Arc::new(MetaInner {
+                name: format!("META({})", names.join(",")),
+                layout: SplitLayout {
+                    n_devices: devices.len(),
+                    ratios: Vec::new(),
+                },
+                devices,
+                policy: Arc::new(policy),
+                wire: Wire::F32,
+                vendor_comm: true,
+                dist: Some(DistPart { comm, owner }),
             }),
         })
     }
@@ -210,12 +356,29 @@ impl MetaDevice {
             layout: self.inner.layout.clone(),
             wire: self.inner.wire,
             vendor_comm: self.inner.vendor_comm,
+            dist: self.inner.dist.clone(),
         }
     }
 
-    /// The devices, in split order.
+    /// The devices, in split order (in a distributed meta device, those of every rank; the
+    /// others' hold no memory here).
     pub fn devices(&self) -> &[Arc<dyn Device>] {
         &self.inner.devices
+    }
+
+    /// This process's devices (all of them unless [`MetaDevice::distributed`]).
+    pub fn local_devices(&self) -> &[Arc<dyn Device>] {
+        &self.inner.devices[self.inner.local_range()]
+    }
+
+    /// Whether device `j` of [`MetaDevice::devices`] belongs to this process.
+    pub fn is_local(&self, j: usize) -> bool {
+        j < self.inner.devices.len() && self.inner.is_local(j)
+    }
+
+    /// The rank collectives of a [`MetaDevice::distributed`] device.
+    pub fn dist(&self) -> Option<&Arc<dyn DistComm>> {
+        self.inner.dist.as_ref().map(|d| &d.comm)
     }
 
     /// Device count and ratios.
@@ -277,8 +440,11 @@ impl Device for MetaDevice {
         &self.inner.name
     }
     fn description(&self) -> String {
+        let ranks = self.inner.dist.as_ref().map_or(String::new(), |d| {
+            format!(" of {} ranks ({})", d.comm.size(), d.comm.engine())
+        });
         format!(
-            "tensor-parallel over {} devices{}",
+            "tensor-parallel over {} devices{ranks}{}",
             self.inner.devices.len(),
             if self.inner.layout.ratios.is_empty() {
                 String::new()

@@ -9,6 +9,7 @@
 
 use super::buffer::MetaBuffer;
 use super::device::MetaInner;
+use super::fallback::HostFallback;
 use super::local::local_tensors;
 use super::propagate::{NodeStates, propagate, reduce_points};
 use super::split::{SplitState, gather};
@@ -60,6 +61,8 @@ pub struct MetaStats {
     pub generic_reduces: usize,
     /// F32 values summed, over all reduces.
     pub reduced_values: usize,
+    /// All-reduces whose sum crossed ranks (a distributed meta device).
+    pub dist_reduces: usize,
 }
 
 /// A leaf living in a meta buffer: its state and its binding.
@@ -97,6 +100,8 @@ struct MetaPlan {
     segments: Vec<(Vec<Graph>, Option<TensorId>)>,
     outputs: Vec<TensorId>,
     compute_bytes: Vec<usize>,
+    /// Per device: the nodes whose slice runs on the host CPU (the device cannot run them).
+    fallback: Vec<Arc<HashSet<TensorId>>>,
 }
 
 impl MetaPlan {
@@ -132,6 +137,8 @@ pub struct MetaBackend {
     inner: Arc<MetaInner>,
     streams: Vec<Box<dyn Backend>>,
     vendor: Option<VendorComm>,
+    /// The vendor comm spans every rank's devices (NCCL across processes): no second step.
+    vendor_across_ranks: bool,
     path: CommPath,
     declined_logged: bool,
     generic: AllReduce,
@@ -142,6 +149,9 @@ pub struct MetaBackend {
     /// The last plan, reused for the next compute of the same graph and bindings.
     cached: Option<Arc<MetaPlan>>,
     stats: MetaStats,
+    /// Per device: the host CPU stream running the ops it cannot (made when first needed).
+    host: Vec<Option<HostFallback>>,
+    opts: BackendOptions,
 }
 
 impl fmt::Debug for MetaBackend {
@@ -165,16 +175,36 @@ impl MetaBackend {
             .map(|d| d.init_backend(opts))
             .collect::<Result<Vec<_>>>()?;
         let n = inner.devices.len();
-        let (vendor, path) = if n == 1 {
+        // Within this process: its own devices (all of them unless distributed).
+        let local = inner.local_range();
+        let (vendor, path) = if local.len() == 1 {
             (None, CommPath::Single)
         } else if !inner.vendor_comm {
             (None, CommPath::Generic)
         } else {
-            Self::vendor_comm(&inner, &mut streams)
+            Self::vendor_comm(&inner.devices[local.clone()], &mut streams[local.clone()])
         };
-        tracing::info!(target: "tessera::meta", device = %inner.name, path = %path, "all-reduce path");
+        match &inner.dist {
+            None => {
+                tracing::info!(target: "tessera::meta", device = %inner.name, path = %path, "all-reduce path")
+            }
+            Some(d) => tracing::info!(
+                target: "tessera::meta",
+                device = %inner.name,
+                path = %path,
+                engine = d.comm.engine(),
+                rank = d.comm.rank(),
+                ranks = d.comm.size(),
+                "all-reduce path within the rank, then across ranks"
+            ),
+        }
+        let (vendor, path, vendor_across_ranks) =
+            match Self::vendor_across_ranks(&inner, &mut streams)? {
+                Some((v, p)) => (Some(v), p, true),
+                None => (vendor, path, false),
+            };
         let generic = AllReduce::new(
-            &inner.devices,
+            &inner.devices[local],
             inner.wire,
             Algorithm::Auto {
                 threshold_bytes: DEFAULT_RING_THRESHOLD,
@@ -183,6 +213,7 @@ impl MetaBackend {
         Ok(MetaBackend {
             streams,
             vendor,
+            vendor_across_ranks,
             path,
             declined_logged: false,
             generic,
@@ -192,6 +223,8 @@ impl MetaBackend {
             last: None,
             cached: None,
             stats: MetaStats::default(),
+            host: (0..n).map(|_| None).collect(),
+            opts: opts.clone(),
             inner,
         })
     }
@@ -199,12 +232,11 @@ impl MetaBackend {
     /// The vendor comm when every device belongs to one registry that exports the trio and
     /// accepts these streams; the generic path otherwise.
     fn vendor_comm(
-        inner: &MetaInner,
+        devices: &[Arc<dyn crate::backend::Device>],
         streams: &mut [Box<dyn Backend>],
     ) -> (Option<VendorComm>, CommPath) {
-        let backend = inner.devices[0].backend_name();
-        if inner
-            .devices
+        let backend = devices[0].backend_name();
+        if devices
             .iter()
             .any(|d| !d.backend_name().eq_ignore_ascii_case(backend))
         {
@@ -223,6 +255,73 @@ impl MetaBackend {
             None => {
                 tracing::info!(target: "tessera::meta", backend, "comm init declined these streams");
                 (None, CommPath::Generic)
+            }
+        }
+    }
+
+    /// For a distributed meta device: one vendor comm over the devices of every rank (NCCL
+    /// across processes), when every rank's devices are of one backend exporting
+    /// [`crate::plugin::COMM_INIT_RANKS`] and every rank's init succeeds. A collective: every
+    /// rank takes the same decision (the reasons for declining are logged).
+    fn vendor_across_ranks(
+        inner: &MetaInner,
+        streams: &mut [Box<dyn Backend>],
+    ) -> Result<Option<(VendorComm, CommPath)>> {
+        let Some(dist) = &inner.dist else {
+            return Ok(None);
+        };
+        let comm = dist.comm.as_ref();
+        let n_ranks = comm.size();
+        let local = inner.local_range();
+        let devices = &inner.devices[local.clone()];
+        let backend = devices[0].backend_name().to_string();
+        let api = (inner.vendor_comm
+            && devices
+                .iter()
+                .all(|d| d.backend_name().eq_ignore_ascii_case(&backend)))
+        .then(|| DeviceRegistry::global().registry(&backend))
+        .flatten()
+        .and_then(|r| crate::plugin::RanksCommApi::from_registry(r.as_ref()));
+        let flags = comm.allgather(
+            &[u8::from(api.is_some())],
+            &vec![1; n_ranks],
+            "comm support",
+        )?;
+        let Some(api) = api.filter(|_| flags.iter().all(|&f| f == 1)) else {
+            tracing::info!(target: "tessera::meta", backend, "no vendor comm across ranks (a rank's devices export none); reducing within each rank, then across ranks");
+            return Ok(None);
+        };
+        let mut id = vec![0u8; 1 + crate::plugin::COMM_ID_BYTES];
+        if comm.rank() == 0 {
+            match api.unique_id() {
+                Ok(made) => {
+                    id[0] = 1;
+                    id[1..].copy_from_slice(&made);
+                }
+                Err(e) => {
+                    tracing::info!(target: "tessera::meta", backend, error = %e, "no job id for a vendor comm across ranks")
+                }
+            }
+        }
+        comm.broadcast(0, &mut id, "comm job id")?;
+        if id[0] == 0 {
+            return Ok(None);
+        }
+        let ctx = api.init(
+            &mut streams[local.clone()],
+            &id[1..],
+            inner.devices.len(),
+            local.start,
+        );
+        let flags = comm.allgather(&[u8::from(ctx.is_some())], &vec![1; n_ranks], "comm init")?;
+        match ctx {
+            Some(ctx) if flags.iter().all(|&f| f == 1) => Ok(Some((
+                ctx,
+                CommPath::Vendor(format!("{backend} across {n_ranks} ranks")),
+            ))),
+            _ => {
+                tracing::info!(target: "tessera::meta", backend, "a rank's vendor comm init across ranks declined");
+                Ok(None)
             }
         }
     }
@@ -258,6 +357,33 @@ impl MetaBackend {
                 (name, t.nelements())
             })
             .collect()
+    }
+
+    /// The ops of the last graph that fell back to the host CPU, per device that has any:
+    /// (device name, [(op name, nodes)]), e.g. `("VK0", [("SOFT_MAX", 2)])`.
+    pub fn fallbacks(&self) -> Vec<(String, Vec<(String, usize)>)> {
+        let Some(last) = self.last.as_ref() else {
+            return Vec::new();
+        };
+        let tensors = last.plan.tensors();
+        let mut out = Vec::new();
+        for (j, set) in last.plan.fallback.iter().enumerate() {
+            if set.is_empty() {
+                continue;
+            }
+            let mut ops: Vec<(String, usize)> = Vec::new();
+            let mut ids: Vec<&TensorId> = set.iter().collect();
+            ids.sort_by_key(|id| id.index());
+            for id in ids {
+                let op = tensors[id.index()].op().name().to_string();
+                match ops.iter_mut().find(|(o, _)| *o == op) {
+                    Some((_, c)) => *c += 1,
+                    None => ops.push((op, 1)),
+                }
+            }
+            out.push((self.inner.devices[j].name().to_string(), ops));
+        }
+        out
     }
 
     /// Compute-memory bytes each device reserved for the last graph (its share only).
@@ -300,25 +426,60 @@ impl MetaBackend {
             })?;
         // A reduced node holds the sum on every device.
         let state = if st.reduce { &st.seen } else { &st.own };
-        let mut parts = Vec::with_capacity(inner.devices.len());
-        for (j, b) in last.bindings.iter().enumerate() {
-            let local = &last.locals[j][id.index()];
-            if !local.is_contiguous() {
+        let n = inner.devices.len();
+        for j in 0..n {
+            if !last.locals[j][id.index()].is_contiguous() {
                 return Err(Error::InvalidArgument(format!(
                     "{}: tensor {} is a strided view; read its source",
                     inner.name,
                     tensor_label(last.tensors(), id)
                 )));
             }
-            let mut bytes = vec![0u8; local.nbytes()];
+        }
+        let read = |j: usize| -> Result<Vec<u8>> {
+            let mut bytes = vec![0u8; last.locals[j][id.index()].nbytes()];
             if !bytes.is_empty() {
-                let (buf, off) = b.resolve(&last.locals[j], id)?;
+                let (buf, off) = last.bindings[j].resolve(&last.locals[j], id)?;
                 buf.read(off, &mut bytes)?;
             }
-            parts.push(bytes);
-            if state.is_mirrored() {
-                break;
-            }
+            Ok(bytes)
+        };
+        let local = inner.local_range();
+        if state.is_mirrored() {
+            // Every device holds the whole value: this process's first reads it.
+            return gather(&last.tensors()[id.index()], state, &[read(local.start)?]);
+        }
+        let Some(dist) = &inner.dist else {
+            let parts = (0..n).map(read).collect::<Result<Vec<_>>>()?;
+            return gather(&last.tensors()[id.index()], state, &parts);
+        };
+        // The other ranks' slices come through the rank collectives; every rank reads the same
+        // outputs in the same order, so every rank calls this gather.
+        let sizes: Vec<usize> = (0..n)
+            .map(|j| last.locals[j][id.index()].nbytes())
+            .collect();
+        let mut mine = Vec::with_capacity(local.clone().map(|j| sizes[j]).sum());
+        for j in local {
+            mine.extend_from_slice(&read(j)?);
+        }
+        let counts: Vec<usize> = (0..dist.comm.size())
+            .map(|r| {
+                (0..n)
+                    .filter(|&j| dist.owner[j] == r)
+                    .map(|j| sizes[j])
+                    .sum()
+            })
+            .collect();
+        let all = dist.comm.allgather(
+            &mine,
+            &counts,
+            &format!("gather of {}", tensor_label(last.tensors(), id)),
+        )?;
+        let mut parts = Vec::with_capacity(n);
+        let mut at = 0;
+        for &len in &sizes {
+            parts.push(all[at..at + len].to_vec());
+            at += len;
         }
         gather(&last.tensors()[id.index()], state, &parts)
     }
@@ -407,22 +568,46 @@ impl MetaBackend {
         let mut locals = Vec::with_capacity(n);
         let mut dev_bindings = Vec::with_capacity(n);
         let mut all_staged = Vec::with_capacity(n);
+        let mut fallback = Vec::with_capacity(n);
         #[allow(clippy::needless_range_loop)] // `j` indexes devices, streams and buffers alike
         for j in 0..n {
             let dev = self.inner.devices[j].clone();
             let local: Arc<[TensorDesc]> = local_tensors(graph, &states, j)?.into();
-            // Each device is asked about its own slice of every node, before anything runs.
-            for &id in graph.nodes() {
-                if let crate::backend::Support::No(reason) = dev.supports_op(&local, id) {
-                    let t = &local[id.index()];
-                    return Err(Error::Unsupported {
-                        op: t.op().name().into(),
-                        dtype: t.src(0).map_or(t.dtype(), |s| local[s.index()].dtype()),
-                        device: dev.name().into(),
-                        reason: format!("{} (slice of {})", reason, tensor_label(tensors, id)),
-                    });
+            // Each device is asked about its own slice of every node, before anything runs; what
+            // it cannot run falls back to the host CPU (its slice only), if the CPU can.
+            let mut on_host = HashSet::new();
+            if self.inner.is_local(j) {
+                for &id in graph.nodes() {
+                    if let crate::backend::Support::No(reason) = dev.supports_op(&local, id) {
+                        let t = &local[id.index()];
+                        let unsupported = |why: String| Error::Unsupported {
+                            op: t.op().name().into(),
+                            dtype: t.src(0).map_or(t.dtype(), |s| local[s.index()].dtype()),
+                            device: dev.name().into(),
+                            reason: format!("{why} (slice of {})", tensor_label(tensors, id)),
+                        };
+                        let cpu = host_cpu().ok_or_else(|| {
+                            unsupported(format!("{reason}; no host CPU device to fall back to"))
+                        })?;
+                        if let crate::backend::Support::No(cpu_reason) = cpu.supports_op(&local, id)
+                        {
+                            return Err(unsupported(format!(
+                                "{reason}; the host CPU cannot run it either: {cpu_reason}"
+                            )));
+                        }
+                        on_host.insert(id);
+                    }
                 }
             }
+            if !on_host.is_empty() {
+                tracing::info!(
+                    target: "tessera::meta",
+                    device = dev.name(),
+                    nodes = on_host.len(),
+                    "ops the device cannot run fall back to the host CPU"
+                );
+            }
+            fallback.push(Arc::new(on_host));
             let mut pre = Bindings::new();
             let mut staged: Vec<(TensorId, Arc<dyn Buffer>, usize, usize)> = Vec::new();
             let mut staging_bytes = 0usize;
@@ -534,6 +719,7 @@ impl MetaBackend {
             segments,
             outputs,
             compute_bytes,
+            fallback,
         })
     }
 
@@ -585,6 +771,13 @@ impl MetaBackend {
                     self.stats.vendor_reduces += 1;
                     return Ok(());
                 }
+                CommOutcome::Declined if self.vendor_across_ranks => {
+                    // The other ranks' devices are in this sum: no local fallback can finish it.
+                    return Err(Error::Compute {
+                        device: self.inner.name.clone(),
+                        reason: "the vendor comm across ranks declined an all-reduce".into(),
+                    });
+                }
                 CommOutcome::Declined => {
                     if !self.declined_logged {
                         self.declined_logged = true;
@@ -603,6 +796,50 @@ impl MetaBackend {
     }
 }
 
+impl MetaBackend {
+    /// The second half of a distributed all-reduce: this process's slices hold its sum (or,
+    /// with one local device, its addend); the sum over ranks goes through the rank
+    /// collectives in the meta device's wire format and back into every local slice.
+    fn reduce_across_ranks(&mut self, slices: &[CommSlice], what: &str) -> Result<()> {
+        let Some(dist) = self.inner.dist.clone() else {
+            return Ok(());
+        };
+        for j in self.inner.local_range() {
+            self.streams[j].synchronize()?;
+        }
+        let s0 = &slices[0];
+        let mut sum = if slices.len() > 1 || s0.contributes {
+            let mut bytes = vec![0u8; s0.len * 4];
+            s0.buffer.read(s0.offset, &mut bytes)?;
+            crate::dtype::f32_from_le_bytes(&bytes)
+        } else {
+            // A zero-length slice of the reduction axis: its memory holds no addend.
+            vec![0f32; s0.len]
+        };
+        let what = format!("all-reduce of {what}");
+        match self.inner.wire {
+            crate::comm::Wire::F32 => dist.comm.allreduce_f32(&mut sum, &what)?,
+            crate::comm::Wire::Bf16 => {
+                crate::comm::allreduce_bf16(dist.comm.as_ref(), &mut sum, &what)?
+            }
+        }
+        let bytes: Vec<u8> = sum.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for s in slices {
+            s.buffer.write(s.offset, &bytes)?;
+        }
+        self.stats.dist_reduces += 1;
+        Ok(())
+    }
+}
+
+/// The host CPU device fallbacks run on.
+fn host_cpu() -> Option<Arc<dyn crate::backend::Device>> {
+    DeviceRegistry::global()
+        .select("cpu:1")
+        .ok()
+        .and_then(|d| d.into_iter().next())
+}
+
 /// Whether device-local node `r` holds an addend: a row-parallel matmul over a zero-length slice
 /// of the reduction axis adds nothing, so the comm may skip its memory whatever it holds.
 fn contributes(local: &[TensorDesc], r: TensorId) -> bool {
@@ -614,7 +851,7 @@ fn contributes(local: &[TensorDesc], r: TensorId) -> bool {
 }
 
 /// Tensors `nodes` read (sources and viewed tensors) that they do not produce.
-fn referenced(tensors: &[TensorDesc], nodes: &[TensorId]) -> Vec<TensorId> {
+pub(crate) fn referenced(tensors: &[TensorDesc], nodes: &[TensorId]) -> Vec<TensorId> {
     let set: HashSet<TensorId> = nodes.iter().copied().collect();
     let mut seen = HashSet::new();
     let mut out = Vec::new();
@@ -695,16 +932,40 @@ impl MetaBackend {
         }
         let tensors = plan.tensors();
         let n = self.inner.devices.len();
+        let local = self.inner.local_range();
         for (subs, red) in &plan.segments {
             for (j, sub) in subs.iter().enumerate() {
-                self.streams[j].compute(sub, &plan.bindings[j])?;
+                if !local.contains(&j) {
+                    continue;
+                }
+                if plan.fallback[j].is_empty() {
+                    self.streams[j].compute(sub, &plan.bindings[j])?;
+                } else {
+                    let host = match &mut self.host[j] {
+                        Some(h) => h,
+                        slot => {
+                            let cpu = host_cpu().ok_or_else(|| Error::Unavailable {
+                                backend: "cpu".into(),
+                                reason: "no host CPU device for the fallback".into(),
+                            })?;
+                            slot.insert(HostFallback::new(cpu, &self.opts)?)
+                        }
+                    };
+                    host.run(
+                        self.streams[j].as_mut(),
+                        sub,
+                        &plan.bindings[j],
+                        &plan.fallback[j],
+                    )?;
+                }
                 self.stats.subgraphs += 1;
             }
             if let Some(r) = *red
                 && n > 1
             {
                 let len = tensors[r.index()].nelements();
-                let slices = (0..n)
+                let slices = local
+                    .clone()
                     .map(|j| {
                         let (buffer, offset) = plan.bindings[j].resolve(&plan.locals[j], r)?;
                         Ok(CommSlice {
@@ -715,7 +976,12 @@ impl MetaBackend {
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
-                self.reduce(&slices)?;
+                if slices.len() > 1 || self.vendor_across_ranks {
+                    self.reduce(&slices)?;
+                }
+                if self.inner.dist.is_some() && !self.vendor_across_ranks {
+                    self.reduce_across_ranks(&slices, &tensor_label(tensors, r))?;
+                }
                 self.stats.reduced_values += len;
             }
         }

@@ -26,11 +26,13 @@
 mod buffer;
 mod device;
 mod exec;
+mod fallback;
 mod local;
 pub mod policy;
 mod propagate;
 pub mod ratio;
 mod remap;
+mod remote;
 mod rules;
 pub mod split;
 

@@ -28,6 +28,29 @@ pub const COMM_ALLREDUCE: &str = "tessera_comm_allreduce_tensor";
 /// Name of the free function.
 pub const COMM_FREE: &str = "tessera_comm_free";
 
+/// Name of the optional function giving a new job id for [`COMM_INIT_RANKS`] (called on rank 0
+/// of a job spanning several processes; NCCL's `ncclGetUniqueId`).
+pub const COMM_UNIQUE_ID: &str = "tessera_comm_unique_id";
+/// Name of the optional init over the streams of several processes: this process's streams are
+/// global ranks `first_rank..first_rank + n` of `n_ranks`, joined by the id rank 0 made (NCCL's
+/// `ncclCommInitRank`). The context it returns is used with [`COMM_ALLREDUCE`] and
+/// [`COMM_FREE`] like one from [`COMM_INIT`]; every process must call it (it is collective).
+pub const COMM_INIT_RANKS: &str = "tessera_comm_init_ranks";
+/// Bytes of a job id.
+pub const COMM_ID_BYTES: usize = 128;
+
+/// `tessera_comm_unique_id(out, len) -> 0 | <0 failed`; writes `len` ([`COMM_ID_BYTES`]) bytes.
+pub type CommUniqueIdFn = unsafe extern "C" fn(out: *mut u8, len: usize) -> i32;
+/// `tessera_comm_init_ranks(streams, n, id, id_len, n_ranks, first_rank) -> ctx or null`.
+pub type CommInitRanksFn = unsafe extern "C" fn(
+    streams: *const *mut c_void,
+    n: usize,
+    id: *const u8,
+    id_len: usize,
+    n_ranks: usize,
+    first_rank: usize,
+) -> *mut c_void;
+
 /// One device's slice as the comm ABI sees it.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -100,6 +123,85 @@ impl CommApi {
         let ctx = unsafe { (self.init)(handles.as_mut_ptr() as *const *mut c_void, handles.len()) };
         (!ctx.is_null()).then_some(VendorComm {
             api: *self,
+            ctx,
+            n: streams.len(),
+        })
+    }
+}
+
+/// A registry's comm across processes ([`COMM_UNIQUE_ID`], [`COMM_INIT_RANKS`] and the trio).
+#[derive(Clone, Copy, Debug)]
+pub struct RanksCommApi {
+    api: CommApi,
+    unique_id: CommUniqueIdFn,
+    init_ranks: CommInitRanksFn,
+}
+
+impl RanksCommApi {
+    /// The functions of `registry`, if it exports all five.
+    pub fn from_registry(registry: &dyn Registry) -> Option<RanksCommApi> {
+        let api = CommApi::from_registry(registry)?;
+        let (u, i) = (
+            registry.proc_address(COMM_UNIQUE_ID)?,
+            registry.proc_address(COMM_INIT_RANKS)?,
+        );
+        if u.as_ptr().is_null() || i.as_ptr().is_null() {
+            return None;
+        }
+        // SAFETY: as in `CommApi::from_registry`: these names carry exactly these signatures.
+        unsafe {
+            Some(RanksCommApi {
+                api,
+                unique_id: std::mem::transmute::<*const c_void, CommUniqueIdFn>(u.as_ptr()),
+                init_ranks: std::mem::transmute::<*const c_void, CommInitRanksFn>(i.as_ptr()),
+            })
+        }
+    }
+
+    /// A new job id (rank 0 makes it, the others receive it).
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the backend cannot make one (no library, no device).
+    pub fn unique_id(&self) -> Result<Vec<u8>> {
+        let mut id = vec![0u8; COMM_ID_BYTES];
+        // SAFETY: `id` has room for the documented length.
+        let rc = unsafe { (self.unique_id)(id.as_mut_ptr(), id.len()) };
+        if rc == 0 {
+            Ok(id)
+        } else {
+            Err(Error::Unavailable {
+                backend: "comm".into(),
+                reason: format!("{COMM_UNIQUE_ID} returned {rc}"),
+            })
+        }
+    }
+
+    /// This process's `streams` as global ranks `first_rank..` of `n_ranks` in the job `id`, or
+    /// `None` when the backend declines (every process must call this).
+    pub fn init(
+        &self,
+        streams: &mut [Box<dyn Backend>],
+        id: &[u8],
+        n_ranks: usize,
+        first_rank: usize,
+    ) -> Option<VendorComm> {
+        let mut handles: Vec<*mut c_void> = streams
+            .iter_mut()
+            .map(|s| s as *mut Box<dyn Backend> as *mut c_void)
+            .collect();
+        // SAFETY: as in `CommApi::init`; `id` is valid for the call.
+        let ctx = unsafe {
+            (self.init_ranks)(
+                handles.as_mut_ptr() as *const *mut c_void,
+                handles.len(),
+                id.as_ptr(),
+                id.len(),
+                n_ranks,
+                first_rank,
+            )
+        };
+        (!ctx.is_null()).then_some(VendorComm {
+            api: self.api,
             ctx,
             n: streams.len(),
         })

@@ -25,8 +25,9 @@ mod log;
 
 pub use codec::FlatGraph;
 pub use comm::{
-    COMM_ALLREDUCE, COMM_FREE, COMM_INIT, CommAllReduceFn, CommApi, CommFreeFn, CommInitFn,
-    CommOutcome, RawCommSlice, VendorComm,
+    COMM_ALLREDUCE, COMM_FREE, COMM_ID_BYTES, COMM_INIT, COMM_INIT_RANKS, COMM_UNIQUE_ID,
+    CommAllReduceFn, CommApi, CommFreeFn, CommInitFn, CommInitRanksFn, CommOutcome, CommUniqueIdFn,
+    RanksCommApi, RawCommSlice, VendorComm,
 };
 pub use comm_impl::{
     CommCall, comm_allreduce_with, comm_free_with, comm_init_with, comm_proc_address,

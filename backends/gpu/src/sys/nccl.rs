@@ -33,10 +33,20 @@ struct Fns {
         Comm,
         *mut c_void,
     ) -> Status,
+    get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> Status,
+    init_rank: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> Status,
     group_start: unsafe extern "C" fn() -> Status,
     group_end: unsafe extern "C" fn() -> Status,
     error_string: unsafe extern "C" fn(Status) -> *const c_char,
 }
+
+/// `ncclUniqueId`: the job id rank 0 makes and every process joins with.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UniqueId(pub [u8; UNIQUE_ID_BYTES]);
+
+/// `NCCL_UNIQUE_ID_BYTES`.
+pub const UNIQUE_ID_BYTES: usize = 128;
 
 /// A loaded NCCL library.
 pub struct Nccl {
@@ -121,6 +131,8 @@ impl Nccl {
             init_all: sym!("ncclCommInitAll"),
             destroy: sym!("ncclCommDestroy"),
             all_reduce: sym!("ncclAllReduce"),
+            get_unique_id: sym!("ncclGetUniqueId"),
+            init_rank: sym!("ncclCommInitRank"),
             group_start: sym!("ncclGroupStart"),
             group_end: sym!("ncclGroupEnd"),
             error_string: sym!("ncclGetErrorString"),
@@ -171,6 +183,47 @@ impl Nccl {
             .collect())
     }
 
+    /// A new job id for [`Nccl::init_rank`] (on rank 0; the others receive it).
+    ///
+    /// # Errors
+    /// NCCL's status as [`Error::Driver`] (e.g. no usable network interface).
+    pub fn unique_id(&self) -> Result<UniqueId> {
+        let mut id = UniqueId([0; UNIQUE_ID_BYTES]);
+        // SAFETY: valid out-pointer to a struct of NCCL's layout; needs no GPU.
+        self.check("ncclGetUniqueId", unsafe {
+            (self.fns.get_unique_id)(&mut id)
+        })?;
+        Ok(id)
+    }
+
+    /// The communicator of global rank `rank` of `n_ranks` in job `id`, on the calling thread's
+    /// current GPU (collective across the job: every rank calls it, within one
+    /// [`Nccl::group`] when a process joins several GPUs).
+    ///
+    /// # Errors
+    /// NCCL's status as [`Error::Driver`].
+    pub fn init_rank(
+        self: &std::sync::Arc<Nccl>,
+        n_ranks: usize,
+        id: UniqueId,
+        rank: usize,
+    ) -> Result<NcclComm> {
+        let (Ok(n), Ok(r)) = (c_int::try_from(n_ranks), c_int::try_from(rank)) else {
+            return Err(Error::InvalidArgument(format!(
+                "NCCL rank {rank} of {n_ranks} does not fit a C int"
+            )));
+        };
+        let mut raw: Comm = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the id is passed by value as NCCL's struct.
+        self.check("ncclCommInitRank", unsafe {
+            (self.fns.init_rank)(&mut raw, n, id, r)
+        })?;
+        Ok(NcclComm {
+            nccl: self.clone(),
+            raw,
+        })
+    }
+
     /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` (the end runs even if `f` fails).
     pub fn group<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         // SAFETY: no arguments; groups nest.
@@ -218,7 +271,7 @@ impl NcclComm {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        // SAFETY: created by ncclCommInitAll, destroyed once.
+        // SAFETY: created by ncclCommInitAll or ncclCommInitRank, destroyed once.
         unsafe { (self.nccl.fns.destroy)(self.raw) };
     }
 }
