@@ -109,7 +109,7 @@ fn two_ranks_reduce_and_print_the_table() {
         .collect();
     assert_eq!(sizes, ["4096", "16384", "65536"], "{}", out.output);
     for r in rows {
-        let ratio = r.split('|').nth(8).unwrap().trim().trim_end_matches('x');
+        let ratio = r.split('|').nth(9).unwrap().trim().trim_end_matches('x');
         let ratio: f64 = ratio.parse().unwrap_or_else(|_| panic!("ratio in {r}"));
         assert!(ratio.is_finite() && ratio > 0.0, "{r}");
     }

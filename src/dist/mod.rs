@@ -1,7 +1,7 @@
 //! Engines for [`crate::comm::DistComm`]: collectives between the processes (ranks) of one
 //! distributed tensor-parallel job.
 //!
-//! With the `mpi` cargo feature, [`Mpi`] runs them over MPI (start the job with `mpirun`);
+//! With the `mpi` cargo feature, `Mpi` runs them over MPI (start the job with `mpirun`);
 //! without it, [`mpi_unavailable`] says how to get it. Fault injection for tests
 //! ([`FAULT_ENV`]) is parsed here in every build.
 

@@ -99,6 +99,11 @@ impl fmt::Debug for Mpi {
     }
 }
 
+/// Polling spins (testing continuously) this long before yielding the core between tests.
+const SPIN: Duration = Duration::from_micros(100);
+/// Polling yields between tests this long before it starts to sleep.
+const YIELD: Duration = Duration::from_millis(5);
+
 /// How a polled request ended.
 enum Polled {
     Done,
@@ -245,7 +250,12 @@ impl Mpi {
     }
 
     /// Polls `req` until it completes or the timeout (from `start`) passes: spins for the
-    /// first 50 µs, then sleeps 50 µs doubling up to 1 ms between tests.
+    /// first [`SPIN`], yields the core between tests until [`YIELD`], then sleeps 50 µs
+    /// doubling up to 1 ms between tests.
+    ///
+    /// Open MPI advances a non-blocking collective only inside MPI calls (no progress thread),
+    /// so every sleep also delays the peers waiting on this rank's next step: the sleeps start
+    /// only once the collective is clearly waiting for a slow or absent rank.
     fn poll<'a, D: ?Sized, S: Scope<'a>>(
         &self,
         mut req: Request<'a, D, S>,
@@ -266,8 +276,10 @@ impl Mpi {
                 let _ = unsafe { req.into_raw() };
                 return Polled::TimedOut;
             }
-            if waited < Duration::from_micros(50) {
+            if waited < SPIN {
                 std::hint::spin_loop();
+            } else if waited < YIELD {
+                std::thread::yield_now();
             } else {
                 std::thread::sleep(nap);
                 nap = (nap * 2).min(Duration::from_millis(1));
