@@ -36,6 +36,7 @@ pub use tessera_hip as hip;
 #[cfg(feature = "sycl")]
 pub use tessera_sycl as sycl;
 
+pub mod dist;
 pub mod model;
 mod plugins;
 

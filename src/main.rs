@@ -86,9 +86,10 @@ enum Command {
     },
     /// Time the all-reduce between devices (size, time, algbw, busbw, path).
     BenchAllreduce {
-        /// Devices: comma-separated names, or KIND:N.
-        #[arg(long, default_value = "cpu:2")]
-        devices: String,
+        /// Devices (per rank with --dist): comma-separated names, or KIND:N (default cpu:2,
+        /// cpu:1 with --dist mpi).
+        #[arg(long)]
+        devices: Option<String>,
         /// Slice sizes in bytes, MIN..MAX, stepping by x4 (K, M, G suffixes).
         #[arg(long, default_value = "4K..64M")]
         sizes: String,
@@ -107,6 +108,14 @@ enum Command {
         /// Minimum seconds to measure each size.
         #[arg(long, default_value_t = 0.3, value_parser = cli::args::seconds)]
         min_time: f64,
+        /// Across processes: `mpi` (start under mpirun; every rank runs the same command and
+        /// rank 0 prints Tessera's cross-rank step against a raw MPI_Allreduce), or `none`.
+        #[arg(long, default_value = "none")]
+        dist: String,
+        /// With --dist: seconds a collective waits for the other ranks before the job is
+        /// aborted with an error naming them.
+        #[arg(long, default_value_t = 60.0, value_parser = cli::bench_allreduce::timeout)]
+        dist_timeout: f64,
     },
     /// Time single-op graphs: GFLOP/s and GB/s per op and shape.
     BenchOps {
@@ -254,8 +263,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             path,
             threads,
             min_time,
+            dist,
+            dist_timeout,
         } => {
-            let devs = cli::select_devices(Some(&devices), None)?;
+            let dist = match dist.to_lowercase().as_str() {
+                "none" => false,
+                "mpi" => {
+                    if let Some(why) = tessera::dist::mpi_unavailable() {
+                        anyhow::bail!("--dist mpi: {why}");
+                    }
+                    true
+                }
+                other => anyhow::bail!("--dist {other}: expected mpi or none"),
+            };
+            let default_devices = if dist { "cpu:1" } else { "cpu:2" };
+            let devs =
+                cli::select_devices(Some(devices.as_deref().unwrap_or(default_devices)), None)?;
             let wire = match wire.to_lowercase().as_str() {
                 "f32" => tessera::comm::Wire::F32,
                 "bf16" => tessera::comm::Wire::Bf16,
@@ -277,6 +300,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 min_time: Duration::from_secs_f64(min_time),
                 path: path.to_lowercase(),
             };
+            if dist {
+                #[cfg(feature = "mpi")]
+                return cli::bench_allreduce::run_dist(
+                    &devs,
+                    &opts,
+                    Duration::from_secs_f64(dist_timeout),
+                )
+                .map(|_| ExitCode::SUCCESS);
+            }
+            let _ = dist_timeout;
             cli::bench_allreduce::run(&devs, &opts).map(|_| ExitCode::SUCCESS)
         }
         Command::BenchOps {
@@ -340,6 +373,8 @@ mod tests {
             &["bench-ops", "-k", "0"],
             &["bench-allreduce", "--min-time", "nan"],
             &["bench-allreduce", "-t", "0"],
+            &["bench-allreduce", "--dist-timeout", "0"],
+            &["bench-allreduce", "--dist-timeout", "nan"],
             &["soak", "--requests", "0"],
             &["soak", "--ratios", "2,nan,1"],
         ];

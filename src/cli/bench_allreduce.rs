@@ -49,6 +49,14 @@ pub fn parse_range(s: &str) -> anyhow::Result<(usize, usize)> {
     Ok((a, b))
 }
 
+/// Parses `--dist-timeout`: seconds, finite, above 0 and at most a day.
+pub fn timeout(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => Ok(t),
+        _ => Err(format!("'{s}': expected seconds above 0, at most 86400")),
+    }
+}
+
 /// Rounds per size: the all-reduce and the memcpy baseline alternate, and the median round of each
 /// is reported, so a burst of load from elsewhere hits both or is voted out.
 const ROUNDS: usize = 3;
@@ -233,6 +241,200 @@ pub fn run(devices: &[Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `bench-allreduce --dist mpi`: the cross-rank step of a distributed meta device against a
+/// plain `MPI_Allreduce`, per size, on every rank of an `mpirun` job (rank 0 prints).
+///
+/// The Tessera step is what the meta device runs for one reduced slice: read it from the rank's
+/// first local device into host f32, [`tessera::dist::Mpi`]'s all-reduce (non-blocking,
+/// polled, with the timeout), and write the result into every local device's buffer. The raw
+/// step is a blocking `MPI_Allreduce` between host vectors of the same size; the two alternate
+/// in rounds, with iteration counts chosen by rank 0 and broadcast, so every rank makes the
+/// same calls. A failure (a timeout included) ends the whole job with `MPI_Abort`, after the
+/// rank that saw it printed the error.
+#[cfg(feature = "mpi")]
+pub fn run_dist(
+    devices: &[Arc<dyn Device>],
+    opts: &Options,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    use tessera::comm::DistComm;
+    let mpi = tessera::dist::Mpi::init(timeout)?;
+    match dist_table(&mpi, devices, opts) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            eprintln!(
+                "tessera: rank {} of {} ({}): {e:#}",
+                mpi.rank(),
+                mpi.size(),
+                mpi.processor_name()
+            );
+            if mpi.size() > 1 {
+                eprintln!("tessera: rank {}: aborting the job (MPI_Abort)", mpi.rank());
+                mpi.abort(1);
+            }
+            Err(e)
+        }
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn dist_table(
+    mpi: &tessera::dist::Mpi,
+    devices: &[Arc<dyn Device>],
+    opts: &Options,
+) -> anyhow::Result<()> {
+    use tessera::comm::DistComm;
+    let (rank, ranks) = (mpi.rank(), mpi.size());
+    let lead = rank == 0;
+    if devices.is_empty() {
+        anyhow::bail!("no local device selected");
+    }
+    // Every rank must run the same sizes and devices per rank, or the collectives mismatch.
+    let shape = format!("{:?} {} {:?}", opts.sizes, devices.len(), opts.min_time);
+    tessera::comm::check_same(mpi, shape.as_bytes(), "bench-allreduce arguments")?;
+    if lead {
+        let s = |n: usize, one: &str| {
+            if n == 1 {
+                one.to_string()
+            } else {
+                format!("{one}s")
+            }
+        };
+        println!(
+            "distributed all-reduce over MPI: {ranks} {} × {} local {} [{}] (rank 0 on {}), f32, timeout {:?}",
+            s(ranks, "rank"),
+            devices.len(),
+            s(devices.len(), "device"),
+            devices
+                .iter()
+                .map(|d| d.name().to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            mpi.processor_name(),
+            mpi.timeout()
+        );
+        println!(
+            "tessera = first local device → host f32, Mpi::allreduce_f32 (non-blocking, polled), host → every local device; raw = blocking MPI_Allreduce between host vectors"
+        );
+        println!(
+            "engine = Mpi::allreduce_f32 alone on a host vector (tessera minus the device staging); busbw = algbw·2(R−1)/R over R ranks"
+        );
+        println!(
+            "the three alternate, median of {ROUNDS} rounds; algbw and busbw are tessera's; ratio = tessera time / raw time"
+        );
+        println!(
+            "| {:>10} | {:>10} | {:>12} | {:>11} | {:>10} | {:>10} | {:>10} | {:>10} | {:>11} |",
+            "size (B)",
+            "count",
+            "tessera (us)",
+            "engine (us)",
+            "algbw GB/s",
+            "busbw GB/s",
+            "raw (us)",
+            "raw busbw",
+            "tessera/raw"
+        );
+        println!(
+            "|{:-<12}|{:-<12}|{:-<14}|{:-<13}|{:-<12}|{:-<12}|{:-<12}|{:-<12}|{:-<13}|",
+            "", "", "", "", "", "", "", "", ""
+        );
+    }
+    let busbw = |algbw: f64| {
+        if ranks > 1 {
+            algbw * 2.0 * (ranks - 1) as f64 / ranks as f64
+        } else {
+            0.0
+        }
+    };
+    let mut size = opts.sizes.0.max(4);
+    while size <= opts.sizes.1 {
+        let len = size / 4;
+        let bufs: Vec<Arc<dyn Buffer>> = devices
+            .iter()
+            .map(|d| d.buffer_type().alloc(len * 4))
+            .collect::<tessera::Result<_>>()?;
+        let mut host = vec![0f32; len];
+        let what = format!("bench all-reduce of {size} B");
+        let step = |host: &mut Vec<f32>| -> anyhow::Result<()> {
+            bufs[0].read(0, bytemuck::cast_slice_mut(host.as_mut_slice()))?;
+            mpi.allreduce_f32(host, &what)?;
+            for b in &bufs {
+                b.write(0, bytemuck::cast_slice(host.as_slice()))?;
+            }
+            Ok(())
+        };
+        // Correctness first: rank r contributes r + 1 everywhere, so every value sums to
+        // R(R+1)/2 on every device of every rank.
+        let mine = vec![(rank + 1) as f32; len];
+        bufs[0].write(0, bytemuck::cast_slice(&mine))?;
+        step(&mut host)?;
+        let want = (ranks * (ranks + 1) / 2) as f32;
+        let mut back = vec![0f32; len];
+        for (i, b) in bufs.iter().enumerate() {
+            b.read(0, bytemuck::cast_slice_mut(&mut back))?;
+            if let Some(j) = back.iter().position(|&v| v != want) {
+                anyhow::bail!(
+                    "rank {rank}: all-reduce of {size} B: local device {i} holds {} at {j}, want {want}",
+                    back[j]
+                );
+            }
+        }
+        for b in &bufs {
+            b.write(0, &vec![0u8; len * 4])?;
+        }
+        let send = vec![0f32; len];
+        let mut recv = vec![0f32; len];
+        // Rank 0 sizes the rounds from a short calibration and tells the others.
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            step(&mut host)?;
+            mpi.raw_allreduce_into(&send, &mut recv)?;
+        }
+        let per = t0.elapsed().as_secs_f64() / 3.0;
+        let want_iters = ((opts.min_time.as_secs_f64() / ROUNDS as f64) / per.max(1e-9)) as u64;
+        let mut iters = want_iters.clamp(5, 100_000).to_le_bytes();
+        mpi.broadcast(0, &mut iters, "bench iteration count")?;
+        let iters = u64::from_le_bytes(iters);
+        let (mut ours, mut engine, mut raw) = (Vec::new(), Vec::new(), Vec::new());
+        let mut alone = vec![0f32; len];
+        for _ in 0..ROUNDS {
+            let t = Instant::now();
+            for _ in 0..iters {
+                step(&mut host)?;
+            }
+            ours.push(t.elapsed().as_secs_f64() / iters as f64);
+            let t = Instant::now();
+            for _ in 0..iters {
+                mpi.allreduce_f32(&mut alone, &what)?;
+            }
+            engine.push(t.elapsed().as_secs_f64() / iters as f64);
+            let t = Instant::now();
+            for _ in 0..iters {
+                mpi.raw_allreduce_into(&send, &mut recv)?;
+            }
+            raw.push(t.elapsed().as_secs_f64() / iters as f64);
+        }
+        let (ours, engine, raw) = (median(ours), median(engine), median(raw));
+        if lead {
+            let algbw = size as f64 / ours;
+            println!(
+                "| {:>10} | {:>10} | {:>12.1} | {:>11.1} | {:>10.2} | {:>10.2} | {:>10.1} | {:>10.2} | {:>10.2}x |",
+                size,
+                len,
+                ours * 1e6,
+                engine * 1e6,
+                algbw / 1e9,
+                busbw(algbw) / 1e9,
+                raw * 1e6,
+                busbw(size as f64 / raw) / 1e9,
+                ours / raw
+            );
+        }
+        size = size.saturating_mul(4);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,5 +448,9 @@ mod tests {
         assert_eq!(parse_range("4K..64M").unwrap(), (4096, 64 << 20));
         assert!(parse_range("64M..4K").is_err());
         assert!(parse_range("0..4K").is_err());
+        assert_eq!(timeout("2.5"), Ok(2.5));
+        for bad in ["0", "-1", "nan", "inf", "1e9", "x"] {
+            assert!(timeout(bad).is_err(), "{bad}");
+        }
     }
 }
