@@ -1,5 +1,8 @@
-//! The MPI engine across real processes: `tessera bench-allreduce --dist mpi` under
-//! `mpirun -np 2`, healthy and with a rank that exits or hangs (`TESSERA_DIST_FAULT`).
+//! Tensor parallelism across real processes under `mpirun -np 2`: `tessera test-tp --dist mpi`
+//! with one and two devices per rank (logits against the unsplit run, on every rank), the
+//! expert split, mismatched arguments, and `tessera bench-allreduce --dist mpi`; healthy and
+//! with a rank that exits or hangs mid-job (`TESSERA_DIST_FAULT`): the job ends within a bound
+//! with an error naming the rank.
 //!
 //! Needs `mpirun` (Open MPI): without it the tests fail when `CI` is set and are skipped
 //! otherwise.
@@ -36,9 +39,16 @@ struct Outcome {
     took: Duration,
 }
 
-/// `mpirun -np 2 --oversubscribe tessera bench-allreduce --dist mpi ARGS` with `fault` in
-/// `TESSERA_DIST_FAULT` (passed to the ranks with `-x`), killed (and failed) after [`BOUND`].
+/// `mpirun -np 2 --oversubscribe tessera bench-allreduce --dist mpi ARGS`: see [`mpirun_cmd`].
 fn mpirun(name: &str, fault: Option<&str>, args: &[&str]) -> Outcome {
+    let mut all = vec!["bench-allreduce", "--dist", "mpi"];
+    all.extend_from_slice(args);
+    mpirun_cmd(name, fault, &all)
+}
+
+/// `mpirun -np 2 --oversubscribe tessera ARGS` with `fault` in `TESSERA_DIST_FAULT` (passed to
+/// the ranks with `-x`), killed (and failed) after [`BOUND`].
+fn mpirun_cmd(name: &str, fault: Option<&str>, args: &[&str]) -> Outcome {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let log = dir.join(format!("dist_mpi_{name}.log"));
     let file = std::fs::File::create(&log).unwrap();
@@ -52,7 +62,6 @@ fn mpirun(name: &str, fault: Option<&str>, args: &[&str]) -> Outcome {
             .args(["-x", "TESSERA_DIST_FAULT"]);
     }
     cmd.arg(env!("CARGO_BIN_EXE_tessera"))
-        .args(["bench-allreduce", "--dist", "mpi"])
         .args(args)
         .stdin(Stdio::null())
         .stdout(file.try_clone().unwrap())
@@ -180,4 +189,155 @@ fn a_rank_that_hangs_is_named_after_the_timeout() {
         out.output
     );
     assert!(out.output.contains("MPI_Abort"), "{}", out.output);
+}
+
+/// `test-tp --dist mpi` with `args`, expected to pass on every rank.
+fn test_tp_passes(name: &str, args: &[&str], expect: &[&str]) {
+    let mut all = vec!["test-tp", "--dist", "mpi"];
+    all.extend_from_slice(args);
+    let out = mpirun_cmd(name, None, &all);
+    assert_eq!(out.code, Some(0), "{}", out.output);
+    assert!(out.output.contains("\nPASS"), "{}", out.output);
+    assert!(!out.output.contains("FAIL"), "{}", out.output);
+    for e in expect {
+        assert!(out.output.contains(e), "missing {e:?}:\n{}", out.output);
+    }
+}
+
+#[test]
+fn two_ranks_of_one_device_match_the_unsplit_model() {
+    if !have_mpirun() {
+        return;
+    }
+    // F32 within 1e-6 and Q8_0 within 1e-5 NMSE of the unsplit run, on every rank's logits.
+    test_tp_passes(
+        "tp_1x2",
+        &["--devices", "cpu:1"],
+        &[
+            "META(r0/CPU0,r1/CPU0): tensor-parallel over 2 devices of 2 ranks (mpi)",
+            "then mpi across 2 ranks",
+            "24 all-reduces (24 across ranks)",
+        ],
+    );
+}
+
+#[test]
+fn two_ranks_of_two_devices_with_uneven_ratios_match_the_unsplit_model() {
+    if !have_mpirun() {
+        return;
+    }
+    test_tp_passes(
+        "tp_2x2",
+        &["--devices", "cpu:2", "--ratios", "3,1,0,2"],
+        &[
+            "META(r0/CPU0,r0/CPU1,r1/CPU0,r1/CPU1)",
+            "all-reduce: cpu comm, then mpi across 2 ranks",
+        ],
+    );
+}
+
+#[test]
+fn two_ranks_split_whole_experts() {
+    if !have_mpirun() {
+        return;
+    }
+    test_tp_passes(
+        "tp_expert",
+        &["--devices", "cpu:1", "--split-mode", "expert"],
+        &["EP layers", "ffn_moe_out.0 ×768"],
+    );
+}
+
+#[test]
+fn ranks_started_with_different_arguments_refuse_to_run() {
+    if !have_mpirun() {
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_tessera");
+    let out = Command::new("mpirun")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args([
+            "--oversubscribe",
+            "-np",
+            "1",
+            bin,
+            "test-tp",
+            "--dist",
+            "mpi",
+            "--devices",
+            "cpu:1",
+        ])
+        .args([
+            ":",
+            "-np",
+            "1",
+            bin,
+            "test-tp",
+            "--dist",
+            "mpi",
+            "--devices",
+            "cpu:1",
+            "--generic",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("mpirun starts");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("ranks [1] were started with a different command line"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_rank_that_exits_mid_model_ends_the_job() {
+    if !have_mpirun() {
+        return;
+    }
+    let out = mpirun_cmd(
+        "tp_exit",
+        Some("rank=1,after=5,mode=exit"),
+        &["test-tp", "--dist", "mpi", "--devices", "cpu:1"],
+    );
+    assert!(out.code != Some(0), "{}", out.output);
+    assert!(out.took < BOUND, "{:?}", out.took);
+    assert!(
+        out.output.contains("rank 1: TESSERA_DIST_FAULT: exiting"),
+        "{}",
+        out.output
+    );
+    assert!(!out.output.contains("\nPASS"), "{}", out.output);
+}
+
+#[test]
+fn a_rank_that_hangs_mid_model_is_named_after_the_timeout() {
+    if !have_mpirun() {
+        return;
+    }
+    let out = mpirun_cmd(
+        "tp_hang",
+        Some("rank=1,after=5,mode=hang"),
+        &[
+            "test-tp",
+            "--dist",
+            "mpi",
+            "--devices",
+            "cpu:1",
+            "--dist-timeout",
+            "3",
+        ],
+    );
+    assert!(out.code != Some(0), "{}", out.output);
+    assert!(out.took < BOUND, "{:?}", out.took);
+    assert!(
+        out.output.contains("ranks [1] have not answered") && out.output.contains("all-reduce of"),
+        "{}",
+        out.output
+    );
 }

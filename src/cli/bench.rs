@@ -314,7 +314,9 @@ pub(crate) fn open_session<'m>(
         ..SchedOptions::default()
     };
     let t0 = Instant::now();
-    let tty = std::io::stderr().is_terminal();
+    // Under --dist only rank 0 reports.
+    let loud = comm.as_ref().is_none_or(|c| c.rank() == 0);
+    let tty = std::io::stderr().is_terminal() && loud;
     let mut last_pct = usize::MAX;
     let progress = |d: usize, n: usize| {
         let pct = d * 100 / n.max(1);
@@ -348,6 +350,9 @@ pub(crate) fn open_session<'m>(
                 .with_context(|| format!("loading the model on {names}"))?,
         )),
     };
+    if !loud {
+        return Ok(session);
+    }
     eprintln!(
         "{}loading {} on {names}: {:.1} MiB of weights and KV caches in {:.2} s",
         if tty { "\r" } else { "" },
@@ -386,6 +391,8 @@ fn run_mode(
     // Warm-up (not timed): plans and allocates compute memory for both graph shapes.
     if !prompt.is_empty() {
         run_pp(&mut session, prompt)?;
+    }
+    if !prompt.is_empty() && job.is_root() {
         let mib = |v: &[usize]| -> String {
             v.iter()
                 .map(|b| format!("{:.2}", *b as f64 / MIB))

@@ -15,6 +15,9 @@ use crate::tensor::{TensorDesc, TensorId};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+/// A tensor copied to the host for a run: (host buffer, device buffer, offset there).
+type Copied = (Arc<dyn Buffer>, Arc<dyn Buffer>, usize);
+
 /// The host CPU side of a device's fallback: a CPU device and its stream.
 pub(crate) struct HostFallback {
     cpu: Arc<dyn Device>,
@@ -102,8 +105,7 @@ impl HostFallback {
         }
         let buft = self.cpu.buffer_type();
         let mut host = Bindings::new();
-        let mut placed: HashMap<TensorId, (Arc<dyn Buffer>, Arc<dyn Buffer>, usize)> =
-            HashMap::new();
+        let mut placed: HashMap<TensorId, Copied> = HashMap::new();
         for &r in &roots {
             let len = tensors[r.index()].nbytes();
             let (dbuf, doff) = bindings.resolve(tensors, r)?;
