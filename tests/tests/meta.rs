@@ -283,6 +283,16 @@ fn mlp(d: usize, f: usize, t: usize) -> Mlp {
 }
 
 fn run_mlp(devs: &[Arc<dyn Device>], vendor: bool, m: &Mlp) -> (Vec<f32>, CommPath) {
+    run_mlp_seen(devs, vendor, m, |_| {})
+}
+
+/// [`run_mlp`], handing the meta stream to `seen` after the run.
+fn run_mlp_seen(
+    devs: &[Arc<dyn Device>],
+    vendor: bool,
+    m: &Mlp,
+    seen: impl FnOnce(&tessera_core::meta::MetaBackend),
+) -> (Vec<f32>, CommPath) {
     let graph = m.ctx.build_forward(m.y).unwrap();
     let meta = MetaDevice::new(devs, by_name)
         .unwrap()
@@ -309,6 +319,7 @@ fn run_mlp(devs: &[Arc<dyn Device>], vendor: bool, m: &Mlp) -> (Vec<f32>, CommPa
         .unwrap();
     be.compute(&graph, &b).unwrap();
     be.synchronize().unwrap();
+    seen(&be);
     (io.get_f32(m.y).unwrap(), be.comm_path().clone())
 }
 
@@ -357,34 +368,24 @@ fn isolated_devices_get_inputs_staged_and_outputs_gathered() {
 }
 
 #[test]
-fn a_device_refusing_its_slice_is_an_error_before_running() {
+fn a_device_refusing_its_slice_runs_it_on_the_host_cpu() {
+    // Device 1 has no unary kernel: its slice of the activation runs on the host CPU (inputs
+    // copied out, output copied back) and the result equals the unsplit run.
+    let m = mlp(16, 32, 2);
+    let (want, _) = run_mlp(&devices(1), true, &m);
     let mut devs = devices(2);
     let refusing = tessera_cpu::split_devices(2)
         .pop()
         .unwrap()
         .refusing(&[tessera_core::OpKind::Unary]);
     devs[1] = Arc::new(refusing);
-    let m = mlp(16, 32, 2);
-    let graph = m.ctx.build_forward(m.y).unwrap();
-    let meta = MetaDevice::new(&devs, by_name).unwrap();
-    let weights = meta
-        .buffer_type()
-        .alloc_tensors_where(&m.ctx, |t| t.name().starts_with('w'))
-        .unwrap();
-    let io = devs[0]
-        .buffer_type()
-        .alloc_tensors_where(&m.ctx, |t| t.name() == "x" || t.flags().output)
-        .unwrap();
-    let mut b = Bindings::new();
-    b.extend(weights.bindings());
-    b.extend(io.bindings());
-    let mut be = meta.init_backend(&BackendOptions::default()).unwrap();
-    let e = be.compute(&graph, &b).unwrap_err();
-    assert!(
-        matches!(&e, Error::Unsupported { device, .. } if device == devs[1].name()),
-        "{e}"
-    );
-    be.synchronize().unwrap();
+    let mut fallbacks = Vec::new();
+    let (got, _) = run_mlp_seen(&devs, true, &m, |be| fallbacks = be.fallbacks());
+    let e = nmse(&got, &want);
+    assert!(e <= 1e-10, "nmse {e:e}");
+    assert_eq!(fallbacks.len(), 1, "{fallbacks:?}");
+    assert_eq!(fallbacks[0].0, devs[1].name());
+    assert_eq!(fallbacks[0].1, vec![("SILU".to_string(), 1)]);
 }
 
 #[test]

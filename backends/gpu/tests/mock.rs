@@ -195,6 +195,9 @@ impl RegistryDriver for Mock {
     fn stream_raw(_: &Stream) -> *mut std::ffi::c_void {
         std::ptr::null_mut()
     }
+    fn bind_gpu(_: &Gpu) -> Result<()> {
+        Ok(())
+    }
     fn load_collectives() -> Result<Nccl> {
         Err(Error::Unavailable {
             backend: "mock".into(),
@@ -330,6 +333,22 @@ fn the_comm_trio_declines_what_it_cannot_reduce() {
     let mut streams = vec![stream(&shared[0]), stream(&shared[1])];
     assert!(api.init(&mut streams).is_none());
     assert!(api.init(&mut []).is_none());
+}
+
+#[test]
+fn the_comm_across_processes_reports_why_it_cannot_start() {
+    let reg = GpuRegistry::<Mock>::new();
+    let api = tessera_core::plugin::RanksCommApi::from_registry(&reg)
+        .expect("the comm across processes is exported");
+    // No collective library: no job id (an error, not a crash), and every init declines.
+    let e = api.unique_id().unwrap_err().to_string();
+    assert!(e.contains("tessera_comm_unique_id returned -1"), "{e}");
+    let devs = devices(2);
+    let mut streams = vec![stream(&devs[0]), stream(&devs[1])];
+    let id = vec![1u8; tessera_core::plugin::COMM_ID_BYTES];
+    assert!(api.init(&mut streams, &id, 4, 2).is_none());
+    // A malformed id is declined before anything else.
+    assert!(api.init(&mut streams, &id[..5], 4, 2).is_none());
 }
 
 #[test]
