@@ -60,6 +60,10 @@ layout(push_constant) uniform PC { uint64_t args; } pc;
 #define T_IQ4_NL 10
 #define T_IQ4_XS 11
 #define T_MXFP4 12
+#define T_Q5_0 13
+#define T_Q4_K 14
+#define T_Q5_K 15
+#define T_Q6_K 16
 
 #define QK 32
 #define Q8_0_BYTES 34
@@ -72,6 +76,10 @@ layout(push_constant) uniform PC { uint64_t args; } pc;
 #define IQ4_NL_BYTES 18
 #define IQ4_XS_BYTES 136
 #define MXFP4_BYTES 17
+#define Q5_0_BYTES 22
+#define Q4_K_BYTES 144
+#define Q5_K_BYTES 176
+#define Q6_K_BYTES 210
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define POS_INF uintBitsToFloat(0x7f800000u)
@@ -212,7 +220,8 @@ void st_scalar(uint64_t p, int type, float v) {
 float block_scale(uint64_t blk) { return h2f(ld_u16(blk)); }
 
 // Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4: read (dequantized) by the kernels, never written.
-bool is_lowbit(int type) { return type >= T_Q2_K && type <= T_MXFP4; }
+// (and Q5_0, Q4_K, Q5_K, Q6_K, codes 13..16)
+bool is_lowbit(int type) { return type >= T_Q2_K && type <= T_Q6_K; }
 
 bool is_quant(int type) {
     return type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_1 || is_lowbit(type);
@@ -228,13 +237,18 @@ int quant_block_bytes(int type) {
     case T_IQ4_NL: return IQ4_NL_BYTES;
     case T_IQ4_XS: return IQ4_XS_BYTES;
     case T_MXFP4: return MXFP4_BYTES;
+    case T_Q5_0: return Q5_0_BYTES;
+    case T_Q4_K: return Q4_K_BYTES;
+    case T_Q5_K: return Q5_K_BYTES;
+    case T_Q6_K: return Q6_K_BYTES;
     default: return Q4_0_BYTES;
     }
 }
 
 // Elements per block: 256 for the super-block formats, else 32.
 int quant_block_elems(int type) {
-    return (type == T_Q2_K || type == T_Q3_K || type == T_IQ4_XS) ? QK_K : QK;
+    return (type == T_Q2_K || type == T_Q3_K || type == T_IQ4_XS || type == T_Q4_K || type == T_Q5_K ||
+            type == T_Q6_K) ? QK_K : QK;
 }
 
 // ggml's kvalues_iq4nl (IQ4_NL / IQ4_XS levels) and kvalues_mxfp4 (E2M1 values doubled).
@@ -260,9 +274,56 @@ int nibble32(uint64_t q, int j) {
     return int(j < 16 ? (b & 15u) : (b >> 4));
 }
 
-// Element j of a Q2_K / Q3_K / IQ4_NL / IQ4_XS / MXFP4 block at blk (ggml's dequantize_row_*
+// Scale (x) and min (y) of sub-block j (0..7) of a Q4_K / Q5_K super-block from its 12 packed
+// bytes at q (ggml's get_scale_min_k4).
+ivec2 scale_min_k4(int j, uint64_t q) {
+    if (j < 4) {
+        return ivec2(int(ld_u8(q + uint64_t(j)) & 63u), int(ld_u8(q + uint64_t(j + 4)) & 63u));
+    }
+    uint a = ld_u8(q + uint64_t(j + 4)), lo = ld_u8(q + uint64_t(j - 4)), hi = ld_u8(q + uint64_t(j));
+    return ivec2(int((a & 15u) | ((lo >> 6) << 4)), int((a >> 4) | ((hi >> 6) << 4)));
+}
+
+// Element j of a Q5_0 / Q4_K / Q5_K / Q6_K block (ggml's dequantize_row_* in the same order of
+// operations as the CPU backend's dequantizers, kernels/src/cpu/kquant.rs; as kquant_elem in
+// common.cuh).
+float kquant_elem(uint64_t blk, int type, int j) {
+    if (type == T_Q5_0) {
+        // f16 d, u32 qh (bit j: fifth bit of element j), 16 nibble bytes; (q - 16) * d.
+        uint qh = ld_u32(blk + 2ul);
+        uint q = ld_u8(blk + uint64_t(6 + (j & 15)));
+        int level = int(j < 16 ? (q & 15u) : (q >> 4)) | int(((qh >> j) & 1u) << 4);
+        return float(level - 16) * block_scale(blk);
+    }
+    if (type == T_Q6_K) {
+        // ql[128], qh[64], i8 scales[16], f16 d; element 128h + 32t + l.
+        int h = j / 128, t = (j % 128) / 32, l = j % 32;
+        uint lo = ld_u8(blk + uint64_t(64 * h + 32 * (t & 1) + l));
+        int q = int(t < 2 ? (lo & 15u) : (lo >> 4)) | int(((ld_u8(blk + uint64_t(128 + 32 * h + l)) >> (2 * t)) & 3u) << 4);
+        int sc = int(ld_u8(blk + uint64_t(192 + 8 * h + l / 16 + 2 * t)));
+        sc = sc >= 128 ? sc - 256 : sc;
+        return block_scale(blk + 208ul) * float(sc) * float(q - 32);
+    }
+    // Q4_K / Q5_K: f16 d, f16 dmin, 12 scale bytes, [Q5_K: qh[32]], qs[128]; sub-block s = j / 32
+    // takes the low (s even) or high nibbles of qs[32 (s / 2) + j % 32].
+    int s = j / 32, l = j % 32;
+    ivec2 sm = scale_min_k4(s, blk + 4ul);
+    uint byte = ld_u8(blk + uint64_t((type == T_Q5_K ? 48 : 16) + 32 * (s / 2) + l));
+    int q = int((s & 1) != 0 ? (byte >> 4) : (byte & 15u));
+    if (type == T_Q5_K) {
+        q += ((ld_u8(blk + uint64_t(16 + l)) >> s) & 1u) != 0u ? 16 : 0;
+    }
+    float d1 = block_scale(blk) * float(sm.x);
+    float m1 = block_scale(blk + 2ul) * float(sm.y);
+    return d1 * float(q) - m1;
+}
+
+// Element j of a Q2_K / Q3_K / IQ4_NL / IQ4_XS / MXFP4 (or Q5_0 / Q4_K / Q5_K / Q6_K) block at blk (ggml's dequantize_row_*
 // layouts; the K formats keep element j = 128h + 32t + l as the 2-bit field t of quant byte 32h + l).
 float lowbit_elem(uint64_t blk, int type, int j) {
+    if (type >= T_Q5_0) {
+        return kquant_elem(blk, type, j);
+    }
     if (type == T_IQ4_NL) {
         return block_scale(blk) * iq4nl_level(nibble32(blk + 2ul, j));
     }
