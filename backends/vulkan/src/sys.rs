@@ -797,13 +797,14 @@ impl Drop for StreamShared {
 }
 
 fn barrier(dev: &ash::Device, cb: vk::CommandBuffer, dst_stage: vk::PipelineStageFlags) {
+    let dst_access = if dst_stage == vk::PipelineStageFlags::HOST {
+        vk::AccessFlags::HOST_READ
+    } else {
+        vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE
+    };
     let mb = vk::MemoryBarrier::default()
         .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
-        .dst_access_mask(
-            vk::AccessFlags::MEMORY_READ
-                | vk::AccessFlags::MEMORY_WRITE
-                | vk::AccessFlags::HOST_READ,
-        );
+        .dst_access_mask(dst_access);
     // SAFETY: `cb` is in the recording state (callers hold the stream's lock).
     unsafe {
         dev.cmd_pipeline_barrier(

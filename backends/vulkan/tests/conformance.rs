@@ -5,7 +5,7 @@
 //! their names; `TESSERA_REQUIRE=vulkan` (set by CI) makes that a failure.
 
 fn main() {
-    tessera_tests::harness::run_device_suite(
+    tessera_tests::harness::run_device_suite_declining(
         "vulkan",
         tessera_vulkan::registry(),
         Some("vulkan:2"),

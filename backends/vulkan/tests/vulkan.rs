@@ -322,7 +322,7 @@ fn main() {
     let trials =
         all.iter()
             .map(|&(name, f)| match &reason {
-                None => Trial::test(name, move || f()),
+                None => Trial::test(name, f),
                 Some(why) if require => {
                     let msg = format!("TESSERA_REQUIRE=vulkan: {why}");
                     Trial::test(name, move || Err(Failed::from(msg)))
