@@ -29,7 +29,9 @@
 //   tensors:        row_ptr ld st ld_i32 st_i32 unravel unravel_row
 //   errors:         raise_error(uint64_t status, int code, int value)
 //   reductions:     warp_sum warp_max block_sum block_max (see above)
-//   grid stride:    GRID_STRIDE(e, n) { ... }   (e is an int64_t; use `continue` freely, no barrier)
+//   grid stride:    GRID_STRIDE(e, n) { ... }   (e is an int64_t; use `continue` freely, no barrier;
+//                   the launch must be grid_1d-planned: clamp(ceil(n / block), 1, 2^20) blocks)
+//                   ts_num_groups(planned), ts_grid_threads(n): CUDA's gridDim.x under split dispatches
 #ifndef TESSERA_COMMON_GLSL
 #define TESSERA_COMMON_GLSL
 
@@ -432,11 +434,32 @@ void unravel_row(int64_t r, int64_t ne[4], out int64_t i[4]) {
     i[3] = r / ne[2];
 }
 
-// for (e = global thread index; e < n; e += total threads). gl_WorkGroupID is the global block
-// index (the runtime splits large grids with vkCmdDispatchBase).
-#define GRID_STRIDE(e, n)                                                                         \
-    for (int64_t e = int64_t(gl_WorkGroupID.x) * int64_t(gl_WorkGroupSize.x) + int64_t(gl_LocalInvocationID.x); \
-         e < (n); e += int64_t(gl_NumWorkGroups.x) * int64_t(gl_WorkGroupSize.x))
+// Total workgroups of a launch whose CUDA grid was `planned` blocks. The runtime splits grids
+// above maxComputeWorkGroupCount (>= 65535) into several vkCmdDispatchBase calls: gl_WorkGroupID
+// stays global but gl_NumWorkGroups is then one chunk's count. A dispatch with fewer than 65535
+// groups whose ids are all below that count cannot be such a chunk, so gl_NumWorkGroups is exact
+// there; otherwise (maybe split) the caller's planned grid is used.
+uint64_t ts_num_groups(uint64_t planned) {
+    if (gl_NumWorkGroups.x < 65535u && gl_WorkGroupID.x < gl_NumWorkGroups.x) {
+        return uint64_t(gl_NumWorkGroups.x);
+    }
+    return planned;
+}
+
+// Threads of a grid-stride launch over n items planned as plan.rs's grid_1d (and gpu comm.rs):
+// grid = clamp(ceil(n / block), 1, 2^20) blocks of gl_WorkGroupSize.x.
+int64_t ts_grid_threads(int64_t n) {
+    int64_t bs = int64_t(gl_WorkGroupSize.x);
+    int64_t planned = clamp((n + bs - 1) / bs, int64_t(1), int64_t(1) << 20);
+    return int64_t(ts_num_groups(uint64_t(planned))) * bs;
+}
+
+// for (e = global thread index; e < n; e += total threads of the grid_1d launch). gl_WorkGroupID
+// is the global block index (the runtime splits large grids with vkCmdDispatchBase).
+#define GRID_STRIDE(e, n)                                                                          \
+    for (int64_t e = int64_t(gl_WorkGroupID.x) * int64_t(gl_WorkGroupSize.x) + int64_t(gl_LocalInvocationID.x), \
+                 e##_stride = ts_grid_threads(n);                                                  \
+         e < (n); e += e##_stride)
 
 // ----- reductions (workgroup size a multiple of 32, at most TS_RED_SIZE; uniform calls) -----
 

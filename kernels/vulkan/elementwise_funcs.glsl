@@ -6,12 +6,20 @@ float silu(float x) {
     return x / (1.0 + exp(-x));
 }
 
-// tanhf that stays finite for large |x| (GLSL tanh may overflow through exp).
+// tanhf as Cephes' single-precision tanhf: a polynomial below 0.625 (GLSL tanh may lose all
+// relative accuracy near 0), 1 - 2 / (exp(2|x|) + 1) above (finite for any |x|).
 float tanhf_c(float x) {
-    if (abs(x) > 10.0) {
-        return sign(x);
+    float ax = abs(x);
+    if (ax >= 0.625) {
+        float z = 1.0 - 2.0 / (exp(2.0 * ax) + 1.0);
+        return x < 0.0 ? -z : z;
     }
-    return tanh(x);
+    if (ax < 1e-10) {
+        return x; // keeps -0
+    }
+    float z = x * x;
+    return ((((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z + 1.33314422036e-1) * z
+            - 3.33332819422e-1) * z * x + x;
 }
 
 float gelu(float x) {
