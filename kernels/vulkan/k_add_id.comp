@@ -17,9 +17,7 @@ void main() {
     Tensor dst = p.dst, ta = p.a, tb = p.b, ids = p.ids;
     uint64_t status = p.status;
     int64_t n = p.n;
-    int64_t bs = int64_t(gl_WorkGroupSize.x);
-    int64_t stride = mm_grid_blocks((n + bs - 1) / bs) * bs;
-    for (int64_t e = int64_t(gl_WorkGroupID.x) * bs + int64_t(gl_LocalInvocationID.x); e < n; e += stride) {
+    GRID_STRIDE(e, n) {
         int64_t i[4];
         unravel(e, dst.ne, i);
         int id = ld_i32(ids, i[1], i[2], 0, 0);

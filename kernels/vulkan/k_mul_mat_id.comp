@@ -30,7 +30,8 @@ void main() {
     int64_t m = w.ne[1], kdim = w.ne[0], n_expert = w.ne[2], n_used = dst.ne[1];
     int64_t rblocks = (m + MMID_WARPS - 1) / MMID_WARPS;
     int64_t total = rblocks * n_used * dst.ne[2];
-    int64_t grid = mm_grid_blocks(total);
+    // CUDA's gridDim.x (the plan's clamp(total, 1, 2^20)), also under a split dispatch.
+    int64_t grid = int64_t(ts_num_groups(uint64_t(mm_grid_blocks(total))));
     // The block loop is uniform over the workgroup, so the warp sum's barriers are too.
     for (int64_t blk = int64_t(gl_WorkGroupID.x); blk < total; blk += grid) {
         int64_t row = (blk % rblocks) * MMID_WARPS + warp;

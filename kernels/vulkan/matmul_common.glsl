@@ -11,9 +11,9 @@ layout(buffer_reference, scalar, buffer_reference_align = 1) readonly buffer MmI
 uint mm_u8(uint64_t p) { return uint(MmU8(p).v); }
 int mm_i8(uint64_t p) { return int(MmI8(p).v); }
 
-// Blocks of a grid-stride launch planned with `grid_1d`-style clamping: the grid is recomputed from
-// the work size rather than read from gl_NumWorkGroups, because a dispatch the runtime splits with
-// vkCmdDispatchBase reports only its own part there.
+// Blocks the plan gives a grid-stride launch over `work_blocks` blocks of work (clamped to
+// [1, 2^20]); ts_num_groups() of it is CUDA's gridDim.x even when the runtime splits the
+// dispatch (gl_NumWorkGroups then holds one chunk's count).
 int64_t mm_grid_blocks(int64_t work_blocks) {
     return clamp(work_blocks, int64_t(1), int64_t(1) << 20);
 }
