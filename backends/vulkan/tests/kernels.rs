@@ -82,6 +82,10 @@ impl Buf {
             DType::IQ4_NL => 10,
             DType::IQ4_XS => 11,
             DType::MXFP4 => 12,
+            DType::Q5_0 => 13,
+            DType::Q4_K => 14,
+            DType::Q5_K => 15,
+            DType::Q6_K => 16,
             other => panic!("no kernel type for {other}"),
         };
         let row = dtype.row_size(ne[0]).expect("whole blocks");
@@ -295,6 +299,10 @@ fn dequantizers_exact() -> TrialResult {
         DType::IQ4_NL,
         DType::IQ4_XS,
         DType::MXFP4,
+        DType::Q5_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
     ] {
         let q = rr(encode(dtype, &vals))?;
         let want = rr(decode(dtype, &q, n))?;
