@@ -35,6 +35,8 @@ pub use tessera_cuda as cuda;
 pub use tessera_hip as hip;
 #[cfg(feature = "sycl")]
 pub use tessera_sycl as sycl;
+#[cfg(feature = "vulkan")]
+pub use tessera_vulkan as vulkan;
 
 pub mod dist;
 pub mod model;
@@ -45,11 +47,12 @@ pub use plugins::{load_all, load_backend};
 use std::sync::Once;
 
 /// Vendor backends Tessera knows, and whether this build includes each.
-pub const BACKENDS: [(&str, bool); 4] = [
+pub const BACKENDS: [(&str, bool); 5] = [
     ("cpu", cfg!(feature = "cpu")),
     ("cuda", cfg!(feature = "cuda")),
     ("hip", cfg!(feature = "hip")),
     ("sycl", cfg!(feature = "sycl")),
+    ("vulkan", cfg!(feature = "vulkan")),
 ];
 
 /// The process-wide registry with every compiled-in backend registered, plus the plugins in
@@ -66,6 +69,8 @@ pub fn registry() -> &'static DeviceRegistry {
         reg.register(tessera_hip::registry());
         #[cfg(feature = "sycl")]
         reg.register(tessera_sycl::registry());
+        #[cfg(feature = "vulkan")]
+        reg.register(tessera_vulkan::registry());
         plugins::load_env_path(reg);
     });
     reg
@@ -281,6 +286,27 @@ mod tests {
             }
             (Ok(devs), None) => assert!(!devs.is_empty()),
             (got, want) => panic!("registry says {got:?}, sycl says {want:?}"),
+        }
+    }
+
+    /// With the `vulkan` feature the backend is always registered, with devices or with the
+    /// reason it has none.
+    #[cfg(feature = "vulkan")]
+    #[test]
+    fn vulkan_backend_is_registered() {
+        let reg = registry();
+        let info = reg
+            .backends()
+            .into_iter()
+            .find(|b| b.name == "vulkan")
+            .unwrap();
+        match (&info.devices, vulkan::VulkanRegistry::new().reason()) {
+            (Err(text), Some(why)) => {
+                assert!(text.contains(&why));
+                assert!(reg.select("vulkan:1").is_err());
+            }
+            (Ok(devs), None) => assert!(!devs.is_empty()),
+            (got, want) => panic!("registry says {got:?}, vulkan says {want:?}"),
         }
     }
 

@@ -34,6 +34,10 @@ typedef long long i64;
 #define T_IQ4_NL 10
 #define T_IQ4_XS 11
 #define T_MXFP4 12
+#define T_Q5_0 13
+#define T_Q4_K 14
+#define T_Q5_K 15
+#define T_Q6_K 16
 
 #define QK 32
 #define Q8_0_BYTES 34
@@ -46,6 +50,10 @@ typedef long long i64;
 #define IQ4_NL_BYTES 18
 #define IQ4_XS_BYTES 136
 #define MXFP4_BYTES 17
+#define Q5_0_BYTES 22
+#define Q4_K_BYTES 144
+#define Q5_K_BYTES 176
+#define Q6_K_BYTES 210
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -155,9 +163,10 @@ __device__ __forceinline__ float block_scale(const char* blk) {
     return h2f((u16)(b[0] | (b[1] << 8)));
 }
 
-// Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4: read (dequantized) by the kernels, never written.
+// Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, Q5_0, Q4_K, Q5_K and Q6_K: read (dequantized) by the
+// kernels, never written.
 __device__ __forceinline__ bool is_lowbit(int type) {
-    return type >= T_Q2_K && type <= T_MXFP4;
+    return type >= T_Q2_K && type <= T_Q6_K;
 }
 
 __device__ __forceinline__ bool is_quant(int type) {
@@ -174,13 +183,20 @@ __device__ __forceinline__ int quant_block_bytes(int type) {
     case T_IQ4_NL: return IQ4_NL_BYTES;
     case T_IQ4_XS: return IQ4_XS_BYTES;
     case T_MXFP4: return MXFP4_BYTES;
+    case T_Q5_0: return Q5_0_BYTES;
+    case T_Q4_K: return Q4_K_BYTES;
+    case T_Q5_K: return Q5_K_BYTES;
+    case T_Q6_K: return Q6_K_BYTES;
     default: return Q4_0_BYTES;
     }
 }
 
 // Elements per block: 256 for the super-block formats, else 32.
 __device__ __forceinline__ int quant_block_elems(int type) {
-    return (type == T_Q2_K || type == T_Q3_K || type == T_IQ4_XS) ? QK_K : QK;
+    return (type == T_Q2_K || type == T_Q3_K || type == T_IQ4_XS || type == T_Q4_K || type == T_Q5_K ||
+            type == T_Q6_K)
+               ? QK_K
+               : QK;
 }
 
 // ggml's kvalues_iq4nl (IQ4_NL / IQ4_XS levels) and kvalues_mxfp4 (E2M1 values doubled).
@@ -206,10 +222,59 @@ __device__ __forceinline__ int nibble32(const u8* q, int j) {
     return j < 16 ? (b & 15) : (b >> 4);
 }
 
-// Element j of a Q2_K / Q3_K / IQ4_NL / IQ4_XS / MXFP4 block (ggml's dequantize_row_* layouts;
+// Scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block from its 12 packed bytes q
+// (ggml's get_scale_min_k4).
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Element j of a Q5_0 / Q4_K / Q5_K / Q6_K block (ggml's dequantize_row_* in the same order of
+// operations as the CPU backend's dequantizers, kernels/src/cpu/kquant.rs).
+__device__ __forceinline__ float kquant_elem(const u8* b, int type, int j) {
+    if (type == T_Q5_0) {
+        // f16 d, u32 qh (bit j: fifth bit of element j), 16 nibble bytes; (q - 16) * d.
+        u32 qh = (u32)b[2] | ((u32)b[3] << 8) | ((u32)b[4] << 16) | ((u32)b[5] << 24);
+        u8 q = b[6 + (j & 15)];
+        int level = (j < 16 ? (q & 15) : (q >> 4)) | (int)(((qh >> j) & 1u) << 4);
+        return (float)(level - 16) * block_scale((const char*)b);
+    }
+    if (type == T_Q6_K) {
+        // ql[128], qh[64], i8 scales[16], f16 d; element 128h + 32t + l.
+        int h = j / 128, t = (j % 128) / 32, l = j % 32;
+        u8 lo = b[64 * h + 32 * (t & 1) + l];
+        int q = (t < 2 ? (lo & 15) : (lo >> 4)) | (((b[128 + 32 * h + l] >> (2 * t)) & 3) << 4);
+        float s = (float)(signed char)b[192 + 8 * h + l / 16 + 2 * t];
+        return block_scale((const char*)b + 208) * s * (float)(q - 32);
+    }
+    // Q4_K / Q5_K: f16 d, f16 dmin, 12 scale bytes, [Q5_K: qh[32]], qs[128]; sub-block s = j / 32
+    // takes the low (s even) or high nibbles of qs[32 (s / 2) + j % 32].
+    int s = j / 32, l = j % 32;
+    int sc, m;
+    scale_min_k4(s, b + 4, &sc, &m);
+    const u8* qs = b + (type == T_Q5_K ? 48 : 16);
+    u8 byte = qs[32 * (s / 2) + l];
+    int q = (s & 1) ? (byte >> 4) : (byte & 15);
+    if (type == T_Q5_K) {
+        q += ((b[16 + l] >> s) & 1) ? 16 : 0;
+    }
+    float d1 = block_scale((const char*)b) * (float)sc;
+    float m1 = block_scale((const char*)b + 2) * (float)m;
+    return d1 * (float)q - m1;
+}
+
+// Element j of a Q2_K / Q3_K / IQ4_NL / IQ4_XS / MXFP4 (or Q5_0 / Q4_K / Q5_K / Q6_K) block (ggml's dequantize_row_* layouts;
 // the K formats keep element j = 128h + 32t + l as the 2-bit field t of quant byte 32h + l).
 __device__ __forceinline__ float lowbit_elem(const char* blk, int type, int j) {
     const u8* b = (const u8*)blk;
+    if (type >= T_Q5_0) {
+        return kquant_elem(b, type, j);
+    }
     if (type == T_IQ4_NL) {
         return block_scale(blk) * iq4nl_level(nibble32(b + 2, j));
     }

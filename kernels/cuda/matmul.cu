@@ -1,6 +1,7 @@
 // MUL_MAT: dst[m, n, b2, b3] (f32) = w[k, m, w2, w3]^T · x[k, n, b2, b3], weights broadcast over
 // the batch axes (plane (i2, i3) of dst uses weight plane (i2 / r2, i3 / r3)).
-// Weights: F32, F16, BF16 (any row stride), Q8_0, Q4_0, Q4_1, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4;
+// Weights: F32, F16, BF16 (any row stride), Q8_0, Q4_0, Q4_1, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4,
+// Q5_0, Q4_K, Q5_K, Q6_K;
 // activations: any float type and strides.
 #include "common.cuh"
 

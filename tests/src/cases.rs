@@ -306,8 +306,8 @@ impl Case {
 }
 
 /// The dtypes the GPU kernels (CUDA, HIP, SYCL: `kernels/cuda`) implement; conformance cases with
-/// other dtypes (Q4_K, Q5_K, Q6_K, Q5_0) are outside their coverage.
-pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 13] = [
+/// other dtypes (Q8_K, the IQ formats other than IQ4_NL / IQ4_XS) are outside their coverage.
+pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 17] = [
     tessera_core::DType::F32,
     tessera_core::DType::F16,
     tessera_core::DType::BF16,
@@ -321,16 +321,24 @@ pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 13] = [
     tessera_core::DType::IQ4_NL,
     tessera_core::DType::IQ4_XS,
     tessera_core::DType::MXFP4,
+    tessera_core::DType::Q5_0,
+    tessera_core::DType::Q4_K,
+    tessera_core::DType::Q5_K,
+    tessera_core::DType::Q6_K,
 ];
 
 /// Of [`GPU_KERNEL_DTYPES`], those the GPU kernels only read (MUL_MAT weights, GET_ROWS tables,
 /// dequantizing copies): cases that quantize into them (CPY, SET_ROWS) are outside coverage.
-pub const GPU_READ_ONLY_DTYPES: [tessera_core::DType; 5] = [
+pub const GPU_READ_ONLY_DTYPES: [tessera_core::DType; 9] = [
     tessera_core::DType::Q2_K,
     tessera_core::DType::Q3_K,
     tessera_core::DType::IQ4_NL,
     tessera_core::DType::IQ4_XS,
     tessera_core::DType::MXFP4,
+    tessera_core::DType::Q5_0,
+    tessera_core::DType::Q4_K,
+    tessera_core::DType::Q5_K,
+    tessera_core::DType::Q6_K,
 ];
 
 // ===== Sources with layouts =====

@@ -57,6 +57,28 @@ pub fn run_device_suite(
     second: Option<&str>,
     covers: Option<&[DType]>,
 ) -> ! {
+    device_suite(backend, registry, second, covers, false)
+}
+
+/// As [`run_device_suite`], for a backend still gaining kernels (Vulkan): cases whose nodes a
+/// device declines (`supports_op` says no) are listed as ignored with the reason in their names
+/// instead of failing.
+pub fn run_device_suite_declining(
+    backend: &str,
+    registry: Arc<dyn Registry>,
+    second: Option<&str>,
+    covers: Option<&[DType]>,
+) -> ! {
+    device_suite(backend, registry, second, covers, true)
+}
+
+fn device_suite(
+    backend: &str,
+    registry: Arc<dyn Registry>,
+    second: Option<&str>,
+    covers: Option<&[DType]>,
+    declining: bool,
+) -> ! {
     let args = Arguments::from_args();
     let cases = all_cases();
     let devices = DeviceRegistry::new();
@@ -114,6 +136,11 @@ pub fn run_device_suite(
             };
             if !outside.is_empty() {
                 let name = format!("[no {backend} kernels for {}] {name}", outside.join(","));
+                trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
+                continue;
+            }
+            if declining && let Ok(Some(reason)) = crate::runner::case_support(dev.as_ref(), case) {
+                let name = format!("[unsupported on {backend}: {reason}] {name}");
                 trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
                 continue;
             }

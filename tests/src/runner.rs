@@ -229,6 +229,40 @@ fn fail(reason: String) -> Status {
     Status::Fail { nmse: None, reason }
 }
 
+/// Why `device` declines a node of `case` (`Ok(None)`: it supports them all); `Err` when the case
+/// does not build or `supports_op` panics.
+///
+/// # Errors
+/// The reason, as a [`Status::Fail`] would give it.
+pub fn case_support(device: &dyn Device, case: &Case) -> Result<Option<String>, String> {
+    let mut ctx = Context::new();
+    let built = case
+        .build(&mut ctx)
+        .map_err(|e| format!("case does not build: {e}"))?;
+    let roots: Vec<TensorId> = built.roots.iter().chain(&built.outputs).copied().collect();
+    let graph = ctx
+        .build_forward_multi(&roots)
+        .map_err(|e| format!("case does not build: {e}"))?;
+    declined(device, &ctx, &graph)
+}
+
+fn declined(device: &dyn Device, ctx: &Context, graph: &Graph) -> Result<Option<String>, String> {
+    for &node in graph.nodes() {
+        let t = &ctx.tensors()[node.index()];
+        if t.op().kind().is_view() {
+            continue;
+        }
+        let support = guarded(
+            "supports_op",
+            || Ok(device.supports_op(ctx.tensors(), node)),
+        )?;
+        if let Support::No(reason) = support {
+            return Ok(Some(format!("{}: {reason}", t.op().name())));
+        }
+    }
+    Ok(None)
+}
+
 fn run_status(device: &dyn Device, backend: &mut dyn Backend, case: &Case) -> Status {
     let mut ctx = Context::new();
     let built = match case.build(&mut ctx) {
@@ -240,22 +274,10 @@ fn run_status(device: &dyn Device, backend: &mut dyn Backend, case: &Case) -> St
         Ok(g) => g,
         Err(e) => return fail(format!("case does not build: {e}")),
     };
-    for &node in graph.nodes() {
-        let t = &ctx.tensors()[node.index()];
-        if t.op().kind().is_view() {
-            continue;
-        }
-        let support = guarded(
-            "supports_op",
-            || Ok(device.supports_op(ctx.tensors(), node)),
-        );
-        match support {
-            Ok(Support::Yes) => {}
-            Ok(Support::No(reason)) => {
-                return Status::NotSupported(format!("{}: {reason}", t.op().name()));
-            }
-            Err(e) => return fail(e),
-        }
+    match declined(device, &ctx, &graph) {
+        Ok(None) => {}
+        Ok(Some(reason)) => return Status::NotSupported(reason),
+        Err(e) => return fail(e),
     }
     let leaves = match guarded("the reference", || {
         leaf_bytes(case, &ctx, &graph, &built.inits)

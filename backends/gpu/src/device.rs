@@ -77,7 +77,7 @@ impl<D: Driver> Device for GpuDevice<D> {
         self.host_buft.clone().map(|b| b as Arc<dyn BufferType>)
     }
     fn supports_op(&self, tensors: &[TensorDesc], node: TensorId) -> Support {
-        tessera_kernels::cuda::plan::supports(tensors, node)
+        crate::stream::supports::<D>(self.gpu(), tensors, node)
     }
     fn supports_buffer_type(&self, buft: &dyn BufferType) -> bool {
         buft.as_any()

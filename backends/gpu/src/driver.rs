@@ -268,6 +268,12 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     /// # Errors
     /// The driver's status (no such kernel).
     fn function(module: &Self::Module, name: &str) -> Result<Self::Function>;
+    /// Optional. Whether kernel `name` exists for `gpu` at all (Vulkan: whether its SPIR-V has
+    /// been ported yet), so devices decline the nodes it would run instead of failing them.
+    /// Default `true`.
+    fn has_kernel(_gpu: &Self::Gpu, _name: &str) -> bool {
+        true
+    }
     /// Queues `f` on `stream` as `launch` plans it (`grid` blocks of `block` threads, `args`).
     ///
     /// # Safety

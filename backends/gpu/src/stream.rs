@@ -16,6 +16,29 @@ use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
 use tessera_kernels::cuda::host::status_error;
 use tessera_kernels::cuda::plan;
 
+/// Whether `gpu` runs node `node`: the plan supports it and the driver has the kernel it plans
+/// ([`Driver::has_kernel`]).
+pub(crate) fn supports<D: Driver>(
+    gpu: &D::Gpu,
+    tensors: &[tessera_core::TensorDesc],
+    node: tessera_core::TensorId,
+) -> tessera_core::Support {
+    let s = plan::supports(tensors, node);
+    if !matches!(s, tessera_core::Support::Yes) {
+        return s;
+    }
+    // Addresses do not change which kernel a node plans.
+    let zeros = vec![0u64; tensors.len()];
+    match plan::plan(tensors, &zeros, 0, node) {
+        Some(l) if !D::has_kernel(gpu, l.kernel) => tessera_core::Support::No(format!(
+            "kernel {} is not yet ported to {}",
+            l.kernel,
+            D::NAME
+        )),
+        _ => s,
+    }
+}
+
 /// A GPU event: completes when the stream work before it has.
 #[derive(Debug)]
 pub struct GpuEvent<D: Driver>(pub(crate) D::Event);
@@ -107,7 +130,8 @@ impl<D: Driver> Backend for GpuStream<D> {
     fn compute(&mut self, graph: &Graph, bindings: &Bindings) -> Result<()> {
         bindings.check_graph(graph)?;
         let tensors = graph.tensors();
-        tessera_core::backend::check_supported(graph, &self.name, plan::supports)?;
+        let gpu = self.ctx.gpu();
+        tessera_core::backend::check_supported(graph, &self.name, |t, n| supports::<D>(gpu, t, n))?;
         let (ptrs, held) = plan::resolve(graph, bindings, &self.name, |b, what| {
             Ok(self.device_buffer(b, what)?.ptr())
         })?;

@@ -185,7 +185,7 @@ const FA_MAX_D: usize = 512;
 const ARGSORT_MAX: usize = 4096;
 /// Weight types of MUL_MAT_ID: those `ld` in common.cuh dequantises, which k_mul_mat_id reads
 /// its weights with.
-const MUL_MAT_ID_WEIGHTS: [DType; 12] = [
+const MUL_MAT_ID_WEIGHTS: [DType; 16] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -198,6 +198,10 @@ const MUL_MAT_ID_WEIGHTS: [DType; 12] = [
     DType::IQ4_NL,
     DType::IQ4_XS,
     DType::MXFP4,
+    DType::Q5_0,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
 ];
 /// Threads per block of the grid-stride kernels.
 const BLOCK: u32 = 256;
@@ -220,6 +224,10 @@ fn type_code(d: DType) -> i32 {
         DType::IQ4_NL => 10,
         DType::IQ4_XS => 11,
         DType::MXFP4 => 12,
+        DType::Q5_0 => 13,
+        DType::Q4_K => 14,
+        DType::Q5_K => 15,
+        DType::Q6_K => 16,
         _ => -1,
     }
 }
@@ -235,11 +243,19 @@ pub fn alignment_of(d: DType) -> usize {
 }
 
 /// Whether the kernels only read `d` (dequantize it) and have no quantizer for it: Q2_K, Q3_K,
-/// IQ4_NL, IQ4_XS and MXFP4.
+/// IQ4_NL, IQ4_XS, MXFP4, Q5_0, Q4_K, Q5_K and Q6_K.
 pub fn read_only_dtype(d: DType) -> bool {
     matches!(
         d,
-        DType::Q2_K | DType::Q3_K | DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4
+        DType::Q2_K
+            | DType::Q3_K
+            | DType::IQ4_NL
+            | DType::IQ4_XS
+            | DType::MXFP4
+            | DType::Q5_0
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
     )
 }
 
@@ -735,7 +751,7 @@ mod tests {
     fn moe_support_and_launches() {
         let mut ctx = tessera_core::Context::new();
         let w = ctx.new_tensor(DType::Q4_0, [64, 10, 4]).unwrap();
-        let wk = ctx.new_tensor(DType::Q4_K, [256, 10, 4]).unwrap();
+        let wk = ctx.new_tensor(DType::Q8_K, [256, 10, 4]).unwrap();
         let x = ctx.new_tensor(DType::F32, [64, 1, 3]).unwrap();
         let xk = ctx.new_tensor(DType::F32, [256, 1, 3]).unwrap();
         let ids = ctx.new_tensor(DType::I32, [2, 3]).unwrap();
@@ -786,6 +802,10 @@ mod tests {
             DType::IQ4_NL,
             DType::IQ4_XS,
             DType::MXFP4,
+            DType::Q5_0,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
         ] {
             assert!(read_only_dtype(d));
             assert!(support(d, false), "MUL_MAT with {d} weights");

@@ -1,0 +1,5 @@
+//! The Vulkan backend as a plugin: `libtessera_vulkan.so`, loaded with `tessera::load_backend` or
+//! found by `tessera::load_all` in `TESSERA_BACKEND_PATH` or next to the executable.
+#![deny(unsafe_code)]
+
+tessera_core::export_backend!(tessera_vulkan::registry);

@@ -1,0 +1,349 @@
+//! [`Vulkan`]: the `sys` wrappers behind the shared runtime's [`Driver`] trait. A GPU is one
+//! logical Vulkan device ([`VkGpu`]); memory is a buffer with a device address ([`VkMem`]); a
+//! stream records into command buffers submitted with a timeline semaphore ([`VkStream`]);
+//! an event is a (semaphore, value) pair; kernels are compute pipelines of the committed SPIR-V.
+#![allow(unsafe_code)]
+
+use crate::spirv;
+use crate::sys::{Dev, Kernel, RawBuf, StreamShared, VkEvent, version_string};
+use ash::vk;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tessera_core::{DeviceType, Error, Result};
+use tessera_gpu::{Driver, NoPinned};
+use tessera_kernels::cuda::KERNELS;
+use tessera_kernels::cuda::plan::Launch;
+
+/// The Vulkan API, as the shared GPU runtime drives it.
+#[derive(Debug, Default)]
+pub struct Vulkan;
+
+/// One logical device (`VK0`, ...): a Vulkan device on a physical device (several may share one
+/// with `TESSERA_VULKAN_SPLIT`), and the stream blocking host access goes through.
+#[derive(Debug)]
+pub struct VkGpu {
+    pub(crate) name: String,
+    pub(crate) ordinal: usize,
+    pub(crate) dev: Arc<Dev>,
+    /// (index, count) of this logical device among those on its physical device.
+    pub(crate) split: (usize, usize),
+    io: Arc<StreamShared>,
+}
+
+impl VkGpu {
+    pub(crate) fn new(
+        name: String,
+        ordinal: usize,
+        dev: Arc<Dev>,
+        split: (usize, usize),
+    ) -> Result<VkGpu> {
+        let io = StreamShared::new(&dev, &name, false)?;
+        Ok(VkGpu {
+            name,
+            ordinal,
+            dev,
+            split,
+            io,
+        })
+    }
+
+    /// The physical device's name (as the driver reports it).
+    pub fn device_name(&self) -> &str {
+        &self.dev.info.name
+    }
+
+    /// Whether device memory is mapped into the host (CPU and integrated devices).
+    pub fn is_mapped(&self) -> bool {
+        self.dev.mapped
+    }
+
+    /// The file the device's pipeline cache is loaded from and saved to (`None`: off).
+    pub fn pipeline_cache(&self) -> Option<&std::path::Path> {
+        self.dev.cache_file.as_deref()
+    }
+
+    /// Writes the pipeline cache now, if pipelines were made since it was last saved (it is also
+    /// saved when a stream closes and when the device is dropped).
+    pub fn save_pipeline_cache(&self) {
+        self.dev.save_cache();
+    }
+
+    /// Loads kernel `name` from SPIR-V `code` (not one of the committed kernels: tests and
+    /// experiments).
+    ///
+    /// # Errors
+    /// Invalid SPIR-V, or the driver's status.
+    pub fn load_spirv(&self, name: &str, code: &[u8]) -> Result<VkFunction> {
+        Ok(VkFunction {
+            name: name.to_string(),
+            kernel: Some(Arc::new(Kernel::new(&self.dev, name, code)?)),
+        })
+    }
+}
+
+/// A buffer of a logical device.
+#[derive(Debug)]
+pub struct VkMem {
+    gpu: Arc<VkGpu>,
+    buf: RawBuf,
+}
+
+/// A stream of a logical device.
+#[derive(Debug)]
+pub struct VkStream {
+    gpu: Arc<VkGpu>,
+    s: Arc<StreamShared>,
+}
+
+impl Drop for VkStream {
+    fn drop(&mut self) {
+        // Statics hold the devices for the whole process, so the pipeline cache is saved when
+        // a stream (a backend) closes.
+        self.gpu.dev.save_cache();
+    }
+}
+
+/// The kernels of one source file that have SPIR-V.
+#[derive(Debug)]
+pub struct VkModule {
+    kernels: HashMap<&'static str, Arc<Kernel>>,
+}
+
+/// A kernel, or the name of one not yet ported (its launch fails with that reason).
+#[derive(Debug, Clone)]
+pub struct VkFunction {
+    name: String,
+    kernel: Option<Arc<Kernel>>,
+}
+
+fn not_ported(device: &str, name: &str) -> Error {
+    Error::Compute {
+        device: device.to_string(),
+        reason: format!(
+            "kernel {name} is not yet ported to Vulkan (no kernels/vulkan/spv/{name}.spv)"
+        ),
+    }
+}
+
+fn two_devices(what: &str) -> Error {
+    Error::InvalidArgument(format!("{what}: Vulkan memory of two devices"))
+}
+
+impl Driver for Vulkan {
+    const NAME: &'static str = "vulkan";
+    type Gpu = VkGpu;
+    type Mem = VkMem;
+    type Pinned = NoPinned;
+    type Stream = VkStream;
+    type Event = VkEvent;
+    type Module = VkModule;
+    type Function = VkFunction;
+
+    fn ordinal(gpu: &VkGpu) -> usize {
+        gpu.ordinal
+    }
+    fn gpu_name(gpu: &VkGpu) -> &str {
+        &gpu.name
+    }
+    fn describe(gpu: &VkGpu) -> String {
+        let i = &gpu.dev.info;
+        let kind = match i.kind {
+            vk::PhysicalDeviceType::CPU => "CPU device",
+            vk::PhysicalDeviceType::INTEGRATED_GPU => "integrated GPU",
+            vk::PhysicalDeviceType::DISCRETE_GPU => "discrete GPU",
+            vk::PhysicalDeviceType::VIRTUAL_GPU => "virtual GPU",
+            _ => "device",
+        };
+        let split = if gpu.split.1 > 1 {
+            format!(", logical device {} of {}", gpu.split.0, gpu.split.1)
+        } else {
+            String::new()
+        };
+        format!(
+            "{} (Vulkan {}, {kind} {}{split}; subgroup {}; {})",
+            i.name,
+            version_string(i.api),
+            i.index,
+            i.subgroup,
+            i.driver
+        )
+    }
+    /// Discrete and virtual GPUs are GPUs; integrated GPUs and CPU implementations (lavapipe)
+    /// are integrated devices sharing host memory: `Cpu` names the host CPU backend, which the
+    /// scheduler and model loader treat as the host fallback.
+    fn device_type(gpu: &VkGpu) -> DeviceType {
+        match gpu.dev.info.kind {
+            vk::PhysicalDeviceType::DISCRETE_GPU | vk::PhysicalDeviceType::VIRTUAL_GPU => {
+                DeviceType::Gpu
+            }
+            vk::PhysicalDeviceType::INTEGRATED_GPU | vk::PhysicalDeviceType::CPU => {
+                DeviceType::Igpu
+            }
+            _ => DeviceType::Accel,
+        }
+    }
+    fn total_mem(gpu: &VkGpu) -> usize {
+        gpu.dev.info.heap as usize
+    }
+    fn mem_info(gpu: &VkGpu) -> Result<(usize, usize)> {
+        // Core Vulkan reports no free memory; the whole heap counts as free.
+        let total = Vulkan::total_mem(gpu);
+        Ok((total, total))
+    }
+    fn can_copy(gpu: &VkGpu, peer: &VkGpu) -> bool {
+        Arc::ptr_eq(&gpu.dev, &peer.dev)
+    }
+
+    fn alloc(gpu: &Arc<VkGpu>, bytes: usize) -> Result<VkMem> {
+        Ok(VkMem {
+            buf: RawBuf::new(&gpu.dev, bytes, false, &gpu.name)?,
+            gpu: gpu.clone(),
+        })
+    }
+    fn mem_ptr(mem: &VkMem) -> u64 {
+        mem.buf.addr()
+    }
+    fn mem_size(mem: &VkMem) -> usize {
+        mem.buf.size()
+    }
+    fn mem_gpu(mem: &VkMem) -> &Arc<VkGpu> {
+        &mem.gpu
+    }
+    fn write(mem: &VkMem, offset: usize, src: &[u8]) -> Result<()> {
+        mem.buf.check(offset, src.len(), "Vulkan write")?;
+        mem.gpu.dev.quiesce()?;
+        if mem.buf.is_mapped() {
+            return mem.buf.write_mapped(offset, src);
+        }
+        mem.gpu.io.upload(&mem.buf, offset, src)?;
+        mem.gpu.io.sync()
+    }
+    fn read(mem: &VkMem, offset: usize, dst: &mut [u8]) -> Result<()> {
+        mem.buf.check(offset, dst.len(), "Vulkan read")?;
+        mem.gpu.dev.quiesce()?;
+        if mem.buf.is_mapped() {
+            return mem.buf.read_mapped(offset, dst);
+        }
+        mem.gpu.io.download(&mem.buf, offset, dst)
+    }
+    fn memset(mem: &VkMem, offset: usize, len: usize, value: u8) -> Result<()> {
+        mem.buf.check(offset, len, "Vulkan fill")?;
+        mem.gpu.dev.quiesce()?;
+        if mem.buf.is_mapped() {
+            return mem.buf.fill_mapped(offset, len, value);
+        }
+        mem.gpu.io.fill(&mem.buf, offset, len, value)?;
+        mem.gpu.io.sync()
+    }
+    fn copy(dst: &VkMem, doff: usize, src: &VkMem, soff: usize, len: usize) -> Result<()> {
+        dst.buf.check(doff, len, "Vulkan copy destination")?;
+        src.buf.check(soff, len, "Vulkan copy source")?;
+        if !Arc::ptr_eq(&dst.gpu.dev, &src.gpu.dev) {
+            let mut tmp = vec![0u8; len];
+            Vulkan::read(src, soff, &mut tmp)?;
+            return Vulkan::write(dst, doff, &tmp);
+        }
+        dst.gpu.dev.quiesce()?;
+        dst.gpu.io.copy(&dst.buf, doff, &src.buf, soff, len)?;
+        dst.gpu.io.sync()
+    }
+
+    fn stream_create(gpu: &Arc<VkGpu>) -> Result<VkStream> {
+        Ok(VkStream {
+            s: StreamShared::new(&gpu.dev, &gpu.name, true)?,
+            gpu: gpu.clone(),
+        })
+    }
+    fn stream_gpu(stream: &VkStream) -> &Arc<VkGpu> {
+        &stream.gpu
+    }
+    fn stream_sync(stream: &VkStream) -> Result<()> {
+        stream.s.sync()
+    }
+    fn stream_wait(stream: &VkStream, event: &VkEvent) -> Result<()> {
+        stream.s.wait_event(event)
+    }
+    fn copy_async(
+        s: &VkStream,
+        dst: &VkMem,
+        doff: usize,
+        src: &VkMem,
+        soff: usize,
+        len: usize,
+    ) -> Result<()> {
+        if !Arc::ptr_eq(&dst.gpu.dev, &s.gpu.dev) || !Arc::ptr_eq(&src.gpu.dev, &s.gpu.dev) {
+            return Err(two_devices("queued copy"));
+        }
+        s.s.copy(&dst.buf, doff, &src.buf, soff, len)
+    }
+    fn copy_peer_async(
+        s: &VkStream,
+        dst: &VkMem,
+        doff: usize,
+        src: &VkMem,
+        soff: usize,
+        len: usize,
+    ) -> Result<()> {
+        // Logical devices sharing one Vulkan device copy directly; others go through the host
+        // (`can_copy` says no).
+        Vulkan::copy_async(s, dst, doff, src, soff, len)
+    }
+    fn write_staged(s: &VkStream, dst: &VkMem, offset: usize, src: &[u8]) -> Result<()> {
+        if !Arc::ptr_eq(&dst.gpu.dev, &s.gpu.dev) {
+            return Err(two_devices("staged write"));
+        }
+        s.s.upload(&dst.buf, offset, src)
+    }
+    fn read_staged(s: &VkStream, src: &VkMem, offset: usize, dst: &mut [u8]) -> Result<()> {
+        if !Arc::ptr_eq(&src.gpu.dev, &s.gpu.dev) {
+            return Err(two_devices("staged read"));
+        }
+        s.s.download(&src.buf, offset, dst)
+    }
+    fn memset_async(s: &VkStream, mem: &VkMem, off: usize, len: usize, value: u8) -> Result<()> {
+        if !Arc::ptr_eq(&mem.gpu.dev, &s.gpu.dev) {
+            return Err(two_devices("queued fill"));
+        }
+        s.s.fill(&mem.buf, off, len, value)
+    }
+
+    fn event_record(stream: &VkStream) -> Result<VkEvent> {
+        Ok(VkEvent {
+            value: stream.s.record()?,
+            tl: stream.s.tl.clone(),
+        })
+    }
+    fn event_sync(event: &VkEvent) -> Result<()> {
+        event.synchronize()
+    }
+    fn event_query(event: &VkEvent) -> bool {
+        event.is_complete()
+    }
+
+    fn load_module(&self, gpu: &Arc<VkGpu>, file: &'static str) -> Result<VkModule> {
+        let mut kernels = HashMap::new();
+        for &(_, name) in KERNELS.iter().filter(|(f, _)| *f == file) {
+            if let Some(code) = spirv(name) {
+                kernels.insert(name, Arc::new(Kernel::new(&gpu.dev, name, code)?));
+            }
+        }
+        Ok(VkModule { kernels })
+    }
+    fn function(module: &VkModule, name: &str) -> Result<VkFunction> {
+        Ok(VkFunction {
+            name: name.to_string(),
+            kernel: module.kernels.get(name).cloned(),
+        })
+    }
+    fn has_kernel(_gpu: &VkGpu, name: &str) -> bool {
+        spirv(name).is_some()
+    }
+    unsafe fn launch(s: &VkStream, f: &VkFunction, launch: &Launch) -> Result<()> {
+        let k = f
+            .kernel
+            .as_ref()
+            .ok_or_else(|| not_ported(&s.gpu.name, &f.name))?;
+        // SAFETY: the caller's contract (`Driver::launch`) is `StreamShared::launch`'s.
+        unsafe { s.s.launch(k, launch) }
+    }
+}

@@ -1,0 +1,341 @@
+//! Vulkan runtime checks beyond op conformance: devices (split logical devices), buffers
+//! (blocking and stream-ordered, unaligned fills, copies within and across devices), events
+//! across streams and devices, a test kernel launched end to end (argument block, specialization
+//! constant, a grid split above `maxComputeWorkGroupCount`), kernels not yet ported, and the
+//! on-disk pipeline cache. Without a loader or device every trial is ignored with the reason in
+//! its name; `TESSERA_REQUIRE=vulkan` makes that a failure.
+//!
+//! The process runs with `TESSERA_VULKAN_SPLIT=2` (two logical devices per physical device) and
+//! a pipeline cache in a temporary folder unless the environment sets them.
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::sync::Arc;
+use tessera_core::{BackendOptions, DeviceType, Registry};
+use tessera_gpu::{Driver, GpuContext};
+use tessera_kernels::cuda::KERNELS;
+use tessera_kernels::cuda::plan::{Arg, Launch};
+use tessera_vulkan::{Vulkan, VulkanRegistry};
+
+type TrialResult = Result<(), Failed>;
+type Named = (&'static str, fn() -> TrialResult);
+
+const TEST_FILL: &[u8] = include_bytes!("data/k_test_fill.spv");
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> TrialResult {
+    if ok { Ok(()) } else { Err(what().into()) }
+}
+
+fn e<T>(r: tessera_core::Result<T>) -> Result<T, Failed> {
+    r.map_err(|e| Failed::from(e.to_string()))
+}
+
+fn contexts() -> Result<&'static [Arc<GpuContext<Vulkan>>], Failed> {
+    e(VulkanRegistry::new().contexts())
+}
+
+fn floats(raw: &[u8]) -> Vec<f32> {
+    raw.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn devices() -> TrialResult {
+    let reg = VulkanRegistry::new();
+    let all = e(reg.devices())?;
+    let names: Vec<&str> = all.iter().map(|d| d.name()).collect();
+    check(names.first() == Some(&"VK0"), || format!("{names:?}"))?;
+    for (i, d) in all.iter().enumerate() {
+        eprintln!("{}: {} [{}]", d.name(), d.description(), d.kind());
+        check(d.name() == format!("VK{i}"), || format!("{names:?}"))?;
+        check(d.memory().total > 0, || format!("{}: no memory", d.name()))?;
+        check(d.kind() != DeviceType::Cpu, || {
+            "a Vulkan device claims to be the host CPU".into()
+        })?;
+    }
+    let two = e(reg.devices_with_count(2))?;
+    check(two.len() == 2 && two[0].name() != two[1].name(), || {
+        format!(
+            "vulkan:2 gave {:?}",
+            two.iter().map(|d| d.name()).collect::<Vec<_>>()
+        )
+    })?;
+    if std::env::var("TESSERA_VULKAN_SPLIT").as_deref() == Ok("2") {
+        check(all.len() % 2 == 0 && all.len() >= 2, || {
+            format!("split 2 gave {names:?}")
+        })?;
+    }
+    check(e(reg.devices_with_count(0)).is_err(), || {
+        "vulkan:0 accepted".into()
+    })
+}
+
+fn buffers() -> TrialResult {
+    let dev = &e(VulkanRegistry::new().devices())?[0];
+    let buf = e(dev.buffer_type().alloc(1003))?;
+    let data: Vec<u8> = (0..1003u32).map(|i| (i * 7 + 1) as u8).collect();
+    e(buf.write(0, &data))?;
+    e(buf.memset(5, 10, 0xab))?;
+    let mut want = data.clone();
+    want[5..15].fill(0xab);
+    let mut got = vec![0u8; 1003];
+    e(buf.read(0, &mut got))?;
+    check(got == want, || "blocking write/memset/read".into())?;
+    check(buf.read(1000, &mut [0u8; 8]).is_err(), || {
+        "read past the end accepted".into()
+    })?;
+
+    // Stream order: staged write, unaligned queued fill, device copy, staged read.
+    let mut s = e(dev.init_backend(&BackendOptions::default()))?;
+    let other = e(dev.buffer_type().alloc(1003))?;
+    e(s.write_async(other.as_ref(), 1, &data[..999]))?;
+    e(s.copy_async(&buf, 100, &other, 3, 501))?;
+    let mut back = vec![0u8; 1003];
+    e(s.read_async(other.as_ref(), 0, &mut back))?;
+    e(s.synchronize())?;
+    let mut want2 = vec![0u8; 1003];
+    e(other.read(0, &mut want2))?;
+    check(back == want2, || {
+        "stream read differs from blocking read".into()
+    })?;
+    check(
+        back[3..504] == want[100..601] && back[504..1000] == data[503..999],
+        || "stream write/copy".into(),
+    )?;
+    Ok(())
+}
+
+fn fills() -> TrialResult {
+    let ctx = &contexts()?[0];
+    let gpu = ctx.gpu();
+    let mem = e(Vulkan::alloc(gpu, 64))?;
+    e(Vulkan::memset(&mem, 0, 64, 0x11))?;
+    let s = e(Vulkan::stream_create(gpu))?;
+    for (off, len, v) in [
+        (1usize, 2usize, 0xa1u8),
+        (5, 13, 0xb2),
+        (20, 4, 0xc3),
+        (31, 1, 0xd4),
+        (40, 0, 0xe5),
+    ] {
+        e(Vulkan::memset_async(&s, &mem, off, len, v))?;
+    }
+    e(Vulkan::stream_sync(&s))?;
+    let mut got = [0u8; 64];
+    e(Vulkan::read(&mem, 0, &mut got))?;
+    let mut want = [0x11u8; 64];
+    want[1..3].fill(0xa1);
+    want[5..18].fill(0xb2);
+    want[20..24].fill(0xc3);
+    want[31] = 0xd4;
+    check(got == want, || format!("{got:02x?}"))
+}
+
+fn test_fill(grid: (u32, u32, u32), block: u32, n: usize) -> TrialResult {
+    let ctx = &contexts()?[0];
+    let gpu = ctx.gpu();
+    let f = e(gpu.load_spirv("k_test_fill", TEST_FILL))?;
+    let mem = e(Vulkan::alloc(gpu, (n + 16) * 4))?;
+    e(Vulkan::memset(&mem, 0, (n + 16) * 4, 0))?;
+    let s = e(Vulkan::stream_create(gpu))?;
+    let launch = Launch {
+        kernel: "k_test_fill",
+        grid,
+        block,
+        args: vec![
+            Arg::Ptr(Vulkan::mem_ptr(&mem)),
+            Arg::I64(n as i64),
+            Arg::F32(0.5),
+            Arg::F32(-3.0),
+        ],
+    };
+    // SAFETY: k_test_fill takes (float*, long long, float, float); it writes dst[0..n], inside
+    // `mem`, which lives past the synchronization below.
+    e(unsafe { Vulkan::launch(&s, &f, &launch) })?;
+    e(Vulkan::stream_sync(&s))?;
+    let mut raw = vec![0u8; (n + 16) * 4];
+    e(Vulkan::read(&mem, 0, &mut raw))?;
+    let got = floats(&raw);
+    if let Some(i) = (0..n).find(|&i| got[i] != 0.5 * i as f32 - 3.0) {
+        return Err(format!("dst[{i}] = {} (want {})", got[i], 0.5 * i as f32 - 3.0).into());
+    }
+    check(got[n..].iter().all(|&v| v == 0.0), || "wrote past n".into())
+}
+
+fn kernel_small() -> TrialResult {
+    // n not a multiple of the block; then another block size (another pipeline).
+    test_fill((4, 1, 1), 64, 250)?;
+    test_fill((2, 1, 1), 256, 500)
+}
+
+fn kernel_split_grid() -> TrialResult {
+    // 70000 blocks: above lavapipe's (and most devices') 65535 per dimension.
+    test_fill((70_000, 1, 1), 32, 70_000 * 32)
+}
+
+fn many_launches_and_events() -> TrialResult {
+    let ctx = &contexts()?[0];
+    let gpu = ctx.gpu();
+    let f = e(gpu.load_spirv("k_test_fill", TEST_FILL))?;
+    let n = 1000usize;
+    let mem = e(Vulkan::alloc(gpu, n * 4))?;
+    let (a, b) = (
+        e(Vulkan::stream_create(gpu))?,
+        e(Vulkan::stream_create(gpu))?,
+    );
+    // 600 launches on `a` (more than one batch), the last one's values win.
+    for k in 0..600 {
+        let launch = Launch {
+            kernel: "k_test_fill",
+            grid: (8, 1, 1),
+            block: 128,
+            args: vec![
+                Arg::Ptr(Vulkan::mem_ptr(&mem)),
+                Arg::I64(n as i64),
+                Arg::F32(k as f32),
+                Arg::F32(1.0),
+            ],
+        };
+        // SAFETY: as in `test_fill`.
+        e(unsafe { Vulkan::launch(&a, &f, &launch) })?;
+    }
+    let ev = e(Vulkan::event_record(&a))?;
+    // `b` copies after the event: sees the last fill.
+    let copy = e(Vulkan::alloc(gpu, n * 4))?;
+    e(Vulkan::stream_wait(&b, &ev))?;
+    e(Vulkan::copy_async(&b, &copy, 0, &mem, 0, n * 4))?;
+    let done = e(Vulkan::event_record(&b))?;
+    e(Vulkan::event_sync(&done))?;
+    check(
+        Vulkan::event_query(&ev) && Vulkan::event_query(&done),
+        || "events incomplete after sync".into(),
+    )?;
+    let mut raw = vec![0u8; n * 4];
+    e(Vulkan::read(&copy, 0, &mut raw))?;
+    let got = floats(&raw);
+    check((0..n).all(|i| got[i] == 599.0 * i as f32 + 1.0), || {
+        format!("copy saw {:?}", &got[..4])
+    })
+}
+
+fn two_devices() -> TrialResult {
+    let ctxs = contexts()?;
+    if ctxs.len() < 2 {
+        return Err("fewer than two logical devices (TESSERA_VULKAN_SPLIT=2 expected)".into());
+    }
+    let (g0, g1) = (ctxs[0].gpu(), ctxs[1].gpu());
+    check(
+        !Vulkan::can_copy(g0, g1) || Vulkan::ordinal(g0) != Vulkan::ordinal(g1),
+        || "two logical devices share an ordinal".into(),
+    )?;
+    let m0 = e(Vulkan::alloc(g0, 4096))?;
+    let m1 = e(Vulkan::alloc(g1, 4096))?;
+    let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    e(Vulkan::write(&m0, 0, &data))?;
+    e(Vulkan::copy(&m1, 0, &m0, 0, 4096))?;
+    // Work on device 1 waits for an event of device 0.
+    let s0 = e(Vulkan::stream_create(g0))?;
+    let s1 = e(Vulkan::stream_create(g1))?;
+    e(Vulkan::memset_async(&s0, &m0, 0, 16, 9))?;
+    let ev = e(Vulkan::event_record(&s0))?;
+    e(Vulkan::stream_wait(&s1, &ev))?;
+    e(Vulkan::memset_async(&s1, &m1, 4000, 96, 7))?;
+    e(Vulkan::stream_sync(&s1))?;
+    let mut got = vec![0u8; 4096];
+    e(Vulkan::read(&m1, 0, &mut got))?;
+    let mut want = data.clone();
+    want[4000..].fill(7);
+    check(got == want, || "cross-device copy or fill".into())?;
+    check(Vulkan::event_query(&ev), || "device 0 event".into())
+}
+
+fn unported_kernels() -> TrialResult {
+    let ctx = &contexts()?[0];
+    let ported = tessera_vulkan::ported_kernels();
+    eprintln!("ported kernels: {ported:?}");
+    let s = e(Vulkan::stream_create(ctx.gpu()))?;
+    for &(_, name) in KERNELS {
+        let has = Vulkan::has_kernel(ctx.gpu(), name);
+        check(has == ported.contains(&name), || {
+            format!("has_kernel({name})")
+        })?;
+        if has {
+            continue;
+        }
+        let f = e(ctx.kernels().get(name))?;
+        let launch = Launch {
+            kernel: name,
+            grid: (1, 1, 1),
+            block: 32,
+            args: Vec::new(),
+        };
+        // SAFETY: a kernel without SPIR-V is refused before anything is queued.
+        let r = unsafe { Vulkan::launch(&s, &f, &launch) };
+        check(
+            r.as_ref()
+                .is_err_and(|e| e.to_string().contains("not yet ported")),
+            || format!("{name}: {r:?}"),
+        )?;
+    }
+    Ok(())
+}
+
+fn pipeline_cache() -> TrialResult {
+    let ctx = &contexts()?[0];
+    let gpu = ctx.gpu();
+    let Some(path) = gpu.pipeline_cache() else {
+        eprintln!("pipeline cache off");
+        return Ok(());
+    };
+    test_fill((1, 1, 1), 96, 96)?;
+    gpu.save_pipeline_cache();
+    let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    check(len > 0, || format!("{} not written", path.display()))
+}
+
+fn main() {
+    // SAFETY: no other thread exists yet.
+    unsafe {
+        if std::env::var_os("TESSERA_VULKAN_SPLIT").is_none() {
+            std::env::set_var("TESSERA_VULKAN_SPLIT", "2");
+        }
+        if std::env::var_os("TESSERA_VULKAN_CACHE").is_none() {
+            let dir =
+                std::env::temp_dir().join(format!("tessera-vulkan-test-{}", std::process::id()));
+            std::env::set_var("TESSERA_VULKAN_CACHE", dir);
+        }
+    }
+    let args = Arguments::from_args();
+    let require =
+        std::env::var("TESSERA_REQUIRE").is_ok_and(|v| v.split(',').any(|b| b.trim() == "vulkan"));
+    let reason = VulkanRegistry::new().reason();
+    let all: &[Named] = &[
+        ("devices", devices),
+        ("buffers", buffers),
+        ("fills", fills),
+        ("kernel_small", kernel_small),
+        ("kernel_split_grid", kernel_split_grid),
+        ("many_launches_and_events", many_launches_and_events),
+        ("two_devices", two_devices),
+        ("unported_kernels", unported_kernels),
+        ("pipeline_cache", pipeline_cache),
+    ];
+    let trials =
+        all.iter()
+            .map(|&(name, f)| match &reason {
+                None => Trial::test(name, f),
+                Some(why) if require => {
+                    let msg = format!("TESSERA_REQUIRE=vulkan: {why}");
+                    Trial::test(name, move || Err(Failed::from(msg)))
+                }
+                Some(why) => Trial::test(format!("[skipped: {why}] {name}"), || Ok(()))
+                    .with_ignored_flag(true),
+            })
+            .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Ok(dir) = std::env::var("TESSERA_VULKAN_CACHE")
+        && dir.contains("tessera-vulkan-test-")
+    {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    conclusion.exit();
+}

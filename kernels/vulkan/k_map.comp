@@ -1,0 +1,51 @@
+#version 460
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+#include "elementwise_funcs.glsl"
+
+// dst = f(a) for SCALE (p0 * x + p1), SQR, SQRT, CLAMP (p0..p1) and the unary functions.
+#define MAP_SCALE 0
+#define MAP_SQR 1
+#define MAP_SQRT 2
+#define MAP_CLAMP 3
+#define MAP_SILU 4
+#define MAP_GELU 5
+#define MAP_GELU_QUICK 6
+#define MAP_RELU 7
+#define MAP_TANH 8
+#define MAP_NEG 9
+#define MAP_EXP 10
+#define MAP_SIGMOID 11
+
+layout(buffer_reference, scalar) readonly buffer Args { Tensor dst; Tensor a; int op; float p0; float p1; int64_t n; };
+
+float map_one(int op, float x, float p0, float p1) {
+    switch (op) {
+    case MAP_SCALE: return x * p0 + p1;
+    case MAP_SQR: return x * x;
+    case MAP_SQRT: return sqrt(x);
+    case MAP_CLAMP: return fminf_c(fmaxf_c(x, p0), p1);
+    case MAP_SILU: return silu(x);
+    case MAP_GELU: return gelu(x);
+    case MAP_GELU_QUICK: return x / (1.0 + exp(-1.702 * x));
+    case MAP_RELU: return fmaxf_c(x, 0.0);
+    case MAP_TANH: return tanhf_c(x);
+    case MAP_NEG: return -x;
+    case MAP_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    default: return exp(x);
+    }
+}
+
+void main() {
+    Args args = Args(pc.args);
+    Tensor dst = args.dst;
+    Tensor a = args.a;
+    int op = args.op;
+    float p0 = args.p0, p1 = args.p1;
+    int64_t n = args.n;
+    GRID_STRIDE(e, n) {
+        int64_t i[4];
+        unravel(e, dst.ne, i);
+        st(dst, i[0], i[1], i[2], i[3], map_one(op, ld(a, i[0], i[1], i[2], i[3]), p0, p1));
+    }
+}

@@ -1,0 +1,26 @@
+#version 460
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+#include "quantize.glsl"
+
+// One invocation per block of a quantized dst (same shape as src, rows contiguous).
+layout(buffer_reference, scalar) readonly buffer Args { Tensor dst; Tensor src; int64_t n_blocks; };
+
+void main() {
+    Args args = Args(pc.args);
+    Tensor dst = args.dst;
+    Tensor src = args.src;
+    int64_t n_blocks = args.n_blocks;
+    int64_t per_row = dst.ne[0] / QK;
+    GRID_STRIDE(e, n_blocks) {
+        int64_t r = e / per_row;
+        int64_t blk = e % per_row;
+        int64_t i[4];
+        unravel_row(r, dst.ne, i);
+        float x[QK];
+        for (int j = 0; j < QK; j++) {
+            x[j] = ld(src, blk * QK + j, i[1], i[2], i[3]);
+        }
+        quantize_block(x, row_ptr(dst, i[1], i[2], i[3]) + uint64_t(blk * quant_block_bytes(dst.type)), dst.type);
+    }
+}
