@@ -127,7 +127,14 @@ fn fills() -> TrialResult {
     want[5..18].fill(0xb2);
     want[20..24].fill(0xc3);
     want[31] = 0xd4;
-    check(got == want, || format!("{got:02x?}"))
+    check(got == want, || format!("{got:02x?}"))?;
+    // A stream dropped with work recorded still runs it.
+    let s2 = e(Vulkan::stream_create(gpu))?;
+    e(Vulkan::memset_async(&s2, &mem, 40, 8, 0x77))?;
+    drop(s2);
+    e(Vulkan::read(&mem, 0, &mut got))?;
+    want[40..48].fill(0x77);
+    check(got == want, || format!("after drop: {got:02x?}"))
 }
 
 fn test_fill(grid: (u32, u32, u32), block: u32, n: usize) -> TrialResult {
