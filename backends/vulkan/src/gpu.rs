@@ -134,6 +134,7 @@ impl VkStream {
 
 impl Driver for Vulkan {
     const NAME: &'static str = "vulkan";
+    const ALL_KERNELS: bool = false;
     type Gpu = VkGpu;
     type Mem = VkMem;
     type Pinned = NoPinned;
