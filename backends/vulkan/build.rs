@@ -8,7 +8,8 @@ use std::path::PathBuf;
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let dir = manifest.join("../../kernels/vulkan/spv");
-    println!("cargo:rerun-if-changed={}", dir.display());
+    // Cargo scans a watched folder recursively; a watched path that does not exist would rerun
+    // this script (and rebuild the crate) on every build, so `spv/` is watched through its parent.
     println!(
         "cargo:rerun-if-changed={}",
         manifest.join("../../kernels/vulkan").display()
@@ -30,7 +31,6 @@ fn main() {
         "/// Committed SPIR-V kernels as `(kernel name, bytes)`, sorted by name.\npub static SPIRV: &[(&str, &[u8])] = &[\n",
     );
     for (name, path) in &found {
-        println!("cargo:rerun-if-changed={}", path.display());
         writeln!(
             out,
             "    ({name:?}, include_bytes!({:?})),",

@@ -26,6 +26,10 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     const NAME: &'static str;
     /// Optional. Alignment of tensor offsets in device buffers. Default [`GPU_ALIGNMENT`].
     const ALIGNMENT: usize = GPU_ALIGNMENT;
+    /// Optional. Whether the backend has every kernel of `tessera_kernels::cuda`. Default
+    /// `true`; a backend still gaining kernels (Vulkan) says `false`, and devices then ask
+    /// [`Driver::has_kernel`] for the kernel each node plans.
+    const ALL_KERNELS: bool = true;
     /// Optional. Whether [`Driver::alloc_pinned`] gives memory, so devices offer a pinned host
     /// buffer type. Default `false`.
     const PINNED_HOST: bool = false;
@@ -270,7 +274,7 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     fn function(module: &Self::Module, name: &str) -> Result<Self::Function>;
     /// Optional. Whether kernel `name` exists for `gpu` at all (Vulkan: whether its SPIR-V has
     /// been ported yet), so devices decline the nodes it would run instead of failing them.
-    /// Default `true`.
+    /// Asked only when [`Driver::ALL_KERNELS`] is `false`. Default `true`.
     fn has_kernel(_gpu: &Self::Gpu, _name: &str) -> bool {
         true
     }

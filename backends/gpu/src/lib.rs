@@ -1,4 +1,4 @@
-//! Tessera's shared GPU runtime: everything the CUDA, HIP and SYCL backends have in common,
+//! Tessera's shared GPU runtime: everything the CUDA, HIP, SYCL and Vulkan backends have in common,
 //! written once over the small [`Driver`] trait that each vendor crate implements
 //! ([`RegistryDriver`] adds GPU enumeration and an NCCL-API library, for CUDA and HIP).
 //!

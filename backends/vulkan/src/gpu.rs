@@ -125,12 +125,16 @@ fn not_ported(device: &str, name: &str) -> Error {
     }
 }
 
-fn two_devices(what: &str) -> Error {
-    Error::InvalidArgument(format!("{what}: Vulkan memory of two devices"))
+impl VkStream {
+    /// Whether `mem` is memory of the stream's Vulkan device.
+    fn owns(&self, mem: &VkMem) -> bool {
+        Arc::ptr_eq(&mem.gpu.dev, &self.gpu.dev)
+    }
 }
 
 impl Driver for Vulkan {
     const NAME: &'static str = "vulkan";
+    const ALL_KERNELS: bool = false;
     type Gpu = VkGpu;
     type Mem = VkMem;
     type Pinned = NoPinned;
@@ -263,6 +267,8 @@ impl Driver for Vulkan {
     fn stream_wait(stream: &VkStream, event: &VkEvent) -> Result<()> {
         stream.s.wait_event(event)
     }
+    /// Memory of another Vulkan device (a logical device of `TESSERA_VULKAN_SPLIT`) takes the
+    /// blocking path after the stream's work: correct, not overlapped.
     fn copy_async(
         s: &VkStream,
         dst: &VkMem,
@@ -271,10 +277,11 @@ impl Driver for Vulkan {
         soff: usize,
         len: usize,
     ) -> Result<()> {
-        if !Arc::ptr_eq(&dst.gpu.dev, &s.gpu.dev) || !Arc::ptr_eq(&src.gpu.dev, &s.gpu.dev) {
-            return Err(two_devices("queued copy"));
+        if s.owns(dst) && s.owns(src) {
+            return s.s.copy(&dst.buf, doff, &src.buf, soff, len);
         }
-        s.s.copy(&dst.buf, doff, &src.buf, soff, len)
+        s.s.sync()?;
+        Vulkan::copy(dst, doff, src, soff, len)
     }
     fn copy_peer_async(
         s: &VkStream,
@@ -284,27 +291,29 @@ impl Driver for Vulkan {
         soff: usize,
         len: usize,
     ) -> Result<()> {
-        // Logical devices sharing one Vulkan device copy directly; others go through the host
-        // (`can_copy` says no).
+        // Logical devices sharing one Vulkan device copy directly; others go through the host.
         Vulkan::copy_async(s, dst, doff, src, soff, len)
     }
     fn write_staged(s: &VkStream, dst: &VkMem, offset: usize, src: &[u8]) -> Result<()> {
-        if !Arc::ptr_eq(&dst.gpu.dev, &s.gpu.dev) {
-            return Err(two_devices("staged write"));
+        if s.owns(dst) {
+            return s.s.upload(&dst.buf, offset, src);
         }
-        s.s.upload(&dst.buf, offset, src)
+        s.s.sync()?;
+        Vulkan::write(dst, offset, src)
     }
     fn read_staged(s: &VkStream, src: &VkMem, offset: usize, dst: &mut [u8]) -> Result<()> {
-        if !Arc::ptr_eq(&src.gpu.dev, &s.gpu.dev) {
-            return Err(two_devices("staged read"));
+        if s.owns(src) {
+            return s.s.download(&src.buf, offset, dst);
         }
-        s.s.download(&src.buf, offset, dst)
+        s.s.sync()?;
+        Vulkan::read(src, offset, dst)
     }
     fn memset_async(s: &VkStream, mem: &VkMem, off: usize, len: usize, value: u8) -> Result<()> {
-        if !Arc::ptr_eq(&mem.gpu.dev, &s.gpu.dev) {
-            return Err(two_devices("queued fill"));
+        if s.owns(mem) {
+            return s.s.fill(&mem.buf, off, len, value);
         }
-        s.s.fill(&mem.buf, off, len, value)
+        s.s.sync()?;
+        Vulkan::memset(mem, off, len, value)
     }
 
     fn event_record(stream: &VkStream) -> Result<VkEvent> {

@@ -786,8 +786,14 @@ unsafe impl Send for StreamState {}
 
 impl Drop for StreamShared {
     fn drop(&mut self) {
+        // What is recorded still runs (a dropped stream's queued work is not discarded).
+        let last = {
+            let mut st = self.st.lock();
+            let _ = self.flush(&mut st);
+            st.last
+        };
+        let _ = self.tl.wait(last);
         let st = self.st.get_mut();
-        let _ = self.tl.wait(st.last);
         st.running.clear();
         st.open = None;
         // SAFETY: every submit of the pool's command buffers has completed (waited above, or the

@@ -127,7 +127,14 @@ fn fills() -> TrialResult {
     want[5..18].fill(0xb2);
     want[20..24].fill(0xc3);
     want[31] = 0xd4;
-    check(got == want, || format!("{got:02x?}"))
+    check(got == want, || format!("{got:02x?}"))?;
+    // A stream dropped with work recorded still runs it.
+    let s2 = e(Vulkan::stream_create(gpu))?;
+    e(Vulkan::memset_async(&s2, &mem, 40, 8, 0x77))?;
+    drop(s2);
+    e(Vulkan::read(&mem, 0, &mut got))?;
+    want[40..48].fill(0x77);
+    check(got == want, || format!("after drop: {got:02x?}"))
 }
 
 fn test_fill(grid: (u32, u32, u32), block: u32, n: usize) -> TrialResult {
@@ -245,7 +252,21 @@ fn two_devices() -> TrialResult {
     let mut want = data.clone();
     want[4000..].fill(7);
     check(got == want, || "cross-device copy or fill".into())?;
-    check(Vulkan::event_query(&ev), || "device 0 event".into())
+    check(Vulkan::event_query(&ev), || "device 0 event".into())?;
+    // A stream of device 0 handed memory of device 1 takes the blocking path.
+    e(Vulkan::memset_async(&s0, &m1, 0, 8, 5))?;
+    e(Vulkan::copy_async(&s0, &m1, 8, &m0, 100, 8))?;
+    e(Vulkan::write_staged(&s0, &m1, 16, &[1, 2, 3]))?;
+    let mut three = [0u8; 3];
+    e(Vulkan::read_staged(&s0, &m1, 16, &mut three))?;
+    e(Vulkan::stream_sync(&s0))?;
+    e(Vulkan::read(&m1, 0, &mut got))?;
+    want[..8].fill(5);
+    want[8..16].copy_from_slice(&data[100..108]);
+    want[16..19].copy_from_slice(&[1, 2, 3]);
+    check(got == want && three == [1, 2, 3], || {
+        "foreign memory through a stream".into()
+    })
 }
 
 fn unported_kernels() -> TrialResult {
