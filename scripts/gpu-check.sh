@@ -30,6 +30,10 @@ HIP), then, within the time budget (default 570 s, to fit 10 minutes on one H100
   bench-allreduce
                 bench-allreduce --devices VENDOR:2
   bench         bench -m GEMMA3 --devices VENDOR:2 (split modes none, layer, tensor)
+  vulkan-conformance, vulkan-test-tp, vulkan-mixed-tp, vulkan-bench-ops
+                the Vulkan backend on the same GPU through its vendor's Vulkan driver
+                (TESSERA_REQUIRE=vulkan), test-tp over two logical Vulkan devices and over
+                VK0 with the vendor's device 0, bench-ops -b vulkan; skipped without a driver
 Every step ends as ok, FAILED, TIMEOUT or skipped (with the reason) in the report, by default
 target/gpu-check/report.md; each step's log sits next to it. Exits 1 when a step failed.
 
@@ -153,7 +157,8 @@ detect() {
 detect
 
 STEPS=(toolchain wheels model build devices toolchain-test conformance allreduce-vendor
-       test-tp-vendor test-tp bench-ops bench-allreduce bench)
+       test-tp-vendor test-tp bench-ops bench-allreduce bench vulkan-conformance vulkan-test-tp
+       vulkan-mixed-tp vulkan-bench-ops)
 if [ "$NGPU" -eq 0 ]; then
   for s in "${STEPS[@]}"; do skip "$s" "$NO_GPU_REASON"; done
   write_report
@@ -226,7 +231,7 @@ fi
 
 # --- build and run ---------------------------------------------------------------------------
 BIN="$ROOT/target/release/tessera"
-if ! step build 300 bash -c "cargo build --release --features $VENDOR && cargo test --release -p tessera-$VENDOR --no-run"; then
+if ! step build 300 bash -c "cargo build --release --features $VENDOR,vulkan && cargo test --release -p tessera-$VENDOR --no-run"; then
   for s in "${STEPS[@]:4}"; do skip "$s" "the build did not succeed (see the build row)"; done
   write_report
   exit 1
@@ -253,6 +258,19 @@ if [ -n "$GGUF" ] && [ -f "$GGUF" ]; then
   step bench 180 "$BIN" bench -m "$GGUF" --devices "$VENDOR:2" -p 64 -n 32 -r 2
 else
   skip bench "no Gemma 3 270M file (the model step failed; set TESSERA_GEMMA3_GGUF)"
+fi
+
+# --- Vulkan on the same GPU (its vendor's Vulkan driver: NVIDIA's ICD, or RADV on AMD) --------
+if "$BIN" devices 2>/dev/null | grep -q '^vulkan.*: [1-9][0-9]* device'; then
+  export TESSERA_REQUIRE=vulkan
+  step vulkan-conformance 240 cargo test --release -p tessera-vulkan
+  unset TESSERA_REQUIRE
+  step vulkan-test-tp 120 env TESSERA_VULKAN_SPLIT=2 "$BIN" test-tp --devices VK0,VK1
+  step vulkan-mixed-tp 120 "$BIN" test-tp --devices "VK0,${VENDOR^^}0"
+  step vulkan-bench-ops 120 "$BIN" bench-ops -b vulkan --min-time 0.05
+else
+  why="no Vulkan device (install the GPU vendor's Vulkan driver; tessera devices lists why)"
+  for s in vulkan-conformance vulkan-test-tp vulkan-mixed-tp vulkan-bench-ops; do skip "$s" "$why"; done
 fi
 
 write_report
