@@ -222,6 +222,7 @@ __device__ __forceinline__ int nibble32(const u8* q, int j) {
     return j < 16 ? (b & 15) : (b >> 4);
 }
 
+#ifndef TESSERA_NO_KQUANT
 // Scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block from its 12 packed bytes q
 // (ggml's get_scale_min_k4).
 __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m) {
@@ -267,14 +268,17 @@ __device__ __forceinline__ float kquant_elem(const u8* b, int type, int j) {
     float m1 = block_scale((const char*)b + 2) * (float)m;
     return d1 * (float)q - m1;
 }
+#endif
 
 // Element j of a Q2_K / Q3_K / IQ4_NL / IQ4_XS / MXFP4 (or Q5_0 / Q4_K / Q5_K / Q6_K) block (ggml's dequantize_row_* layouts;
 // the K formats keep element j = 128h + 32t + l as the 2-bit field t of quant byte 32h + l).
 __device__ __forceinline__ float lowbit_elem(const char* blk, int type, int j) {
     const u8* b = (const u8*)blk;
+#ifndef TESSERA_NO_KQUANT
     if (type >= T_Q5_0) {
         return kquant_elem(b, type, j);
     }
+#endif
     if (type == T_IQ4_NL) {
         return block_scale(blk) * iq4nl_level(nibble32(b + 2, j));
     }

@@ -278,6 +278,12 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     fn has_kernel(_gpu: &Self::Gpu, _name: &str) -> bool {
         true
     }
+    /// Optional. Whether the vendor's build of the kernels reads `dtype` at all (SYCL compiles
+    /// them without the K-quant decoders: see `kernels/sycl/compat.hpp`); nodes with a source of
+    /// another dtype are declined. Default `true`.
+    fn reads_dtype(_dtype: tessera_core::DType) -> bool {
+        true
+    }
     /// Queues `f` on `stream` as `launch` plans it (`grid` blocks of `block` threads, `args`).
     ///
     /// # Safety

@@ -24,6 +24,16 @@ pub(crate) fn supports<D: Driver>(
     node: tessera_core::TensorId,
 ) -> tessera_core::Support {
     let s = plan::supports(tensors, node);
+    if let Some(d) = tensors[node.index()]
+        .srcs()
+        .map(|i| tensors[i.index()].dtype())
+        .find(|&d| !D::reads_dtype(d))
+    {
+        return tessera_core::Support::No(format!(
+            "the {} kernels are built without the {d} decoder",
+            D::NAME
+        ));
+    }
     if D::ALL_KERNELS || !matches!(s, tessera_core::Support::Yes) {
         return s;
     }

@@ -39,6 +39,17 @@ fn no_context(what: &str) -> Error {
 impl Driver for Sycl {
     const NAME: &'static str = "sycl";
     const ALIGNMENT: usize = SYCL_ALIGNMENT;
+
+    fn reads_dtype(dtype: tessera_core::DType) -> bool {
+        // Built with TESSERA_NO_KQUANT (kernels/sycl/compat.hpp).
+        !matches!(
+            dtype,
+            tessera_core::DType::Q5_0
+                | tessera_core::DType::Q4_K
+                | tessera_core::DType::Q5_K
+                | tessera_core::DType::Q6_K
+        )
+    }
     type Gpu = DevState;
     type Mem = SyclMem;
     type Pinned = NoPinned;
