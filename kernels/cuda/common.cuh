@@ -166,7 +166,11 @@ __device__ __forceinline__ float block_scale(const char* blk) {
 // Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, Q5_0, Q4_K, Q5_K and Q6_K: read (dequantized) by the
 // kernels, never written.
 __device__ __forceinline__ bool is_lowbit(int type) {
+#ifdef TESSERA_NO_KQUANT
+    return type >= T_Q2_K && type <= T_MXFP4;
+#else
     return type >= T_Q2_K && type <= T_Q6_K;
+#endif
 }
 
 __device__ __forceinline__ bool is_quant(int type) {
@@ -183,20 +187,26 @@ __device__ __forceinline__ int quant_block_bytes(int type) {
     case T_IQ4_NL: return IQ4_NL_BYTES;
     case T_IQ4_XS: return IQ4_XS_BYTES;
     case T_MXFP4: return MXFP4_BYTES;
+#ifndef TESSERA_NO_KQUANT
     case T_Q5_0: return Q5_0_BYTES;
     case T_Q4_K: return Q4_K_BYTES;
     case T_Q5_K: return Q5_K_BYTES;
     case T_Q6_K: return Q6_K_BYTES;
+#endif
     default: return Q4_0_BYTES;
     }
 }
 
 // Elements per block: 256 for the super-block formats, else 32.
 __device__ __forceinline__ int quant_block_elems(int type) {
+#ifdef TESSERA_NO_KQUANT
+    return (type == T_Q2_K || type == T_Q3_K || type == T_IQ4_XS) ? QK_K : QK;
+#else
     return (type == T_Q2_K || type == T_Q3_K || type == T_IQ4_XS || type == T_Q4_K || type == T_Q5_K ||
             type == T_Q6_K)
                ? QK_K
                : QK;
+#endif
 }
 
 // ggml's kvalues_iq4nl (IQ4_NL / IQ4_XS levels) and kvalues_mxfp4 (E2M1 values doubled).
