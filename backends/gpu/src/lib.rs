@@ -12,7 +12,8 @@
 //!   the plans of `tessera_kernels::cuda::plan`, in-flight batches, status words, async, peer and
 //!   staged copies) and events with cross-stream waits.
 //! - [`GpuRegistry`]: devices `PREFIX0..` or the reason there are none, and the comm trio
-//!   ([`comm`]) over an NCCL-API library ([`nccl`]).
+//!   ([`comm`]) over an NCCL-API library ([`nccl`]); [`comm_host`] is the host-staged trio for
+//!   drivers with no collective library (Vulkan).
 //!
 //! Modules import downwards only: `driver` → `runtime` → `buffer` → `stream` → `device` →
 //! `registry`; `comm` sits beside the registry. `unsafe` is confined to [`sys`] (library loading,
@@ -25,6 +26,7 @@
 
 mod buffer;
 pub mod comm;
+pub mod comm_host;
 mod device;
 mod driver;
 mod inflight;

@@ -221,8 +221,10 @@ impl Registry for VulkanRegistry {
             .map(|j| device(&format!("VK0/{j}"), &s.gpus[0]))
             .collect())
     }
-    fn proc_address(&self, _name: &str) -> Option<ProcAddress> {
-        None
+    /// The host-staged comm trio of the shared runtime (`TESSERA_VULKAN_ALLREDUCE`: `f32` by
+    /// default, `bf16` wire, or `none`).
+    fn proc_address(&self, name: &str) -> Option<ProcAddress> {
+        tessera_gpu::comm_host::proc_address::<Vulkan>(name)
     }
 }
 

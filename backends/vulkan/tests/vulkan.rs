@@ -10,7 +10,10 @@
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
-use tessera_core::{BackendOptions, DeviceType, Registry};
+use tessera_core::comm::CommSlice;
+use tessera_core::plugin::{CommApi, CommOutcome};
+use tessera_core::{Backend, BackendOptions, Buffer, Device, DeviceType, ProcAddress, Registry};
+use tessera_gpu::comm_host::{self, HostWire};
 use tessera_gpu::{Driver, GpuContext};
 use tessera_kernels::cuda::KERNELS;
 use tessera_kernels::cuda::plan::{Arg, Launch};
@@ -313,6 +316,159 @@ fn pipeline_cache() -> TrialResult {
     check(len > 0, || format!("{} not written", path.display()))
 }
 
+/// The Vulkan registry with its comm trio's wire fixed (the tests never set the variable).
+struct Wired(VulkanRegistry, HostWire);
+
+impl Registry for Wired {
+    fn name(&self) -> &str {
+        "vulkan"
+    }
+    fn probe(&self) -> tessera_core::Result<()> {
+        self.0.probe()
+    }
+    fn devices(&self) -> tessera_core::Result<Vec<Arc<dyn Device>>> {
+        self.0.devices()
+    }
+    fn proc_address(&self, name: &str) -> Option<ProcAddress> {
+        comm_host::proc_address_with_wire::<Vulkan>(name, self.1)
+    }
+}
+
+/// Value `i` of device `j`: every float class the wire meets (signs, tiny, large, halfway
+/// between two bf16 values).
+fn comm_value(j: usize, i: usize) -> f32 {
+    let base = ((i * 7919 + j * 104_729) % 2001) as f32 - 1000.0;
+    match i % 3 {
+        0 => base * 1e-3,
+        1 => base * 37.5,
+        _ => f32::from_bits((base.to_bits() & 0xffff_0000) | 0x8000),
+    }
+}
+
+fn bf16_round(v: f32) -> f32 {
+    half::bf16::from_f32(v).to_f32()
+}
+
+/// One all-reduce through the registry's trio over `devices`, slices at byte offset 16, device
+/// `silent` filled with NaN and not contributing; checks every device's result bit for bit
+/// against the host sum in device order (f32), or the sum of bf16-rounded values rounded once
+/// (bf16).
+fn comm_case(
+    reg: &dyn Registry,
+    devices: &[Arc<dyn Device>],
+    len: usize,
+    silent: usize,
+    wire: HostWire,
+) -> TrialResult {
+    let n = devices.len();
+    let api = CommApi::from_registry(reg).ok_or("the Vulkan registry exports no comm trio")?;
+    let mut streams: Vec<Box<dyn Backend>> = devices
+        .iter()
+        .map(|d| d.init_backend(&BackendOptions::default()))
+        .collect::<tessera_core::Result<_>>()
+        .map_err(|e| Failed::from(e.to_string()))?;
+    let mut comm = api
+        .init(&mut streams)
+        .ok_or("the host-staged comm declined")?;
+    let bufs: Vec<Arc<dyn Buffer>> = devices
+        .iter()
+        .map(|d| d.buffer_type().alloc(16 + len * 4))
+        .collect::<tessera_core::Result<_>>()
+        .map_err(|e| Failed::from(e.to_string()))?;
+    for (j, b) in bufs.iter().enumerate() {
+        let v: Vec<u8> = (0..len)
+            .flat_map(|i| {
+                if j == silent {
+                    f32::NAN
+                } else {
+                    comm_value(j, i)
+                }
+                .to_le_bytes()
+            })
+            .collect();
+        e(b.write(16, &v))?;
+    }
+    let slices: Vec<CommSlice> = bufs
+        .iter()
+        .enumerate()
+        .map(|(j, b)| CommSlice {
+            buffer: b.clone(),
+            offset: 16,
+            len,
+            contributes: j != silent,
+        })
+        .collect();
+    let outcome = e(comm.allreduce(&slices))?;
+    check(matches!(outcome, CommOutcome::Done), || {
+        format!("{outcome:?}")
+    })?;
+    for s in streams.iter_mut() {
+        e(s.synchronize())?;
+    }
+    let want: Vec<f32> = (0..len)
+        .map(|i| {
+            let mut acc = 0.0f32;
+            for j in (0..n).filter(|&j| j != silent) {
+                acc += match wire {
+                    HostWire::F32 => comm_value(j, i),
+                    HostWire::Bf16 => bf16_round(comm_value(j, i)),
+                };
+            }
+            if wire == HostWire::Bf16 {
+                bf16_round(acc)
+            } else {
+                acc
+            }
+        })
+        .collect();
+    for (j, b) in bufs.iter().enumerate() {
+        let mut raw = vec![0u8; len * 4];
+        e(b.read(16, &mut raw))?;
+        let got = floats(&raw);
+        if let Some(i) = (0..len).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+            return Err(format!(
+                "{wire:?} n={n} len={len} device {j} value {i}: {} (want {})",
+                got[i], want[i]
+            )
+            .into());
+        }
+    }
+    // A misaligned slice declines (the generic all-reduce would run), enqueuing nothing.
+    if len > 0 {
+        let odd: Vec<CommSlice> = slices
+            .iter()
+            .map(|s| CommSlice {
+                offset: 2,
+                ..s.clone()
+            })
+            .collect();
+        let outcome = e(comm.allreduce(&odd))?;
+        check(matches!(outcome, CommOutcome::Declined), || {
+            format!("misaligned: {outcome:?}")
+        })?;
+    }
+    Ok(())
+}
+
+/// The host-staged comm trio, found by name: two devices with their own contexts and three
+/// logical devices sharing one, f32 and bf16 wires, sizes 0 to 70,001 values.
+fn comm_trio() -> TrialResult {
+    let reg = VulkanRegistry::new();
+    check(CommApi::from_registry(&reg).is_some(), || {
+        "no trio by name".into()
+    })?;
+    let pairs = e(reg.devices())?;
+    let three = e(reg.devices_with_count(3))?;
+    for wire in [HostWire::F32, HostWire::Bf16] {
+        let wired = Wired(VulkanRegistry::new(), wire);
+        for len in [0, 1, 1000, 70_001] {
+            comm_case(&wired, &pairs[..2.min(pairs.len())], len, usize::MAX, wire)?;
+            comm_case(&wired, &three, len, 1, wire)?;
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     // SAFETY: no other thread exists yet.
     unsafe {
@@ -339,6 +495,7 @@ fn main() {
         ("two_devices", two_devices),
         ("unported_kernels", unported_kernels),
         ("pipeline_cache", pipeline_cache),
+        ("comm_trio", comm_trio),
     ];
     let trials =
         all.iter()
