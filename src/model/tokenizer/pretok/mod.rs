@@ -19,7 +19,9 @@ mod names;
 mod unicode;
 
 use fancy_regex::Regex;
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Mutex, OnceLock};
 
 /// A pre-tokenizer type: llama.cpp's `LLAMA_VOCAB_PRE_TYPE_*`. Several `tokenizer.ggml.pre`
 /// names map to one type ([`PreTokenizer::from_gguf_name`]).
@@ -168,7 +170,7 @@ impl PreTokenizer {
         let stages = self
             .regexes()
             .iter()
-            .map(|re| Stage::new(re))
+            .map(|re| Stage::cached(re))
             .collect::<Result<_, _>>()?;
         Ok(PreSplitter { kind: self, stages })
     }
@@ -316,7 +318,33 @@ enum Stage {
     },
 }
 
+/// Compiled stages by pattern, at most this many. A process builds the same few pre-tokenizers
+/// again and again (each model load; each input of the tokenizer fuzz target), and compiling
+/// their Unicode regexes takes up to 0.6 ms per splitter (measured in release builds).
+const STAGE_CACHE_MAX: usize = 64;
+
 impl Stage {
+    fn cached(re: &str) -> Result<Stage, String> {
+        static CACHE: OnceLock<Mutex<HashMap<String, Stage>>> = OnceLock::new();
+        let cache = CACHE.get_or_init(Default::default);
+        // A panic elsewhere while the lock was held leaves whole entries: the map stays usable.
+        let lock = || {
+            cache
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some(s) = lock().get(re) {
+            return Ok(s.clone());
+        }
+        let stage = Stage::new(re)?;
+        let mut c = lock();
+        if c.len() >= STAGE_CACHE_MAX {
+            c.clear();
+        }
+        c.insert(re.to_string(), stage.clone());
+        Ok(stage)
+    }
+
     fn new(re: &str) -> Result<Stage, String> {
         if let Some(c) = Custom::of(re) {
             return Ok(Stage::Custom(c));
