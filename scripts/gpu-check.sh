@@ -62,7 +62,8 @@ while [ $# -gt 0 ]; do
 done
 case "$VENDOR" in ""|cuda|hip) ;; *) echo "gpu-check: --vendor is cuda or hip" >&2; exit 2 ;; esac
 if [ -n "$PREBUILT" ]; then
-  PREBUILT="$(cd "$PREBUILT" 2>/dev/null && pwd)" || { echo "gpu-check: no folder $PREBUILT" >&2; exit 2; }
+  given="$PREBUILT"
+  PREBUILT="$(cd "$given" 2>/dev/null && pwd)" || { echo "gpu-check: no folder $given" >&2; exit 2; }
   [ -x "$PREBUILT/bin/tessera" ] || { echo "gpu-check: $PREBUILT/bin/tessera missing (run scripts/gpu-bundle.sh)" >&2; exit 2; }
 fi
 
