@@ -203,11 +203,14 @@ else
   exit 1
 fi
 
-# The newest file matching GLOB under the system's CUDA and Python library folders.
+# The file matching GLOB with the newest version in its name, under the CUDA toolkit, the system
+# library folders and Python's nvidia packages (on a tie, the first of those).
 system_lib() {
-  local py; py="$(python3 -c 'import nvidia, sys; print(*nvidia.__path__)' 2>/dev/null)"
-  find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /usr/local/lib $py -name "$1" 2>/dev/null |
-    sort -V | tail -n 1
+  local py; py="$(python3 -c 'import nvidia; print(*nvidia.__path__)' 2>/dev/null)"
+  # shellcheck disable=SC2086 # the namespace package may span several folders
+  find /usr/local/cuda/ /usr/local/cuda-*/ /usr/lib/x86_64-linux-gnu /usr/local/lib $py \
+    -name "$1" 2>/dev/null | tac | awk -F/ '{ print $NF "\t" $0 }' | sort -t "$(printf '\t')" -k1,1V -s |
+    tail -n 1 | cut -f2
 }
 export VENV="$ROOT/.venv"
 # Versions as .ci/run (shared/docs/toolchains.md §3).

@@ -298,6 +298,18 @@ pub fn validate_slices<D: Driver, M>(
 }
 
 fn allreduce<D: RegistryDriver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Result<i32> {
+    let result = allreduce_queued(ctx, calls);
+    if result.is_err() {
+        // Work queued before the failure may still use the caller's slices, which the caller
+        // is free to drop once we return: drain every member first.
+        for m in &ctx.members {
+            let _ = D::stream_sync(&m.stream);
+        }
+    }
+    result
+}
+
+fn allreduce_queued<D: RegistryDriver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Result<i32> {
     let usable = |m: &Member<D>, gpu: &D::Gpu| D::ordinal(gpu) == m.ordinal;
     let (len, slots) = match validate_slices::<D, _>(calls, &ctx.members, usable) {
         Ok(v) => v,

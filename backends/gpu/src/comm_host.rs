@@ -201,6 +201,18 @@ fn bf16_bits(v: f32) -> u16 {
 }
 
 fn allreduce<D: Driver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Result<i32> {
+    let result = allreduce_queued(ctx, calls);
+    if result.is_err() {
+        // Work queued before the failure may still use the caller's slices, which the caller
+        // is free to drop once we return: drain every member first.
+        for m in &ctx.members {
+            let _ = D::stream_sync(&m.stream);
+        }
+    }
+    result
+}
+
+fn allreduce_queued<D: Driver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Result<i32> {
     let usable = |m: &Member<D>, gpu: &D::Gpu| std::ptr::eq(m.gpu.as_ref(), gpu);
     let (len, slots) = match crate::comm::validate_slices::<D, _>(calls, &ctx.members, usable) {
         Ok(v) => v,

@@ -349,16 +349,21 @@ fn bf16_round(v: f32) -> f32 {
     half::bf16::from_f32(v).to_f32()
 }
 
-/// One all-reduce through the registry's trio over `devices`, slices at byte offset 16, device
-/// `silent` filled with NaN and not contributing; checks every device's result bit for bit
-/// against the host sum in device order (f32), or the sum of bf16-rounded values rounded once
-/// (bf16).
+/// All-reduces through the registry's trio over `devices`, one comm for every length of
+/// `lens` in turn (so its scratch grows and is reused), slices at byte offset 16, device
+/// `silent` filled with NaN and not contributing. Each slice is written by its stream just before
+/// the call, unsynchronised, over stale values (the Vulkan driver's blocking reads wait for the
+/// whole device, so on Vulkan this cannot catch a comm that ignored stream order). Checks
+/// every device's result bit for bit against the host sum in device order (f32), or the sum of
+/// bf16-rounded values rounded once (bf16); then that a misaligned slice (and, on devices with
+/// their own GPUs, slices handed to the wrong members) declines and leaves the values alone.
 fn comm_case(
     reg: &dyn Registry,
     devices: &[Arc<dyn Device>],
-    len: usize,
+    lens: &[usize],
     silent: usize,
     wire: HostWire,
+    own_gpus: bool,
 ) -> TrialResult {
     let n = devices.len();
     let api = CommApi::from_registry(reg).ok_or("the Vulkan registry exports no comm trio")?;
@@ -370,71 +375,82 @@ fn comm_case(
     let mut comm = api
         .init(&mut streams)
         .ok_or("the host-staged comm declined")?;
-    let bufs: Vec<Arc<dyn Buffer>> = devices
-        .iter()
-        .map(|d| d.buffer_type().alloc(16 + len * 4))
-        .collect::<tessera_core::Result<_>>()
-        .map_err(|e| Failed::from(e.to_string()))?;
-    for (j, b) in bufs.iter().enumerate() {
-        let v: Vec<u8> = (0..len)
-            .flat_map(|i| {
-                if j == silent {
-                    f32::NAN
-                } else {
-                    comm_value(j, i)
-                }
-                .to_le_bytes()
+    for &len in lens {
+        let bufs: Vec<Arc<dyn Buffer>> = devices
+            .iter()
+            .map(|d| d.buffer_type().alloc(16 + len * 4))
+            .collect::<tessera_core::Result<_>>()
+            .map_err(|e| Failed::from(e.to_string()))?;
+        for (j, (b, s)) in bufs.iter().zip(streams.iter_mut()).enumerate() {
+            let v: Vec<u8> = (0..len)
+                .flat_map(|i| {
+                    if j == silent {
+                        f32::NAN
+                    } else {
+                        comm_value(j, i)
+                    }
+                    .to_le_bytes()
+                })
+                .collect();
+            // Stale values first, then the real ones in stream order.
+            e(b.write(16, &vec![0x7f; len * 4]))?;
+            e(s.write_async(b.as_ref(), 16, &v))?;
+        }
+        let slices: Vec<CommSlice> = bufs
+            .iter()
+            .enumerate()
+            .map(|(j, b)| CommSlice {
+                buffer: b.clone(),
+                offset: 16,
+                len,
+                contributes: j != silent,
             })
             .collect();
-        e(b.write(16, &v))?;
-    }
-    let slices: Vec<CommSlice> = bufs
-        .iter()
-        .enumerate()
-        .map(|(j, b)| CommSlice {
-            buffer: b.clone(),
-            offset: 16,
-            len,
-            contributes: j != silent,
-        })
-        .collect();
-    let outcome = e(comm.allreduce(&slices))?;
-    check(matches!(outcome, CommOutcome::Done), || {
-        format!("{outcome:?}")
-    })?;
-    for s in streams.iter_mut() {
-        e(s.synchronize())?;
-    }
-    let want: Vec<f32> = (0..len)
-        .map(|i| {
-            let mut acc = 0.0f32;
-            for j in (0..n).filter(|&j| j != silent) {
-                acc += match wire {
-                    HostWire::F32 => comm_value(j, i),
-                    HostWire::Bf16 => bf16_round(comm_value(j, i)),
-                };
-            }
-            if wire == HostWire::Bf16 {
-                bf16_round(acc)
-            } else {
-                acc
-            }
-        })
-        .collect();
-    for (j, b) in bufs.iter().enumerate() {
-        let mut raw = vec![0u8; len * 4];
-        e(b.read(16, &mut raw))?;
-        let got = floats(&raw);
-        if let Some(i) = (0..len).find(|&i| got[i].to_bits() != want[i].to_bits()) {
-            return Err(format!(
-                "{wire:?} n={n} len={len} device {j} value {i}: {} (want {})",
-                got[i], want[i]
-            )
-            .into());
+        let outcome = e(comm.allreduce(&slices))?;
+        check(matches!(outcome, CommOutcome::Done), || {
+            format!("{outcome:?}")
+        })?;
+        for s in streams.iter_mut() {
+            e(s.synchronize())?;
         }
-    }
-    // A misaligned slice declines (the generic all-reduce would run), enqueuing nothing.
-    if len > 0 {
+        let want: Vec<f32> = (0..len)
+            .map(|i| {
+                let mut acc = 0.0f32;
+                for j in (0..n).filter(|&j| j != silent) {
+                    acc += match wire {
+                        HostWire::F32 => comm_value(j, i),
+                        HostWire::Bf16 => bf16_round(comm_value(j, i)),
+                    };
+                }
+                if wire == HostWire::Bf16 {
+                    bf16_round(acc)
+                } else {
+                    acc
+                }
+            })
+            .collect();
+        let read_all = || -> Result<Vec<Vec<f32>>, Failed> {
+            bufs.iter()
+                .map(|b| {
+                    let mut raw = vec![0u8; len * 4];
+                    e(b.read(16, &mut raw))?;
+                    Ok(floats(&raw))
+                })
+                .collect()
+        };
+        let got = read_all()?;
+        for (j, g) in got.iter().enumerate() {
+            if let Some(i) = (0..len).find(|&i| g[i].to_bits() != want[i].to_bits()) {
+                return Err(format!(
+                    "{wire:?} n={n} len={len} device {j} value {i}: {} (want {})",
+                    g[i], want[i]
+                )
+                .into());
+            }
+        }
+        if len == 0 {
+            continue;
+        }
         let odd: Vec<CommSlice> = slices
             .iter()
             .map(|s| CommSlice {
@@ -446,12 +462,32 @@ fn comm_case(
         check(matches!(outcome, CommOutcome::Declined), || {
             format!("misaligned: {outcome:?}")
         })?;
+        if own_gpus {
+            let mut swapped = slices.clone();
+            swapped.rotate_left(1);
+            let outcome = e(comm.allreduce(&swapped))?;
+            check(matches!(outcome, CommOutcome::Declined), || {
+                format!("slices of other members' GPUs: {outcome:?}")
+            })?;
+        }
+        for s in streams.iter_mut() {
+            e(s.synchronize())?;
+        }
+        let after: Vec<Vec<u32>> = read_all()?
+            .iter()
+            .map(|g| g.iter().map(|v| v.to_bits()).collect())
+            .collect();
+        let before: Vec<Vec<u32>> = got
+            .iter()
+            .map(|g| g.iter().map(|v| v.to_bits()).collect())
+            .collect();
+        check(after == before, || "a declined call changed values".into())?;
     }
     Ok(())
 }
 
 /// The host-staged comm trio, found by name: two devices with their own contexts and three
-/// logical devices sharing one, f32 and bf16 wires, sizes 0 to 70,001 values.
+/// logical devices sharing one, f32 and bf16 wires, 0 to 70,001 values on one comm.
 fn comm_trio() -> TrialResult {
     let reg = VulkanRegistry::new();
     check(CommApi::from_registry(&reg).is_some(), || {
@@ -459,12 +495,18 @@ fn comm_trio() -> TrialResult {
     })?;
     let pairs = e(reg.devices())?;
     let three = e(reg.devices_with_count(3))?;
+    let lens = [1000, 70_001, 0, 1, 1000];
     for wire in [HostWire::F32, HostWire::Bf16] {
         let wired = Wired(VulkanRegistry::new(), wire);
-        for len in [0, 1, 1000, 70_001] {
-            comm_case(&wired, &pairs[..2.min(pairs.len())], len, usize::MAX, wire)?;
-            comm_case(&wired, &three, len, 1, wire)?;
-        }
+        comm_case(
+            &wired,
+            &pairs[..2.min(pairs.len())],
+            &lens,
+            usize::MAX,
+            wire,
+            true,
+        )?;
+        comm_case(&wired, &three, &lens, 1, wire, false)?;
     }
     Ok(())
 }
