@@ -57,6 +57,13 @@ impl VkGpu {
         self.dev.mapped
     }
 
+    /// Whether quantized GEMV (`k_mul_mat_vec_q`) rounds activations to Q8_0 and multiplies with
+    /// integer dot products, as llama.cpp's CPU does: the device has shaderIntegerDotProduct and
+    /// `TESSERA_VULKAN_INT8` is not `0`.
+    pub fn int8_dot(&self) -> bool {
+        self.dev.int8
+    }
+
     /// The file the device's pipeline cache is loaded from and saved to (`None`: off).
     pub fn pipeline_cache(&self) -> Option<&std::path::Path> {
         self.dev.cache_file.as_deref()
@@ -163,8 +170,9 @@ impl Driver for Vulkan {
         } else {
             String::new()
         };
+        let int8 = if gpu.dev.int8 { "; int8 GEMV" } else { "" };
         format!(
-            "{} (Vulkan {}, {kind} {}{split}; subgroup {}; {})",
+            "{} (Vulkan {}, {kind} {}{split}; subgroup {}{int8}; {})",
             i.name,
             version_string(i.api),
             i.index,
@@ -332,7 +340,12 @@ impl Driver for Vulkan {
     fn load_module(&self, gpu: &Arc<VkGpu>, file: &'static str) -> Result<VkModule> {
         let mut kernels = HashMap::new();
         for &(_, name) in KERNELS.iter().filter(|(f, _)| *f == file) {
-            if let Some(code) = spirv(name) {
+            // The shared plan names one GEMV kernel; the variant is the device's choice.
+            let code = match name {
+                "k_mul_mat_vec_q" if gpu.dev.int8 => spirv("k_mul_mat_vec_q_int8"),
+                _ => spirv(name),
+            };
+            if let Some(code) = code {
                 kernels.insert(name, Arc::new(Kernel::new(&gpu.dev, name, code)?));
             }
         }

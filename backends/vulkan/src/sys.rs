@@ -137,12 +137,23 @@ impl Instance {
                 ),
             ));
         }
+        // The instance asks for Vulkan 1.2, so integer dot products (core only from 1.3) are
+        // reached through VK_KHR_shader_integer_dot_product, which 1.3 drivers still list.
+        // SAFETY: as above.
+        let has_int_dot = unsafe { inst.enumerate_device_extension_properties(pd) }
+            .unwrap_or_default()
+            .iter()
+            .any(|e| e.extension_name_as_c_str() == Ok(vk::KHR_SHADER_INTEGER_DOT_PRODUCT_NAME));
         let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
         let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
+        let mut fdot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
         let core = {
             let mut f2 = vk::PhysicalDeviceFeatures2::default()
                 .push_next(&mut f11)
                 .push_next(&mut f12);
+            if has_int_dot {
+                f2 = f2.push_next(&mut fdot);
+            }
             // SAFETY: as above.
             unsafe { inst.get_physical_device_features2(pd, &mut f2) };
             f2.features
@@ -204,9 +215,22 @@ impl Instance {
                 storage16: f11.storage_buffer16_bit_access,
                 memory_model: f12.vulkan_memory_model,
                 memory_model_device: f12.vulkan_memory_model_device_scope,
+                int_dot: if has_int_dot {
+                    fdot.shader_integer_dot_product
+                } else {
+                    vk::FALSE
+                },
             },
         })
     }
+}
+
+/// `TESSERA_VULKAN_INT8=0` keeps quantized GEMV on exact f32 activations even where the device
+/// has integer dot products (the int8 path rounds activations to Q8_0, as llama.cpp's CPU does).
+pub(crate) const INT8_ENV: &str = "TESSERA_VULKAN_INT8";
+
+fn int8_wanted() -> bool {
+    std::env::var_os(INT8_ENV).is_none_or(|v| v != "0")
 }
 
 /// A physical device Tessera can use, or (its name, why not).
@@ -221,6 +245,8 @@ pub(crate) struct Optional {
     storage16: vk::Bool32,
     memory_model: vk::Bool32,
     memory_model_device: vk::Bool32,
+    /// shaderIntegerDotProduct (with its extension enabled).
+    int_dot: vk::Bool32,
 }
 
 /// What Tessera needs to know of a physical device.
@@ -292,6 +318,8 @@ pub(crate) struct Dev {
     dirty: std::sync::atomic::AtomicBool,
     /// Device buffers are host-visible and mapped.
     pub(crate) mapped: bool,
+    /// `k_mul_mat_vec_q` runs as `k_mul_mat_vec_q_int8` (integer dot products, not turned off).
+    pub(crate) int8: bool,
     /// Streams of this device, so blocking host access can wait for all of them.
     streams: Mutex<Vec<Weak<StreamShared>>>,
 }
@@ -368,11 +396,19 @@ impl Dev {
             .shader_float16(o.float16 == vk::TRUE)
             .vulkan_memory_model(o.memory_model == vk::TRUE)
             .vulkan_memory_model_device_scope(o.memory_model_device == vk::TRUE);
-        let ci = vk::DeviceCreateInfo::default()
+        let mut fdot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default()
+            .shader_integer_dot_product(true);
+        let int_dot_ext = [vk::KHR_SHADER_INTEGER_DOT_PRODUCT_NAME.as_ptr()];
+        let mut ci = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_features(&core)
             .push_next(&mut f11)
             .push_next(&mut f12);
+        if o.int_dot == vk::TRUE {
+            ci = ci
+                .enabled_extension_names(&int_dot_ext)
+                .push_next(&mut fdot);
+        }
         // SAFETY: `info.pd` belongs to `inst`; `ci` and its chain live across the call.
         let raw = unsafe { inst.raw.create_device(info.pd, &ci, None) }
             .map_err(|e| vk_err("vkCreateDevice", e))?;
@@ -421,6 +457,7 @@ impl Dev {
         Ok(Arc::new(Dev {
             _inst: inst.clone(),
             mapped: info.maps_device_memory(),
+            int8: o.int_dot == vk::TRUE && int8_wanted(),
             info: info.clone(),
             raw,
             queue: Mutex::new(queue),

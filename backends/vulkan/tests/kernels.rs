@@ -562,6 +562,141 @@ fn index_errors() -> TrialResult {
     )
 }
 
+/// llama.cpp's `quantize_row_q8_0` (reference C): per 32 values d = amax / 127 stored as fp16,
+/// q = roundf(x / d) computed as x * (1 / d).
+fn q8_0_blocks(x: &[f32]) -> Vec<(f32, [i32; 32])> {
+    x.chunks_exact(32)
+        .map(|b| {
+            let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let q = std::array::from_fn(|j| (b[j] * id).round() as i32);
+            (half::f16::from_f32(d).to_f32(), q)
+        })
+        .collect()
+}
+
+/// The int8 GEMV variant (loaded as `k_mul_mat_vec_q` on devices with shaderIntegerDotProduct)
+/// against llama.cpp's Q8_0 / Q4_0 / Q5_0 / IQ4_NL dot products (activations rounded to Q8_0, int32 sums per
+/// block times d_w * d_x), and proof it is not the exact-activation path.
+fn gemv_int8() -> TrialResult {
+    let c = ctx()?;
+    if !c.gpu().int8_dot() {
+        let why = if std::env::var("TESSERA_VULKAN_INT8").is_ok_and(|v| v == "0") {
+            "TESSERA_VULKAN_INT8=0"
+        } else {
+            "the device lacks shaderIntegerDotProduct"
+        };
+        eprintln!("gemv_int8 skipped: {why}");
+        return Ok(());
+    }
+    let (m, nblk) = (6usize, 40usize);
+    let k = 32 * nblk;
+    let mut x: Vec<f32> = test_floats(k)
+        .iter()
+        .map(|v| {
+            if v.is_finite() {
+                (v % 100.0).sin()
+            } else {
+                0.25
+            }
+        })
+        .collect();
+    // An all-zero block (d = 0, id = 0), a block of exact halves (amax 127: q ties round away
+    // from zero), and an all-negative one; the rest straddle lanes (40 blocks > 32 lanes).
+    x[32..64].fill(0.0);
+    for j in 0..32 {
+        x[64 + j] = if j == 0 {
+            127.0
+        } else {
+            (j as f32 - 16.0) + 0.5
+        };
+        x[96 + j] = -x[96 + j].abs() - 0.01;
+    }
+    let xq = q8_0_blocks(&x);
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    const IQ4NL: [i32; 16] = [
+        -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+    ];
+    for dtype in [DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_NL] {
+        let bb = dtype.type_size();
+        let mut w = vec![0u8; m * nblk * bb];
+        // (d_w, levels) of each block, row-major.
+        let mut levels: Vec<(f32, [i32; 32])> = Vec::new();
+        for blk in w.chunks_exact_mut(bb) {
+            let r = next();
+            let d = half::f16::from_f32(0.001 + (r % 1000) as f32 * 1e-5);
+            blk[..2].copy_from_slice(&d.to_le_bytes());
+            for b in &mut blk[2..] {
+                *b = (next() >> 24) as u8;
+            }
+            let nib = |j: usize, base: usize| {
+                let b = blk[base + (j & 15)];
+                i32::from(if j < 16 { b & 15 } else { b >> 4 })
+            };
+            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+            let q: [i32; 32] = std::array::from_fn(|j| match dtype {
+                DType::Q8_0 => i32::from(blk[2 + j] as i8),
+                DType::Q4_0 => nib(j, 2) - 8,
+                DType::Q5_0 => (nib(j, 6) | (((qh >> j) & 1) << 4) as i32) - 16,
+                _ => IQ4NL[nib(j, 2) as usize],
+            });
+            levels.push((d.to_f32(), q));
+        }
+        let wb = Buf::new(&w)?;
+        let xb = Buf::new(&bytes_f32(&x))?;
+        let db = Buf::zeros(4 * m)?;
+        run(
+            "k_mul_mat_vec_q",
+            m.div_ceil(4) as u32,
+            128,
+            vec![
+                db.tensor(DType::F32, [m, 1, 1, 1]),
+                wb.tensor(dtype, [k, m, 1, 1]),
+                xb.tensor(DType::F32, [k, 1, 1, 1]),
+                Arg::I64(1),
+                Arg::I64(1),
+            ],
+        )?;
+        let got = f32s(&db.get()?);
+        let mut differs = false;
+        for r in 0..m {
+            let (mut want, mut mag, mut exact) = (0.0f32, 0.0f64, 0.0f64);
+            for (b, (dx, qx)) in xq.iter().enumerate() {
+                let (dw, qw) = &levels[r * nblk + b];
+                let sumi: i32 = (0..32).map(|j| qw[j] * qx[j]).sum();
+                want += sumi as f32 * (dw * dx);
+                mag += (0..32)
+                    .map(|j| f64::from((qw[j] * qx[j]).abs()))
+                    .sum::<f64>()
+                    * f64::from(dw * dx);
+                exact += (0..32)
+                    .map(|j| f64::from(*dw) * f64::from(qw[j]) * f64::from(x[b * 32 + j]))
+                    .sum::<f64>();
+            }
+            let tol = 1e-5 * mag;
+            check(f64::from((got[r] - want).abs()) <= tol, || {
+                format!(
+                    "{dtype} row {r}: got {} want llama.cpp's {want} (tol {tol:e})",
+                    got[r]
+                )
+            })?;
+            // The exact-activation result would fail the tolerance above.
+            differs |= (f64::from(got[r]) - exact).abs() > 2.0 * tol;
+        }
+        check(differs, || {
+            format!("{dtype}: every row matches exact activations; the int8 path did not run")
+        })?;
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let require =
@@ -575,6 +710,7 @@ fn main() {
         ("split_grids", split_grids),
         ("rope_large_positions", rope_large_positions),
         ("index_errors", index_errors),
+        ("gemv_int8", gemv_int8),
     ];
     let trials =
         all.iter()
