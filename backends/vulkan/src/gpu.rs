@@ -2,6 +2,8 @@
 //! logical Vulkan device ([`VkGpu`]); memory is a buffer with a device address ([`VkMem`]); a
 //! stream records into command buffers submitted with a timeline semaphore ([`VkStream`]);
 //! an event is a (semaphore, value) pair; kernels are compute pipelines of the committed SPIR-V.
+//! Pinned host memory is a host-visible, host-coherent buffer mapped for its whole life
+//! ([`VkPinned`]), which streams copy to and from like device memory.
 #![allow(unsafe_code)]
 
 use crate::spirv;
@@ -10,7 +12,7 @@ use ash::vk;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tessera_core::{DeviceType, Error, Result};
-use tessera_gpu::{Driver, NoPinned};
+use tessera_gpu::{Driver, PinnedMem};
 use tessera_kernels::cuda::KERNELS;
 use tessera_kernels::cuda::plan::Launch;
 
@@ -95,6 +97,63 @@ pub struct VkMem {
     buf: RawBuf,
 }
 
+/// Pinned host memory of a logical device: a host-visible, host-coherent buffer (a transfer source
+/// and destination of its Vulkan device) mapped for its whole life. The host reads and writes the
+/// mapping after the device's queued work; streams of the same Vulkan device copy to and from it
+/// in stream order.
+#[derive(Debug)]
+pub struct VkPinned {
+    gpu: Arc<VkGpu>,
+    buf: RawBuf,
+}
+
+impl VkPinned {
+    /// `bytes` (at least one) of zeroed host-visible memory of `gpu`; `None` where the device
+    /// has no host-visible, host-coherent memory type.
+    fn alloc(gpu: &Arc<VkGpu>, bytes: usize) -> Result<Option<VkPinned>> {
+        if !gpu.dev.has_host_memory() {
+            return Ok(None);
+        }
+        let buf = RawBuf::new(&gpu.dev, bytes, true, &gpu.name)?;
+        buf.fill_mapped(0, buf.size(), 0)?;
+        Ok(Some(VkPinned {
+            gpu: gpu.clone(),
+            buf,
+        }))
+    }
+
+    /// The logical device the memory was allocated for.
+    pub fn gpu(&self) -> &Arc<VkGpu> {
+        &self.gpu
+    }
+}
+
+impl PinnedMem for VkPinned {
+    fn size(&self) -> usize {
+        self.buf.size()
+    }
+    fn addr(&self) -> usize {
+        self.buf.host_addr()
+    }
+    fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.buf
+            .check(offset, src.len(), "Vulkan host buffer write")?;
+        self.gpu.dev.quiesce()?;
+        self.buf.write_mapped(offset, src)
+    }
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.buf
+            .check(offset, dst.len(), "Vulkan host buffer read")?;
+        self.gpu.dev.quiesce()?;
+        self.buf.read_mapped(offset, dst)
+    }
+    fn memset(&self, offset: usize, len: usize, value: u8) -> Result<()> {
+        self.buf.check(offset, len, "Vulkan host buffer fill")?;
+        self.gpu.dev.quiesce()?;
+        self.buf.fill_mapped(offset, len, value)
+    }
+}
+
 /// A stream of a logical device.
 #[derive(Debug)]
 pub struct VkStream {
@@ -137,14 +196,19 @@ impl VkStream {
     fn owns(&self, mem: &VkMem) -> bool {
         Arc::ptr_eq(&mem.gpu.dev, &self.gpu.dev)
     }
+    /// Whether `mem` is host memory of the stream's Vulkan device.
+    fn owns_pinned(&self, mem: &VkPinned) -> bool {
+        Arc::ptr_eq(&mem.gpu.dev, &self.gpu.dev)
+    }
 }
 
 impl Driver for Vulkan {
     const NAME: &'static str = "vulkan";
     const ALL_KERNELS: bool = false;
+    const PINNED_HOST: bool = true;
     type Gpu = VkGpu;
     type Mem = VkMem;
-    type Pinned = NoPinned;
+    type Pinned = VkPinned;
     type Stream = VkStream;
     type Event = VkEvent;
     type Module = VkModule;
@@ -259,6 +323,9 @@ impl Driver for Vulkan {
         dst.gpu.io.copy(&dst.buf, doff, &src.buf, soff, len)?;
         dst.gpu.io.sync()
     }
+    fn alloc_pinned(gpu: &Arc<VkGpu>, bytes: usize) -> Result<Option<VkPinned>> {
+        VkPinned::alloc(gpu, bytes)
+    }
 
     fn stream_create(gpu: &Arc<VkGpu>) -> Result<VkStream> {
         Ok(VkStream {
@@ -301,6 +368,46 @@ impl Driver for Vulkan {
     ) -> Result<()> {
         // Logical devices sharing one Vulkan device copy directly; others go through the host.
         Vulkan::copy_async(s, dst, doff, src, soff, len)
+    }
+    /// A host buffer and device memory of the stream's Vulkan device: a buffer copy recorded on
+    /// the stream. Otherwise (another logical device of `TESSERA_VULKAN_SPLIT`) the blocking path
+    /// through the host after the stream's work.
+    fn copy_to_device_async(
+        s: &VkStream,
+        dst: &VkMem,
+        doff: usize,
+        src: &VkPinned,
+        soff: usize,
+        len: usize,
+    ) -> Result<()> {
+        if s.owns(dst) && s.owns_pinned(src) {
+            return s.s.copy(&dst.buf, doff, &src.buf, soff, len);
+        }
+        dst.buf.check(doff, len, "Vulkan copy destination")?;
+        src.buf.check(soff, len, "Vulkan copy source")?;
+        s.s.sync()?;
+        let mut tmp = vec![0u8; len];
+        src.read(soff, &mut tmp)?;
+        Vulkan::write(dst, doff, &tmp)
+    }
+    /// As [`Driver::copy_to_device_async`], the other way.
+    fn copy_to_host_async(
+        s: &VkStream,
+        dst: &VkPinned,
+        doff: usize,
+        src: &VkMem,
+        soff: usize,
+        len: usize,
+    ) -> Result<()> {
+        if s.owns(src) && s.owns_pinned(dst) {
+            return s.s.copy(&dst.buf, doff, &src.buf, soff, len);
+        }
+        dst.buf.check(doff, len, "Vulkan copy destination")?;
+        src.buf.check(soff, len, "Vulkan copy source")?;
+        s.s.sync()?;
+        let mut tmp = vec![0u8; len];
+        Vulkan::read(src, soff, &mut tmp)?;
+        dst.write(doff, &tmp)
     }
     fn write_staged(s: &VkStream, dst: &VkMem, offset: usize, src: &[u8]) -> Result<()> {
         if s.owns(dst) {

@@ -15,6 +15,10 @@
 //! - Buffers, streams (a queue and a timeline semaphore per stream, work batched into command
 //!   buffers) and events (a semaphore and a value) are the shared runtime's over the [`Vulkan`]
 //!   driver.
+//! - The host buffer type ([`VulkanHostBufferType`], `Device::host_buffer_type`) is pinned host
+//!   memory: host-visible, host-coherent Vulkan buffers mapped for their whole life
+//!   ([`VkPinned`]), read and written by the host after the device's queued work and copied to
+//!   and from device memory by streams in stream order.
 //!
 //! ```
 //! let reg = tessera_vulkan::VulkanRegistry::new();
@@ -28,7 +32,7 @@
 mod gpu;
 mod sys;
 
-pub use gpu::{VkFunction, VkGpu, VkMem, VkModule, VkStream, Vulkan};
+pub use gpu::{VkFunction, VkGpu, VkMem, VkModule, VkPinned, VkStream, Vulkan};
 pub use sys::VkEvent;
 
 use std::path::PathBuf;
@@ -47,6 +51,11 @@ pub type VulkanDevice = GpuDevice<Vulkan>;
 pub type VulkanBufferType = tessera_gpu::GpuBufferType<Vulkan>;
 /// A Vulkan buffer.
 pub type VulkanBuffer = tessera_gpu::GpuBuffer<Vulkan>;
+/// Pinned host memory of a Vulkan device: host-visible, host-coherent, mapped buffers that
+/// streams copy to and from in stream order.
+pub type VulkanHostBufferType = tessera_gpu::HostBufferType<Vulkan>;
+/// A pinned host buffer of a Vulkan device.
+pub type VulkanHostBuffer = tessera_gpu::HostBuffer<Vulkan>;
 /// A stream of work on a Vulkan device.
 pub type VulkanBackend = tessera_gpu::GpuStream<Vulkan>;
 /// A Vulkan event.
@@ -184,7 +193,11 @@ impl VulkanRegistry {
 }
 
 fn device(name: &str, ctx: &Arc<GpuContext<Vulkan>>) -> Arc<dyn Device> {
-    Arc::new(VulkanDevice::new(name, ctx.clone(), false))
+    Arc::new(VulkanDevice::new(
+        name,
+        ctx.clone(),
+        <Vulkan as tessera_gpu::Driver>::PINNED_HOST,
+    ))
 }
 
 impl Registry for VulkanRegistry {

@@ -494,6 +494,16 @@ impl Dev {
         Ok(())
     }
 
+    /// Whether the device has a host-visible, host-coherent memory type (pinned host buffers).
+    pub(crate) fn has_host_memory(&self) -> bool {
+        self.info
+            .memory_type(
+                u32::MAX,
+                vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT,
+            )
+            .is_some()
+    }
+
     fn submit(&self, submit: &vk::SubmitInfo<'_>) -> Result<()> {
         let queue = self.queue.lock();
         // SAFETY: the queue is externally synchronised by its mutex; `submit` and what it points
@@ -655,6 +665,10 @@ impl RawBuf {
     }
     pub(crate) fn is_mapped(&self) -> bool {
         !self.map.is_null()
+    }
+    /// The host address of the mapping (0 when unmapped): a name, never dereferenced.
+    pub(crate) fn host_addr(&self) -> usize {
+        self.map as usize
     }
 
     /// Checks that `offset..offset + len` lies in the buffer.

@@ -1,5 +1,6 @@
 //! Vulkan runtime checks beyond op conformance: devices (split logical devices), buffers
-//! (blocking and stream-ordered, unaligned fills, copies within and across devices), events
+//! (blocking and stream-ordered, unaligned fills, copies within and across devices), pinned host
+//! buffers (stream copies to and from device memory), events
 //! across streams and devices, a test kernel launched end to end (argument block, specialization
 //! constant, a grid split above `maxComputeWorkGroupCount`), kernels not yet ported, and the
 //! on-disk pipeline cache. Without a loader or device every trial is ignored with the reason in
@@ -104,6 +105,106 @@ fn buffers() -> TrialResult {
         back[3..504] == want[100..601] && back[504..1000] == data[503..999],
         || "stream write/copy".into(),
     )?;
+    Ok(())
+}
+
+fn out_of_bounds<T>(r: tessera_core::Result<T>, what: &str) -> TrialResult {
+    match r {
+        Err(tessera_core::Error::OutOfBounds { .. }) => Ok(()),
+        Err(e) => Err(format!("{what}: not OutOfBounds but {e}").into()),
+        Ok(_) => Err(format!("{what}: out of range accepted").into()),
+    }
+}
+
+/// The pinned host buffer type: zeroed, written and filled by the host, copied to and from device
+/// memory by a stream (odd offsets and lengths, after queued work), range errors typed.
+fn host_buffers() -> TrialResult {
+    let devs = e(VulkanRegistry::new().devices())?;
+    let dev = &devs[0];
+    check(dev.caps().host_buffer, || {
+        format!("{}: caps report no host buffers", dev.name())
+    })?;
+    let hbt = dev
+        .host_buffer_type()
+        .ok_or_else(|| Failed::from("no host buffer type"))?;
+    check(hbt.is_host(), || {
+        format!("{} is not a host type", hbt.name())
+    })?;
+    let host = e(hbt.alloc(1001))?;
+    let back = e(hbt.alloc(1000))?;
+    check(host.is_host() && host.size() == 1001, || {
+        format!("{}: size {}", host.name(), host.size())
+    })?;
+    let mut got = vec![0xffu8; 1001];
+    e(host.read(0, &mut got))?;
+    check(got.iter().all(|&b| b == 0), || "not zeroed".into())?;
+    let pattern: Vec<u8> = (0..1001u32).map(|i| (i * 13 + 5) as u8).collect();
+    e(host.write(0, &pattern))?;
+
+    let devbuf = e(dev.buffer_type().alloc(1003))?;
+    let mut s = e(dev.init_backend(&BackendOptions::default()))?;
+    // Queued before the copies: a staged write of the whole device buffer.
+    e(s.write_async(devbuf.as_ref(), 0, &[0x5a; 1003]))?;
+    e(s.copy_async(&host, 7, &devbuf, 13, 977))?;
+    e(s.copy_async(&devbuf, 10, &back, 3, 991))?;
+    // No synchronize: the host read waits for the device's queued work.
+    let mut got = vec![0u8; 1000];
+    e(back.read(0, &mut got))?;
+    let mut want_dev = vec![0x5au8; 1003];
+    want_dev[13..990].copy_from_slice(&pattern[7..984]);
+    let mut want = vec![0u8; 1000];
+    want[3..994].copy_from_slice(&want_dev[10..1001]);
+    check(got == want, || "host -> device -> host bytes".into())?;
+    let mut dev_got = vec![0u8; 1003];
+    e(devbuf.read(0, &mut dev_got))?;
+    check(dev_got == want_dev, || {
+        "device bytes after host copy".into()
+    })?;
+
+    // Host fill, then host -> device again after a queued device fill.
+    e(host.memset(5, 11, 0xcd))?;
+    let mut want_host = pattern.clone();
+    want_host[5..16].fill(0xcd);
+    let mut got = vec![0u8; 1001];
+    e(host.read(0, &mut got))?;
+    check(got == want_host, || "host memset".into())?;
+    e(s.copy_async(&host, 1, &devbuf, 0, 21))?;
+    e(s.synchronize())?;
+    e(devbuf.read(0, &mut dev_got))?;
+    want_dev[..21].copy_from_slice(&want_host[1..22]);
+    check(dev_got == want_dev, || {
+        "device bytes after host memset".into()
+    })?;
+
+    // Out of range: typed errors, and the stream still works.
+    out_of_bounds(host.read(995, &mut [0u8; 8]), "host read")?;
+    out_of_bounds(host.write(1000, &[1, 2]), "host write")?;
+    out_of_bounds(host.memset(990, 12, 0), "host memset")?;
+    out_of_bounds(s.copy_async(&host, 990, &devbuf, 0, 20), "copy from host")?;
+    out_of_bounds(s.copy_async(&host, 0, &devbuf, 1000, 4), "copy to device")?;
+    out_of_bounds(s.copy_async(&devbuf, 1000, &back, 0, 8), "copy from device")?;
+    out_of_bounds(s.copy_async(&devbuf, 0, &back, 996, 8), "copy to host")?;
+    e(s.copy_async(&devbuf, 0, &back, 0, 4))?;
+    e(s.synchronize())?;
+    let mut four = [0u8; 4];
+    e(back.read(0, &mut four))?;
+    check(four[..] == want_dev[..4], || "copy after errors".into())?;
+
+    // Another logical device's stream with this device's host memory (the blocking path).
+    if let Some(dev1) = devs.get(1) {
+        let other = e(dev1.buffer_type().alloc(64))?;
+        let mut s1 = e(dev1.init_backend(&BackendOptions::default()))?;
+        e(s1.write_async(other.as_ref(), 0, &[0x33; 64]))?;
+        e(s1.copy_async(&host, 100, &other, 3, 50))?;
+        e(s1.copy_async(&other, 0, &back, 500, 64))?;
+        let mut got = vec![0u8; 64];
+        e(back.read(500, &mut got))?;
+        let mut want = vec![0x33u8; 64];
+        want[3..53].copy_from_slice(&want_host[100..150]);
+        check(got == want, || {
+            "host buffer with another device's stream".into()
+        })?;
+    }
     Ok(())
 }
 
@@ -530,6 +631,7 @@ fn main() {
     let all: &[Named] = &[
         ("devices", devices),
         ("buffers", buffers),
+        ("host_buffers", host_buffers),
         ("fills", fills),
         ("kernel_small", kernel_small),
         ("kernel_split_grid", kernel_split_grid),
