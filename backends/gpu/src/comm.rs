@@ -60,12 +60,28 @@ pub fn proc_address<D: RegistryDriver>(name: &str) -> Option<ProcAddress> {
     )
 }
 
-struct Member<D: Driver> {
-    ordinal: usize,
-    gpu: Arc<D::Gpu>,
-    stream: Arc<D::Stream>,
-    kernels: Arc<Kernels<D>>,
-    scratch: Option<D::Mem>,
+/// One stream of a comm: its GPU, driver stream and kernels, and a device scratch for the bf16
+/// wire, grown as needed.
+pub(crate) struct Member<D: Driver> {
+    pub(crate) ordinal: usize,
+    pub(crate) gpu: Arc<D::Gpu>,
+    pub(crate) stream: Arc<D::Stream>,
+    pub(crate) kernels: Arc<Kernels<D>>,
+    pub(crate) scratch: Option<D::Mem>,
+}
+
+impl<D: Driver> Member<D> {
+    /// The member for `backend`, if it is a [`GpuStream<D>`].
+    pub(crate) fn of(backend: &mut Box<dyn Backend>) -> Option<Member<D>> {
+        let s = backend.as_any_mut().downcast_mut::<GpuStream<D>>()?;
+        Some(Member {
+            ordinal: s.gpu_ordinal(),
+            gpu: s.context().gpu().clone(),
+            stream: s.driver_stream().clone(),
+            kernels: s.context().kernels().clone(),
+            scratch: None,
+        })
+    }
 }
 
 struct CommCtx<D: Driver> {
@@ -87,10 +103,15 @@ unsafe extern "C" fn comm_init<D: RegistryDriver>(
 }
 
 fn decline<T>(backend: &str, reason: &str) -> Option<T> {
+    decline_as("vendor", backend, reason)
+}
+
+/// Logs why the `what` all-reduce declined a comm (the generic all-reduce runs instead).
+pub(crate) fn decline_as<T>(what: &str, backend: &str, reason: &str) -> Option<T> {
     tracing::info!(
         backend,
         reason,
-        "vendor all-reduce declined; the generic all-reduce runs"
+        "{what} all-reduce declined; the generic all-reduce runs"
     );
     None
 }
@@ -101,16 +122,7 @@ fn members_of<D: RegistryDriver>(
 ) -> std::result::Result<Vec<Member<D>>, &'static str> {
     let mut members = Vec::with_capacity(streams.len());
     for backend in streams {
-        let Some(s) = backend.as_any_mut().downcast_mut::<GpuStream<D>>() else {
-            return Err("a stream is of another backend");
-        };
-        members.push(Member {
-            ordinal: s.gpu_ordinal(),
-            gpu: s.context().gpu().clone(),
-            stream: s.driver_stream().clone(),
-            kernels: s.context().kernels().clone(),
-            scratch: None,
-        });
+        members.push(Member::of(backend).ok_or("a stream is of another backend")?);
     }
     let mut ordinals: Vec<usize> = members.iter().map(|m| m.ordinal).collect();
     ordinals.sort_unstable();
@@ -300,11 +312,7 @@ pub fn validate_slices<D: Driver, M>(
 fn allreduce<D: RegistryDriver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Result<i32> {
     let result = allreduce_queued(ctx, calls);
     if result.is_err() {
-        // Work queued before the failure may still use the caller's slices, which the caller
-        // is free to drop once we return: drain every member first.
-        for m in &ctx.members {
-            let _ = D::stream_sync(&m.stream);
-        }
+        drain::<D>(ctx.members.iter().map(|m| &m.stream));
     }
     result
 }
@@ -386,27 +394,50 @@ fn convert<D: Driver>(
     src: u64,
     len: usize,
 ) -> Result<()> {
-    let f = m.kernels.get(kernel)?;
+    convert_on::<D>(&m.stream, &m.kernels, kernel, dst, src, len)
+}
+
+/// Queues `kernel` (`k_f32_to_bf16` / `k_bf16_to_f32`) converting `len` values from `src` to
+/// `dst` (device addresses) on `stream`.
+///
+/// # Errors
+/// The kernel's load or the launch's status.
+pub(crate) fn convert_on<D: Driver>(
+    stream: &D::Stream,
+    kernels: &Kernels<D>,
+    kernel: &'static str,
+    dst: u64,
+    src: u64,
+    len: usize,
+) -> Result<()> {
+    let f = kernels.get(kernel)?;
     let launch = Launch {
         kernel,
         grid: (len.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1),
         block: 256,
         args: vec![Arg::Ptr(dst), Arg::Ptr(src), Arg::I64(len as i64)],
     };
-    // SAFETY: (dst, src, n) matches `k_f32_to_bf16` / `k_bf16_to_f32`; both addresses span `len`
-    // values of live memory of this member's GPU (a validated slice and the member's scratch).
-    unsafe { D::launch(&m.stream, &f, &launch) }
+    // SAFETY: (dst, src, n) matches `k_f32_to_bf16` / `k_bf16_to_f32`; the callers pass
+    // addresses spanning `len` values of live memory of the stream's GPU (a validated slice and
+    // the member's scratch), kept alive until the stream passes.
+    unsafe { D::launch(stream, &f, &launch) }
+}
+
+/// Waits for every one of `streams`, logging failures: before a comm is freed, and when an
+/// all-reduce fails after queuing work (the caller may drop its slices once we return).
+pub(crate) fn drain<'a, D: Driver + 'a>(streams: impl IntoIterator<Item = &'a Arc<D::Stream>>) {
+    for s in streams {
+        if let Err(e) = D::stream_sync(s) {
+            tracing::warn!(backend = D::NAME, error = %e, "stream failed while draining the comm");
+        }
+    }
 }
 
 unsafe extern "C" fn comm_free<D: RegistryDriver>(ctx: *mut c_void) {
     // SAFETY: forwarded from the comm ABI's contract; `ctx` came from `comm_init::<D>`.
     unsafe {
         comm_free_with(ctx, |ctx: Box<CommCtx<D>>| {
-            for m in &ctx.members {
-                if let Err(e) = D::stream_sync(&m.stream) {
-                    tracing::warn!(backend = D::NAME, error = %e, "stream failed while freeing the comm");
-                }
-            }
+            drain::<D>(ctx.members.iter().map(|m| &m.stream));
         })
     }
 }

@@ -20,17 +20,14 @@
 #![allow(unsafe_code)]
 
 use crate::buffer::GpuBuffer;
+use crate::comm::Member;
 use crate::driver::Driver;
 use crate::inflight::InFlight;
-use crate::runtime::Kernels;
-use crate::stream::GpuStream;
 use std::ffi::c_void;
-use std::sync::Arc;
 use tessera_core::plugin::{
     CommCall, RawCommSlice, comm_allreduce_with, comm_free_with, comm_init_with,
 };
 use tessera_core::{Backend, Error, ProcAddress, Result};
-use tessera_kernels::cuda::plan::{Arg, Launch};
 
 /// The wire between device and host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,14 +89,6 @@ pub fn proc_address_with_wire<D: Driver>(name: &str, wire: HostWire) -> Option<P
     tessera_core::plugin::comm_proc_address(name, init, comm_allreduce::<D>, comm_free::<D>)
 }
 
-struct Member<D: Driver> {
-    gpu: Arc<D::Gpu>,
-    stream: Arc<D::Stream>,
-    kernels: Arc<Kernels<D>>,
-    /// The bf16 wire on the device (bf16 only), grown as needed.
-    scratch: Option<D::Mem>,
-}
-
 struct CommCtx<D: Driver> {
     members: Vec<Member<D>>,
     wire: HostWire,
@@ -119,12 +108,7 @@ unsafe extern "C" fn comm_init<D: Driver, const WIRE: u8>(
 }
 
 fn decline<T>(backend: &str, reason: &str) -> Option<T> {
-    tracing::info!(
-        backend,
-        reason,
-        "host-staged all-reduce declined; the generic all-reduce runs"
-    );
-    None
+    crate::comm::decline_as("host-staged", backend, reason)
 }
 
 fn init<D: Driver, const WIRE: u8>(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx<D>> {
@@ -140,15 +124,10 @@ fn init<D: Driver, const WIRE: u8>(streams: Vec<&mut Box<dyn Backend>>) -> Optio
     }
     let mut members = Vec::with_capacity(streams.len());
     for backend in streams {
-        let Some(s) = backend.as_any_mut().downcast_mut::<GpuStream<D>>() else {
+        let Some(m) = Member::of(backend) else {
             return decline(D::NAME, "a stream is of another backend");
         };
-        members.push(Member {
-            gpu: s.context().gpu().clone(),
-            stream: s.driver_stream().clone(),
-            kernels: s.context().kernels().clone(),
-            scratch: None,
-        });
+        members.push(m);
     }
     tracing::debug!(
         backend = D::NAME,
@@ -183,17 +162,7 @@ fn convert<D: Driver>(
     src: u64,
     len: usize,
 ) -> Result<()> {
-    let f = m.kernels.get(kernel)?;
-    let launch = Launch {
-        kernel,
-        grid: (len.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1),
-        block: 256,
-        args: vec![Arg::Ptr(dst), Arg::Ptr(src), Arg::I64(len as i64)],
-    };
-    // SAFETY: (dst, src, n) matches `k_f32_to_bf16` / `k_bf16_to_f32`; both addresses span `len`
-    // values of live memory of this member's GPU (a validated slice and the member's scratch,
-    // kept alive until the stream passes).
-    unsafe { D::launch(&m.stream, &f, &launch) }
+    crate::comm::convert_on::<D>(&m.stream, &m.kernels, kernel, dst, src, len)
 }
 
 fn bf16_bits(v: f32) -> u16 {
@@ -203,11 +172,7 @@ fn bf16_bits(v: f32) -> u16 {
 fn allreduce<D: Driver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Result<i32> {
     let result = allreduce_queued(ctx, calls);
     if result.is_err() {
-        // Work queued before the failure may still use the caller's slices, which the caller
-        // is free to drop once we return: drain every member first.
-        for m in &ctx.members {
-            let _ = D::stream_sync(&m.stream);
-        }
+        crate::comm::drain::<D>(ctx.members.iter().map(|m| &m.stream));
     }
     result
 }
@@ -313,11 +278,7 @@ unsafe extern "C" fn comm_free<D: Driver>(ctx: *mut c_void) {
     // SAFETY: forwarded from the comm ABI's contract; `ctx` came from `comm_init::<D>`.
     unsafe {
         comm_free_with(ctx, |ctx: Box<CommCtx<D>>| {
-            for m in &ctx.members {
-                if let Err(e) = D::stream_sync(&m.stream) {
-                    tracing::warn!(backend = D::NAME, error = %e, "stream failed while freeing the comm");
-                }
-            }
+            crate::comm::drain::<D>(ctx.members.iter().map(|m| &m.stream));
         })
     }
 }
