@@ -202,6 +202,20 @@ impl VkStream {
     }
 }
 
+/// A copy between memory of different Vulkan devices: `len` bytes through the host, after the
+/// stream's queued work.
+fn through_host(
+    s: &VkStream,
+    len: usize,
+    read: impl FnOnce(&mut [u8]) -> Result<()>,
+    write: impl FnOnce(&[u8]) -> Result<()>,
+) -> Result<()> {
+    s.s.sync()?;
+    let mut tmp = vec![0u8; len];
+    read(&mut tmp)?;
+    write(&tmp)
+}
+
 impl Driver for Vulkan {
     const NAME: &'static str = "vulkan";
     const ALL_KERNELS: bool = false;
@@ -385,10 +399,12 @@ impl Driver for Vulkan {
         }
         dst.buf.check(doff, len, "Vulkan copy destination")?;
         src.buf.check(soff, len, "Vulkan copy source")?;
-        s.s.sync()?;
-        let mut tmp = vec![0u8; len];
-        src.read(soff, &mut tmp)?;
-        Vulkan::write(dst, doff, &tmp)
+        through_host(
+            s,
+            len,
+            |t| src.read(soff, t),
+            |t| Vulkan::write(dst, doff, t),
+        )
     }
     /// As [`Driver::copy_to_device_async`], the other way.
     fn copy_to_host_async(
@@ -404,10 +420,12 @@ impl Driver for Vulkan {
         }
         dst.buf.check(doff, len, "Vulkan copy destination")?;
         src.buf.check(soff, len, "Vulkan copy source")?;
-        s.s.sync()?;
-        let mut tmp = vec![0u8; len];
-        Vulkan::read(src, soff, &mut tmp)?;
-        dst.write(doff, &tmp)
+        through_host(
+            s,
+            len,
+            |t| Vulkan::read(src, soff, t),
+            |t| dst.write(doff, t),
+        )
     }
     fn write_staged(s: &VkStream, dst: &VkMem, offset: usize, src: &[u8]) -> Result<()> {
         if s.owns(dst) {
