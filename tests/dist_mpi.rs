@@ -15,6 +15,18 @@ use std::time::{Duration, Instant};
 /// Every job must end within this, or the test kills it and fails.
 const BOUND: Duration = Duration::from_secs(90);
 
+/// One `mpirun` job at a time: each starts two ranks, and jobs of parallel tests would share the
+/// cores with each other, stretching the timeouts the fault tests measure (one such test failed
+/// once on 2 cores under a load of 4.5).
+static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_job() -> std::sync::MutexGuard<'static, ()> {
+    // A test that panicked while holding it left nothing to repair.
+    ONE_JOB
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Whether `mpirun` runs; panics under CI when it does not.
 fn have_mpirun() -> bool {
     let ok = Command::new("mpirun")
@@ -49,6 +61,7 @@ fn mpirun(name: &str, fault: Option<&str>, args: &[&str]) -> Outcome {
 /// `mpirun -np 2 --oversubscribe tessera ARGS` with `fault` in `TESSERA_DIST_FAULT` (passed to
 /// the ranks with `-x`), killed (and failed) after [`BOUND`].
 fn mpirun_cmd(name: &str, fault: Option<&str>, args: &[&str]) -> Outcome {
+    let _job = one_job();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let log = dir.join(format!("dist_mpi_{name}.log"));
     let file = std::fs::File::create(&log).unwrap();
@@ -254,6 +267,7 @@ fn ranks_started_with_different_arguments_refuse_to_run() {
         return;
     }
     let bin = env!("CARGO_BIN_EXE_tessera");
+    let _job = one_job();
     let out = Command::new("mpirun")
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
