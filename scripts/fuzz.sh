@@ -11,8 +11,8 @@
 # Targets: gguf, tokenizer, chat_template, plugin_codec, devices, meta_propagate
 # (fuzz/fuzz_targets/). Installs the nightly toolchain (rustup) and cargo-fuzz 0.13.2
 # (cargo install --locked) when missing. Seeds come from fuzz/seeds/TARGET (committed); what the
-# fuzzer adds goes to fuzz/corpus/TARGET and crashes to fuzz/artifacts/TARGET (both ignored by
-# git). A crash exits non-zero; reproduce it with
+# fuzzer adds goes to fuzz/corpus/TARGET, crashes to fuzz/artifacts/TARGET and the run's log to
+# fuzz/logs/TARGET-last-run.log (all ignored by git). A crash exits non-zero; reproduce it with
 #   cargo +nightly fuzz run TARGET fuzz/artifacts/TARGET/crash-...   (from fuzz/'s parent)
 # and add a regression test to the normal test suite before fixing it.
 set -euo pipefail
@@ -63,8 +63,9 @@ fi
 status=0
 summary=()
 for t in "${list[@]}"; do
-  mkdir -p "fuzz/corpus/$t" "fuzz/seeds/$t" "fuzz/artifacts/$t"
-  log="fuzz/artifacts/$t/last-run.log"
+  mkdir -p "fuzz/corpus/$t" "fuzz/seeds/$t" "fuzz/artifacts/$t" fuzz/logs
+  # Not in artifacts/: cargo-fuzz lists every file there as a failing input after a stopped run.
+  log="fuzz/logs/$t-last-run.log"
   echo "== fuzz $t for ${seconds}s"
   # -timeout: an input taking over 10 s is a finding (a hostile file must fail fast);
   # -rss_limit_mb: so must one needing over 2 GiB.
