@@ -341,7 +341,7 @@ fn allreduce_queued<D: RegistryDriver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall
         let target = match (&m.scratch, f32_path) {
             (Some(s), false) => {
                 if slot.contributes {
-                    convert(m, "k_f32_to_bf16", D::mem_ptr(s), slot.ptr, len)?;
+                    m.convert("k_f32_to_bf16", D::mem_ptr(s), slot.ptr, len)?;
                 } else {
                     D::memset_async(&m.stream, s, 0, len * 2, 0)?;
                 }
@@ -373,54 +373,56 @@ fn allreduce_queued<D: RegistryDriver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall
     })?;
     if !f32_path {
         for (slot, (m, target)) in slots.iter().zip(ctx.members.iter().zip(&targets)) {
-            convert(m, "k_bf16_to_f32", slot.ptr, *target, len)?;
+            m.convert("k_bf16_to_f32", slot.ptr, *target, len)?;
         }
     }
     // Keep the slices' buffers until every member's stream has passed the reduction.
-    let members = &ctx.members;
-    ctx.inflight.hold(
-        slots.into_iter().map(|s| s.buffer).collect(),
-        |evs: &Vec<D::Event>| evs.iter().all(D::event_query),
-        || members.iter().map(|m| D::event_record(&m.stream)).collect(),
-    )?;
+    hold_until_passed(&mut ctx.inflight, &ctx.members, slots)?;
     Ok(0)
 }
 
-/// Queues a wire conversion of `len` values from `src` to `dst` (device addresses).
-fn convert<D: Driver>(
-    m: &Member<D>,
-    kernel: &'static str,
-    dst: u64,
-    src: u64,
-    len: usize,
-) -> Result<()> {
-    convert_on::<D>(&m.stream, &m.kernels, kernel, dst, src, len)
+impl<D: Driver> Member<D> {
+    /// Queues `kernel` (`k_f32_to_bf16` / `k_bf16_to_f32`) converting `len` values from `src` to
+    /// `dst` (device addresses of this member's GPU) on its stream.
+    ///
+    /// # Errors
+    /// The kernel's load or the launch's status.
+    pub(crate) fn convert(
+        &self,
+        kernel: &'static str,
+        dst: u64,
+        src: u64,
+        len: usize,
+    ) -> Result<()> {
+        let f = self.kernels.get(kernel)?;
+        let launch = Launch {
+            kernel,
+            grid: (len.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1),
+            block: 256,
+            args: vec![Arg::Ptr(dst), Arg::Ptr(src), Arg::I64(len as i64)],
+        };
+        // SAFETY: (dst, src, n) matches `k_f32_to_bf16` / `k_bf16_to_f32`; the callers pass
+        // addresses spanning `len` values of live memory of this member's GPU (a validated slice
+        // and the member's scratch), kept alive until the stream passes.
+        unsafe { D::launch(&self.stream, &f, &launch) }
+    }
 }
 
-/// Queues `kernel` (`k_f32_to_bf16` / `k_bf16_to_f32`) converting `len` values from `src` to
-/// `dst` (device addresses) on `stream`.
+/// Keeps the buffers of `slots` in `inflight` until every member's stream has passed the work
+/// queued so far.
 ///
 /// # Errors
-/// The kernel's load or the launch's status.
-pub(crate) fn convert_on<D: Driver>(
-    stream: &D::Stream,
-    kernels: &Kernels<D>,
-    kernel: &'static str,
-    dst: u64,
-    src: u64,
-    len: usize,
+/// The driver's status recording the events.
+pub(crate) fn hold_until_passed<D: Driver>(
+    inflight: &mut InFlight<Vec<D::Event>>,
+    members: &[Member<D>],
+    slots: Vec<Slot>,
 ) -> Result<()> {
-    let f = kernels.get(kernel)?;
-    let launch = Launch {
-        kernel,
-        grid: (len.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1),
-        block: 256,
-        args: vec![Arg::Ptr(dst), Arg::Ptr(src), Arg::I64(len as i64)],
-    };
-    // SAFETY: (dst, src, n) matches `k_f32_to_bf16` / `k_bf16_to_f32`; the callers pass
-    // addresses spanning `len` values of live memory of the stream's GPU (a validated slice and
-    // the member's scratch), kept alive until the stream passes.
-    unsafe { D::launch(stream, &f, &launch) }
+    inflight.hold(
+        slots.into_iter().map(|s| s.buffer).collect(),
+        |evs: &Vec<D::Event>| evs.iter().all(D::event_query),
+        || members.iter().map(|m| D::event_record(&m.stream)).collect(),
+    )
 }
 
 /// Waits for every one of `streams`, logging failures: before a comm is freed, and when an

@@ -154,17 +154,6 @@ unsafe extern "C" fn comm_allreduce<D: Driver>(
     unsafe { comm_allreduce_with(ctx, slices, n, allreduce::<D>) }
 }
 
-/// Queues a wire conversion of `len` values from `src` to `dst` (device addresses).
-fn convert<D: Driver>(
-    m: &Member<D>,
-    kernel: &'static str,
-    dst: u64,
-    src: u64,
-    len: usize,
-) -> Result<()> {
-    crate::comm::convert_on::<D>(&m.stream, &m.kernels, kernel, dst, src, len)
-}
-
 fn bf16_bits(v: f32) -> u16 {
     half::bf16::from_f32(v).to_bits()
 }
@@ -216,7 +205,7 @@ fn allreduce_queued<D: Driver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Re
         for (slot, m) in slots.iter().zip(&ctx.members) {
             if slot.contributes {
                 let s = m.scratch.as_ref().map_or(0, D::mem_ptr);
-                convert(m, "k_f32_to_bf16", s, slot.ptr, len)?;
+                m.convert("k_f32_to_bf16", s, slot.ptr, len)?;
             }
         }
     }
@@ -259,18 +248,13 @@ fn allreduce_queued<D: Driver>(ctx: &mut CommCtx<D>, calls: Vec<CommCall>) -> Re
         match (ctx.wire, m.scratch.as_ref()) {
             (HostWire::Bf16, Some(s)) => {
                 D::write_staged(&m.stream, s, 0, &ctx.host_out)?;
-                convert(m, "k_bf16_to_f32", slot.ptr, D::mem_ptr(s), len)?;
+                m.convert("k_bf16_to_f32", slot.ptr, D::mem_ptr(s), len)?;
             }
             _ => D::write_staged(&m.stream, mem, slot.offset, &ctx.host_out)?,
         }
     }
     // Keep the slices' buffers until every member's stream has passed the write-back.
-    let members = &ctx.members;
-    ctx.inflight.hold(
-        slots.into_iter().map(|s| s.buffer).collect(),
-        |evs: &Vec<D::Event>| evs.iter().all(D::event_query),
-        || members.iter().map(|m| D::event_record(&m.stream)).collect(),
-    )?;
+    crate::comm::hold_until_passed(&mut ctx.inflight, &ctx.members, slots)?;
     Ok(0)
 }
 
