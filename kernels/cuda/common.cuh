@@ -138,23 +138,44 @@ __device__ __forceinline__ u16 f2bf(float x) {
 
 // ----- element access -----
 
+// The element types this translation unit decodes, one bit per T_* code. Undefined, every type
+// is compiled in (one module serves every launch: CUDA, HIP). A backend that builds a program per
+// launch's set of tensor types (SYCL: `TypeSet` in tessera-kernels) defines it, so each load
+// inlines only the decoders its tensors can hold: with every decoder inlined into each load of an
+// unrolled loop, the OpenCL CPU compiler took tens of minutes for one program.
+#ifndef TESSERA_TYPES
+#define TESSERA_TYPES 0x1ffffu
+#endif
+// Whether type code `code` is compiled in, and whether `type` is it (false at compile time when
+// it is not compiled in, so the branch it guards is dropped).
+#define HAS_T(code) (((TESSERA_TYPES) >> (code)) & 1u)
+#define IS_T(type, code) (HAS_T(code) && (type) == (code))
+
 __device__ __forceinline__ float ld_scalar(const char* p, int type) {
-    switch (type) {
-    case T_F32: return *(const float*)p;
-    case T_F16: return h2f(*(const u16*)p);
-    case T_BF16: return bf2f(*(const u16*)p);
-    case T_I32: return (float)*(const int*)p;
-    default: return 0.0f;
+    if (IS_T(type, T_F32)) {
+        return *(const float*)p;
     }
+    if (IS_T(type, T_F16)) {
+        return h2f(*(const u16*)p);
+    }
+    if (IS_T(type, T_BF16)) {
+        return bf2f(*(const u16*)p);
+    }
+    if (IS_T(type, T_I32)) {
+        return (float)*(const int*)p;
+    }
+    return 0.0f;
 }
 
 __device__ __forceinline__ void st_scalar(char* p, int type, float v) {
-    switch (type) {
-    case T_F32: *(float*)p = v; break;
-    case T_F16: *(u16*)p = f2h(v); break;
-    case T_BF16: *(u16*)p = f2bf(v); break;
-    case T_I32: *(int*)p = (int)v; break;
-    default: break;
+    if (IS_T(type, T_F32)) {
+        *(float*)p = v;
+    } else if (IS_T(type, T_F16)) {
+        *(u16*)p = f2h(v);
+    } else if (IS_T(type, T_BF16)) {
+        *(u16*)p = f2bf(v);
+    } else if (IS_T(type, T_I32)) {
+        *(int*)p = (int)v;
     }
 }
 
@@ -163,50 +184,45 @@ __device__ __forceinline__ float block_scale(const char* blk) {
     return h2f((u16)(b[0] | (b[1] << 8)));
 }
 
+// Q5_0, Q4_K, Q5_K and Q6_K (decoded by kquant_elem).
+__device__ __forceinline__ bool is_kquant(int type) {
+    return IS_T(type, T_Q5_0) || IS_T(type, T_Q4_K) || IS_T(type, T_Q5_K) || IS_T(type, T_Q6_K);
+}
+
 // Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, Q5_0, Q4_K, Q5_K and Q6_K: read (dequantized) by the
 // kernels, never written.
 __device__ __forceinline__ bool is_lowbit(int type) {
-#ifdef TESSERA_NO_KQUANT
-    return type >= T_Q2_K && type <= T_MXFP4;
-#else
-    return type >= T_Q2_K && type <= T_Q6_K;
-#endif
+    return IS_T(type, T_Q2_K) || IS_T(type, T_Q3_K) || IS_T(type, T_IQ4_NL) || IS_T(type, T_IQ4_XS) ||
+           IS_T(type, T_MXFP4) || is_kquant(type);
 }
 
 __device__ __forceinline__ bool is_quant(int type) {
-    return type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_1 || is_lowbit(type);
+    return IS_T(type, T_Q8_0) || IS_T(type, T_Q4_0) || IS_T(type, T_Q4_1) || IS_T(type, T_Q5_1) ||
+           is_lowbit(type);
 }
 
 __device__ __forceinline__ int quant_block_bytes(int type) {
-    switch (type) {
-    case T_Q8_0: return Q8_0_BYTES;
-    case T_Q4_1: return Q4_1_BYTES;
-    case T_Q5_1: return Q5_1_BYTES;
-    case T_Q2_K: return Q2_K_BYTES;
-    case T_Q3_K: return Q3_K_BYTES;
-    case T_IQ4_NL: return IQ4_NL_BYTES;
-    case T_IQ4_XS: return IQ4_XS_BYTES;
-    case T_MXFP4: return MXFP4_BYTES;
-#ifndef TESSERA_NO_KQUANT
-    case T_Q5_0: return Q5_0_BYTES;
-    case T_Q4_K: return Q4_K_BYTES;
-    case T_Q5_K: return Q5_K_BYTES;
-    case T_Q6_K: return Q6_K_BYTES;
-#endif
-    default: return Q4_0_BYTES;
-    }
+    if (IS_T(type, T_Q8_0)) return Q8_0_BYTES;
+    if (IS_T(type, T_Q4_1)) return Q4_1_BYTES;
+    if (IS_T(type, T_Q5_1)) return Q5_1_BYTES;
+    if (IS_T(type, T_Q2_K)) return Q2_K_BYTES;
+    if (IS_T(type, T_Q3_K)) return Q3_K_BYTES;
+    if (IS_T(type, T_IQ4_NL)) return IQ4_NL_BYTES;
+    if (IS_T(type, T_IQ4_XS)) return IQ4_XS_BYTES;
+    if (IS_T(type, T_MXFP4)) return MXFP4_BYTES;
+    if (IS_T(type, T_Q5_0)) return Q5_0_BYTES;
+    if (IS_T(type, T_Q4_K)) return Q4_K_BYTES;
+    if (IS_T(type, T_Q5_K)) return Q5_K_BYTES;
+    if (IS_T(type, T_Q6_K)) return Q6_K_BYTES;
+    return Q4_0_BYTES;
 }
 
 // Elements per block: 256 for the super-block formats, else 32.
 __device__ __forceinline__ int quant_block_elems(int type) {
-#ifdef TESSERA_NO_KQUANT
-    return (type == T_Q2_K || type == T_Q3_K || type == T_IQ4_XS) ? QK_K : QK;
-#else
-    return (type == T_Q2_K || type == T_Q3_K || type == T_IQ4_XS || type == T_Q4_K || type == T_Q5_K ||
-            type == T_Q6_K)
+    return (IS_T(type, T_Q2_K) || IS_T(type, T_Q3_K) || IS_T(type, T_IQ4_XS) || IS_T(type, T_Q4_K) ||
+            IS_T(type, T_Q5_K) || IS_T(type, T_Q6_K))
                ? QK_K
                : QK;
-#endif
 }
 
 // ggml's kvalues_iq4nl (IQ4_NL / IQ4_XS levels) and kvalues_mxfp4 (E2M1 values doubled).
@@ -232,7 +248,6 @@ __device__ __forceinline__ int nibble32(const u8* q, int j) {
     return j < 16 ? (b & 15) : (b >> 4);
 }
 
-#ifndef TESSERA_NO_KQUANT
 // Scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block from its 12 packed bytes q
 // (ggml's get_scale_min_k4).
 __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m) {
@@ -248,14 +263,14 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m
 // Element j of a Q5_0 / Q4_K / Q5_K / Q6_K block (ggml's dequantize_row_* in the same order of
 // operations as the CPU backend's dequantizers, kernels/src/cpu/kquant.rs).
 __device__ __forceinline__ float kquant_elem(const u8* b, int type, int j) {
-    if (type == T_Q5_0) {
+    if (IS_T(type, T_Q5_0)) {
         // f16 d, u32 qh (bit j: fifth bit of element j), 16 nibble bytes; (q - 16) * d.
         u32 qh = (u32)b[2] | ((u32)b[3] << 8) | ((u32)b[4] << 16) | ((u32)b[5] << 24);
         u8 q = b[6 + (j & 15)];
         int level = (j < 16 ? (q & 15) : (q >> 4)) | (int)(((qh >> j) & 1u) << 4);
         return (float)(level - 16) * block_scale((const char*)b);
     }
-    if (type == T_Q6_K) {
+    if (IS_T(type, T_Q6_K)) {
         // ql[128], qh[64], i8 scales[16], f16 d; element 128h + 32t + l.
         int h = j / 128, t = (j % 128) / 32, l = j % 32;
         u8 lo = b[64 * h + 32 * (t & 1) + l];
@@ -268,42 +283,43 @@ __device__ __forceinline__ float kquant_elem(const u8* b, int type, int j) {
     int s = j / 32, l = j % 32;
     int sc, m;
     scale_min_k4(s, b + 4, &sc, &m);
-    const u8* qs = b + (type == T_Q5_K ? 48 : 16);
+    const u8* qs = b + (IS_T(type, T_Q5_K) ? 48 : 16);
     u8 byte = qs[32 * (s / 2) + l];
     int q = (s & 1) ? (byte >> 4) : (byte & 15);
-    if (type == T_Q5_K) {
+    if (IS_T(type, T_Q5_K)) {
         q += ((b[16 + l] >> s) & 1) ? 16 : 0;
     }
     float d1 = block_scale((const char*)b) * (float)sc;
     float m1 = block_scale((const char*)b + 2) * (float)m;
     return d1 * (float)q - m1;
 }
-#endif
 
-// Element j of a Q2_K / Q3_K / IQ4_NL / IQ4_XS / MXFP4 (or Q5_0 / Q4_K / Q5_K / Q6_K) block (ggml's dequantize_row_* layouts;
-// the K formats keep element j = 128h + 32t + l as the 2-bit field t of quant byte 32h + l).
+// Element j of a Q2_K / Q3_K / IQ4_NL / IQ4_XS / MXFP4 / Q5_0 / Q4_K / Q5_K / Q6_K block (ggml's
+// dequantize_row_* layouts; Q2_K / Q3_K keep element j = 128h + 32t + l as the 2-bit field t of
+// quant byte 32h + l).
 __device__ __forceinline__ float lowbit_elem(const char* blk, int type, int j) {
     const u8* b = (const u8*)blk;
-#ifndef TESSERA_NO_KQUANT
-    if (type >= T_Q5_0) {
+    if (is_kquant(type)) {
         return kquant_elem(b, type, j);
     }
-#endif
-    if (type == T_IQ4_NL) {
+    if (IS_T(type, T_IQ4_NL)) {
         return block_scale(blk) * iq4nl_level(nibble32(b + 2, j));
     }
-    if (type == T_MXFP4) {
+    if (IS_T(type, T_MXFP4)) {
         return mxfp4_level(nibble32(b + 1, j)) * e8m0_half(b[0]);
     }
-    if (type == T_IQ4_XS) {
+    if (IS_T(type, T_IQ4_XS)) {
         int g = j / 32;
         u32 h = (u32)b[2] | ((u32)b[3] << 8);
         int ls = ((b[4 + g / 2] >> (4 * (g % 2))) & 15) | (int)(((h >> (2 * g)) & 3u) << 4);
         float dl = block_scale(blk) * (float)(ls - 32);
         return dl * iq4nl_level(nibble32(b + 8 + 16 * g, j % 32));
     }
-    int q = (b[(type == T_Q2_K ? 16 : 32) + 32 * (j / 128) + j % 32] >> (2 * ((j % 128) / 32))) & 3;
-    if (type == T_Q2_K) {
+    if (!HAS_T(T_Q2_K) && !HAS_T(T_Q3_K)) {
+        return 0.0f; // unreachable: only Q2_K and Q3_K are left
+    }
+    int q = (b[(IS_T(type, T_Q2_K) ? 16 : 32) + 32 * (j / 128) + j % 32] >> (2 * ((j % 128) / 32))) & 3;
+    if (IS_T(type, T_Q2_K)) {
         u8 sc = b[j / 16];
         float dl = block_scale(blk + 80) * (float)(sc & 15);
         float ml = block_scale(blk + 82) * (float)(sc >> 4);
@@ -324,9 +340,9 @@ __device__ __forceinline__ float lowbit_elem(const char* blk, int type, int j) {
 // nibble bytes (element j: low nibble of byte j, or high nibble of byte j - 16). x = level*d + m.
 __device__ __forceinline__ int affine_level(const char* blk, int type, int j) {
     const u8* b = (const u8*)blk;
-    u8 q = b[(type == T_Q5_1 ? 8 : 4) + (j & 15)];
+    u8 q = b[(IS_T(type, T_Q5_1) ? 8 : 4) + (j & 15)];
     int level = j < 16 ? (q & 15) : (q >> 4);
-    if (type == T_Q5_1) {
+    if (IS_T(type, T_Q5_1)) {
         u32 qh = (u32)b[4] | ((u32)b[5] << 8) | ((u32)b[6] << 16) | ((u32)b[7] << 24);
         level |= (int)((qh >> j) & 1u) << 4;
     }
@@ -342,11 +358,14 @@ __device__ __forceinline__ float ld_quant(const char* row, int type, i64 i0) {
     i64 blk = i0 / QK;
     int j = (int)(i0 % QK);
     const char* b = row + blk * quant_block_bytes(type);
-    if (type == T_Q8_0) {
+    if (IS_T(type, T_Q8_0)) {
         return (float)((signed char)b[2 + j]) * block_scale(b);
     }
-    if (type == T_Q4_1 || type == T_Q5_1) {
+    if (IS_T(type, T_Q4_1) || IS_T(type, T_Q5_1)) {
         return (float)affine_level(b, type, j) * block_scale(b) + block_scale(b + 2);
+    }
+    if (!HAS_T(T_Q4_0)) {
+        return 0.0f; // unreachable: only Q4_0 is left
     }
     u8 q = (u8)b[2 + (j & 15)];
     int nib = j < 16 ? (q & 15) : (q >> 4);

@@ -12,7 +12,7 @@ extern "C" __global__ void k_cpy(Tensor dst, Tensor src, int same_shape, i64 n) 
         if (!same_shape) {
             unravel(e, src.ne, s);
         }
-        if (dst.type == T_I32) {
+        if (IS_T(dst.type, T_I32)) {
             st_i32(dst, d[0], d[1], d[2], d[3], ld_i32(src, s[0], s[1], s[2], s[3]));
         } else {
             st(dst, d[0], d[1], d[2], d[3], ld(src, s[0], s[1], s[2], s[3]));
@@ -51,7 +51,7 @@ __device__ __forceinline__ void quantize_affine_block(const float* x, u8* y, int
             hi = x[j];
         }
     }
-    bool q5 = type == T_Q5_1;
+    bool q5 = IS_T(type, T_Q5_1);
     float d = (hi - lo) / (q5 ? 31.0f : 15.0f);
     float id = d != 0.0f ? 1.0f / d : 0.0f;
     put_h(y, d);
@@ -82,9 +82,9 @@ __device__ __forceinline__ void quantize_affine_block(const float* x, u8* y, int
 // quantize_row_q8_0_ref / quantize_row_q4_0_ref (Q4_1 / Q5_1: quantize_affine_block).
 __device__ __forceinline__ void quantize_block(const float* x, char* out, int type) {
     u8* y = (u8*)out;
-    if (type == T_Q4_1 || type == T_Q5_1) {
+    if (IS_T(type, T_Q4_1) || IS_T(type, T_Q5_1)) {
         quantize_affine_block(x, y, type);
-    } else if (type == T_Q8_0) {
+    } else if (IS_T(type, T_Q8_0)) {
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) {
             float a = fabsf(x[j]);
@@ -100,7 +100,7 @@ __device__ __forceinline__ void quantize_block(const float* x, char* out, int ty
             q = fminf(fmaxf(q, -128.0f), 127.0f);
             y[2 + j] = (u8)(signed char)(int)q;
         }
-    } else {
+    } else if (IS_T(type, T_Q4_0)) {
         float amax = 0.0f, max = 0.0f;
         for (int j = 0; j < QK; j++) {
             if (amax < fabsf(x[j])) {
@@ -149,7 +149,7 @@ extern "C" __global__ void k_get_rows(Tensor dst, Tensor table, Tensor ids, int*
             raise_error(status, ERR_INDEX, idx);
             continue;
         }
-        if (dst.type == T_I32) {
+        if (IS_T(dst.type, T_I32)) {
             st_i32(dst, i[0], i[1], i[2], i[3], ld_i32(table, i[0], idx, i[2], i[3]));
         } else {
             st(dst, i[0], i[1], i[2], i[3], ld(table, i[0], idx, i[2], i[3]));
@@ -211,7 +211,7 @@ extern "C" __global__ void k_concat(Tensor dst, Tensor a, Tensor b, int dim, i64
             j[dim] -= a.ne[dim];
             s = &b;
         }
-        if (dst.type == T_I32) {
+        if (IS_T(dst.type, T_I32)) {
             st_i32(dst, i[0], i[1], i[2], i[3], ld_i32(*s, j[0], j[1], j[2], j[3]));
         } else {
             st(dst, i[0], i[1], i[2], i[3], ld(*s, j[0], j[1], j[2], j[3]));

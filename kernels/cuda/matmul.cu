@@ -61,13 +61,13 @@ extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r
     for (i64 b = lane; b < nblk; b += 32) {
         i64 k0 = b * QK;
         float part = 0.0f;
-        if (w.type == T_Q8_0) {
+        if (IS_T(w.type, T_Q8_0)) {
             const char* blk = wr + b * Q8_0_BYTES;
             for (int j = 0; j < QK; j++) {
                 part += (float)((signed char)blk[2 + j]) * ld(x, k0 + j, col, i2, i3);
             }
             s += part * block_scale(blk);
-        } else if (w.type == T_Q4_0) {
+        } else if (IS_T(w.type, T_Q4_0)) {
             const char* blk = wr + b * Q4_0_BYTES;
             for (int j = 0; j < QK / 2; j++) {
                 u8 q = (u8)blk[2 + j];
@@ -83,7 +83,7 @@ extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r
                 part += lowbit_elem(blk, w.type, j0 + j) * ld(x, k0 + j, col, i2, i3);
             }
             s += part;
-        } else {
+        } else if (IS_T(w.type, T_Q4_1) || IS_T(w.type, T_Q5_1)) {
             // Affine blocks: d * sum(level * x) + m * sum(x).
             const char* blk = wr + b * quant_block_bytes(w.type);
             float xsum = 0.0f;

@@ -5,6 +5,7 @@
 //! [`crate::cuda::plan`] apply unchanged (a CUDA grid of blocks becomes an `nd_range<3>` with x
 //! as the fastest dimension).
 
+use crate::cuda::unit::Unit;
 use crate::cuda::{KERNELS, SOURCES};
 
 /// The compat header.
@@ -14,6 +15,12 @@ pub const COMPAT: &str = include_str!("../sycl/compat.hpp");
 /// header, then the shared headers and the source with its includes resolved.
 pub fn source(file: &str) -> Option<String> {
     crate::cuda::assemble(COMPAT, file)
+}
+
+/// The complete SYCL translation unit for compile unit `unit`: as [`source`], narrowed to the
+/// unit's kernel and element types ([`Unit::assemble`]).
+pub fn unit_source(unit: &Unit) -> Option<String> {
+    unit.assemble(COMPAT)
 }
 
 /// The source file that defines `kernel`.

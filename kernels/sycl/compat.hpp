@@ -15,10 +15,6 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 #define TESSERA_WARP 32
 // struct Tensor holds its address as an integer (see common.cuh).
 #define TESSERA_TENSOR_DATA 1
-// The K-quant decoders (Q5_0, Q4_K, Q5_K, Q6_K), inlined into every element load, make the
-// OpenCL CPU device's JIT take tens of minutes per source; the SYCL backend declines those
-// dtypes instead (`Driver::reads_dtype`).
-#define TESSERA_NO_KQUANT 1
 typedef unsigned long long tensor_data_t;
 #define TENSOR_BASE(t) ((char*)(t).data)
 

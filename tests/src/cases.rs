@@ -327,24 +327,6 @@ pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 17] = [
     tessera_core::DType::Q6_K,
 ];
 
-/// [`GPU_KERNEL_DTYPES`] without Q5_0, Q4_K, Q5_K and Q6_K: what the SYCL build of the kernels
-/// reads (it is compiled without the K-quant decoders: `kernels/sycl/compat.hpp`).
-pub const SYCL_KERNEL_DTYPES: [tessera_core::DType; 13] = [
-    tessera_core::DType::F32,
-    tessera_core::DType::F16,
-    tessera_core::DType::BF16,
-    tessera_core::DType::I32,
-    tessera_core::DType::Q8_0,
-    tessera_core::DType::Q4_0,
-    tessera_core::DType::Q4_1,
-    tessera_core::DType::Q5_1,
-    tessera_core::DType::Q2_K,
-    tessera_core::DType::Q3_K,
-    tessera_core::DType::IQ4_NL,
-    tessera_core::DType::IQ4_XS,
-    tessera_core::DType::MXFP4,
-];
-
 /// Of [`GPU_KERNEL_DTYPES`], those the GPU kernels only read (MUL_MAT weights, GET_ROWS tables,
 /// dequantizing copies): cases that quantize into them (CPY, SET_ROWS) are outside coverage.
 pub const GPU_READ_ONLY_DTYPES: [tessera_core::DType; 9] = [

@@ -7,7 +7,7 @@ use crate::sys::nvrtc::Nvrtc;
 use std::sync::Arc;
 use tessera_core::Result;
 use tessera_gpu::nccl::Nccl;
-use tessera_gpu::{Driver, RegistryDriver, Runtime};
+use tessera_gpu::{Driver, RegistryDriver, Runtime, Unit};
 
 /// Environment variable choosing the all-reduce path: `nccl` (default) or `none` (always the
 /// generic fallback).
@@ -96,8 +96,8 @@ impl Driver for Cuda {
     ) -> Result<()> {
         s.copy_dtoh_pinned(dst, doff, src, soff, len)
     }
-    fn load_module(&self, gpu: &Arc<Gpu>, file: &'static str) -> Result<Module> {
-        compile::load_module(gpu, &self.nvrtc, file)
+    fn load_module(&self, gpu: &Arc<Gpu>, unit: &Unit) -> Result<Module> {
+        compile::load_module(gpu, &self.nvrtc, unit.file)
     }
 }
 

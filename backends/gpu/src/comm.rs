@@ -394,13 +394,13 @@ impl<D: Driver> Member<D> {
         src: u64,
         len: usize,
     ) -> Result<()> {
-        let f = self.kernels.get(kernel)?;
         let launch = Launch {
             kernel,
             grid: (len.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1),
             block: 256,
             args: vec![Arg::Ptr(dst), Arg::Ptr(src), Arg::I64(len as i64)],
         };
+        let f = self.kernels.for_launch(&launch)?;
         // SAFETY: (dst, src, n) matches `k_f32_to_bf16` / `k_bf16_to_f32`; the callers pass
         // addresses spanning `len` values of live memory of this member's GPU (a validated slice
         // and the member's scratch), kept alive until the stream passes.

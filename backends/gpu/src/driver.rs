@@ -15,6 +15,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use tessera_core::{DeviceType, Error, Result};
 use tessera_kernels::cuda::plan::Launch;
+use tessera_kernels::cuda::unit::Unit;
 
 /// Alignment of tensor offsets in GPU buffers (the allocation granularity for fast loads, as
 /// ggml-cuda).
@@ -33,6 +34,10 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     /// Optional. Whether [`Driver::alloc_pinned`] gives memory, so devices offer a pinned host
     /// buffer type. Default `false`.
     const PINNED_HOST: bool = false;
+    /// Optional. Whether programs are built per kernel and per set of tensor element types
+    /// ([`Unit::launch`]) rather than per source file with every type ([`Unit::source`], the
+    /// default `false`): for compilers that are slow on large functions (SYCL's OpenCL CPU JIT).
+    const UNIT_PER_LAUNCH: bool = false;
 
     /// One physical GPU with its context, opened once per process.
     type Gpu: Debug + Send + Sync;
@@ -259,14 +264,14 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
 
     // --- kernels -----------------------------------------------------------------------------
 
-    /// Compiles (or finds built ahead of time, or in a cache) kernel source `file` of
-    /// `tessera_kernels::cuda::SOURCES` for `gpu`, and loads it: the vendor's compile step.
-    /// Called once per source and [`GpuContext`](crate::GpuContext), when one of its kernels is
-    /// first needed.
+    /// Compiles (or finds built ahead of time, or in a cache) compile unit `unit` of the sources
+    /// of `tessera_kernels::cuda` for `gpu`, and loads it: the vendor's compile step. Called once
+    /// per unit and [`GpuContext`](crate::GpuContext), when one of its kernels is first needed.
+    /// Units are whole sources ([`Unit::source`]) unless [`Driver::UNIT_PER_LAUNCH`] is set.
     ///
     /// # Errors
     /// The compiler's log, or the driver's status.
-    fn load_module(&self, gpu: &Arc<Self::Gpu>, file: &'static str) -> Result<Self::Module>;
+    fn load_module(&self, gpu: &Arc<Self::Gpu>, unit: &Unit) -> Result<Self::Module>;
     /// The kernel `name` of `module`.
     ///
     /// # Errors
@@ -276,12 +281,6 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     /// been ported yet), so devices decline the nodes it would run instead of failing them.
     /// Asked only when [`Driver::ALL_KERNELS`] is `false`. Default `true`.
     fn has_kernel(_gpu: &Self::Gpu, _name: &str) -> bool {
-        true
-    }
-    /// Optional. Whether the vendor's build of the kernels reads `dtype` at all (SYCL compiles
-    /// them without the K-quant decoders: see `kernels/sycl/compat.hpp`); nodes with a source of
-    /// another dtype are declined. Default `true`.
-    fn reads_dtype(_dtype: tessera_core::DType) -> bool {
         true
     }
     /// Queues `f` on `stream` as `launch` plans it (`grid` blocks of `block` threads, `args`).

@@ -44,6 +44,7 @@ pub use registry::GpuRegistry;
 pub use runtime::{GpuContext, Kernels, RegistryDriver, Runtime};
 pub use stream::{GpuEvent, GpuStream};
 pub use sys::{nccl, rtc};
+pub use tessera_kernels::cuda::unit::{TypeSet, Unit};
 
 #[doc(hidden)]
 /// Paths for [`forward_driver_methods!`]; not part of the API.

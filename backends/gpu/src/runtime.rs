@@ -5,11 +5,14 @@
 
 use crate::driver::Driver;
 use crate::sys::nccl::Nccl;
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 use tessera_core::{Error, Result};
-use tessera_kernels::cuda::{KERNELS, SOURCES};
+use tessera_kernels::cuda::plan::Launch;
+use tessera_kernels::cuda::unit::{TypeSet, Unit};
 
 /// A vendor's driver and its GPUs, opened once per process.
 #[derive(Debug)]
@@ -93,36 +96,27 @@ impl<D: Driver> GpuContext<D> {
     }
 }
 
-/// Kernel name → (index in [`SOURCES`], file), built once per process.
-fn source_of() -> &'static HashMap<&'static str, (usize, &'static str)> {
-    static INDEX: OnceLock<HashMap<&'static str, (usize, &'static str)>> = OnceLock::new();
-    INDEX.get_or_init(|| {
-        KERNELS
-            .iter()
-            .filter_map(|&(file, kernel)| {
-                let index = SOURCES.iter().position(|(f, _)| *f == file)?;
-                Some((kernel, (index, file)))
-            })
-            .collect()
-    })
-}
-
-/// One loaded source: its kernels, then the module (handles drop before the code they point
+/// One loaded unit: its kernels, then the module (handles drop before the code they point
 /// into).
 type Loaded<D> = (
     HashMap<&'static str, <D as Driver>::Function>,
     <D as Driver>::Module,
 );
 
-/// The kernels of `tessera_kernels::cuda` on one GPU: each source compiled (or found) and loaded
-/// by the driver the first time one of its kernels is asked for, then kept; a failure is kept
-/// too, and every later request for that source gives it again.
+/// A unit's load, done once: the loaded kernels, or the reason it failed.
+type Slot<D> = Arc<OnceLock<std::result::Result<Loaded<D>, String>>>;
+
+/// The kernels of `tessera_kernels::cuda` on one GPU: each compile unit (a whole source, or one
+/// kernel for one set of element types when [`Driver::UNIT_PER_LAUNCH`]) compiled (or found) and
+/// loaded by the driver the first time one of its kernels is asked for, then kept; a failure is
+/// kept too, and every later request for that unit gives it again.
 #[derive(Debug)]
 pub struct Kernels<D: Driver> {
     driver: Arc<D>,
     gpu: Arc<D::Gpu>,
-    /// Per entry of [`SOURCES`].
-    sources: Vec<OnceLock<std::result::Result<Loaded<D>, String>>>,
+    /// Per unit; the lock is held only to find or add a slot, so builds of different units
+    /// overlap.
+    units: Mutex<HashMap<Unit, Slot<D>>>,
 }
 
 impl<D: Driver> Kernels<D> {
@@ -130,51 +124,87 @@ impl<D: Driver> Kernels<D> {
         Kernels {
             driver,
             gpu,
-            sources: SOURCES.iter().map(|_| OnceLock::new()).collect(),
+            units: Mutex::new(HashMap::new()),
         }
     }
 
-    fn load(&self, file: &'static str) -> Result<Loaded<D>> {
-        let module = self.driver.load_module(&self.gpu, file)?;
+    fn load(&self, unit: &Unit) -> Result<Loaded<D>> {
+        let start = Instant::now();
+        let module = self.driver.load_module(&self.gpu, unit)?;
         let mut functions = HashMap::new();
-        for (_, kernel) in KERNELS.iter().filter(|(f, _)| *f == file) {
+        for kernel in unit.kernels() {
             let f = D::function(&module, kernel).map_err(|e| Error::Compute {
                 device: D::gpu_name(&self.gpu).to_string(),
-                reason: format!("kernel {kernel} of {file}: {e}"),
+                reason: format!("kernel {kernel} of {}: {e}", unit.label()),
             })?;
-            functions.insert(*kernel, f);
+            functions.insert(kernel, f);
         }
         tracing::debug!(
             backend = D::NAME,
             gpu = D::gpu_name(&self.gpu),
-            file,
+            unit = %unit.label(),
+            seconds = start.elapsed().as_secs_f64(),
             "kernels loaded"
         );
         Ok((functions, module))
     }
 
-    /// The kernel `name`, loading its source on first use.
-    ///
-    /// # Errors
-    /// [`Error::Compute`] when no source defines it, or its source does not compile or load
-    /// (naming the GPU and the compiler's or driver's reason).
-    pub fn get(&self, name: &str) -> Result<D::Function> {
-        let unknown = || Error::Compute {
-            device: D::gpu_name(&self.gpu).to_string(),
-            reason: format!("no {} kernel named {name}", D::NAME),
-        };
-        let &(index, file) = source_of().get(name).ok_or_else(unknown)?;
-        let loaded = self.sources[index]
-            .get_or_init(|| self.load(file).map_err(|e| e.to_string()))
+    /// The unit that holds kernel `name` for element types `types` (ignored by drivers that
+    /// build whole sources).
+    fn unit(&self, name: &str, types: TypeSet) -> Result<Unit> {
+        Unit::kernel(name, types)
+            .map(|u| {
+                if D::UNIT_PER_LAUNCH {
+                    u
+                } else {
+                    Unit::source(u.file)
+                }
+            })
+            .ok_or_else(|| Error::Compute {
+                device: D::gpu_name(&self.gpu).to_string(),
+                reason: format!("no {} kernel named {name}", D::NAME),
+            })
+    }
+
+    fn function_of(&self, name: &str, unit: Unit) -> Result<D::Function> {
+        let slot = self.units.lock().entry(unit).or_default().clone();
+        let loaded = slot
+            .get_or_init(|| self.load(&unit).map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|reason| Error::Compute {
                 device: D::gpu_name(&self.gpu).to_string(),
                 reason: format!(
-                    "building the {} kernels of {file} failed: {reason}",
-                    D::NAME
+                    "building the {} kernels of {} failed: {reason}",
+                    D::NAME,
+                    unit.label()
                 ),
             })?;
-        loaded.0.get(name).cloned().ok_or_else(unknown)
+        loaded.0.get(name).cloned().ok_or_else(|| Error::Compute {
+            device: D::gpu_name(&self.gpu).to_string(),
+            reason: format!("no {} kernel named {name} in {}", D::NAME, unit.label()),
+        })
+    }
+
+    /// The kernel `name`, able to take tensors of every element type, loading its unit on first
+    /// use. For kernels that read no tensor (the comm helpers) or when the types are unknown;
+    /// planned launches use [`Kernels::for_launch`].
+    ///
+    /// # Errors
+    /// [`Error::Compute`] when no source defines it, or its unit does not compile or load
+    /// (naming the GPU and the compiler's or driver's reason).
+    pub fn get(&self, name: &str) -> Result<D::Function> {
+        let unit = self.unit(name, TypeSet::ALL)?;
+        self.function_of(name, unit)
+    }
+
+    /// The kernel `launch` runs, built for the element types of its tensors when the driver
+    /// builds per launch ([`Driver::UNIT_PER_LAUNCH`]), loading its unit on first use.
+    ///
+    /// # Errors
+    /// As [`Kernels::get`].
+    pub fn for_launch(&self, launch: &Launch) -> Result<D::Function> {
+        let unit = self.unit(launch.kernel, TypeSet::of_launch(launch))?;
+        self.function_of(launch.kernel, unit)
     }
 }
 

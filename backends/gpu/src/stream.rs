@@ -24,16 +24,6 @@ pub(crate) fn supports<D: Driver>(
     node: tessera_core::TensorId,
 ) -> tessera_core::Support {
     let s = plan::supports(tensors, node);
-    if let Some(d) = tensors[node.index()]
-        .srcs()
-        .map(|i| tensors[i.index()].dtype())
-        .find(|&d| !D::reads_dtype(d))
-    {
-        return tessera_core::Support::No(format!(
-            "the {} kernels are built without the {d} decoder",
-            D::NAME
-        ));
-    }
     if D::ALL_KERNELS || !matches!(s, tessera_core::Support::Yes) {
         return s;
     }
@@ -150,7 +140,7 @@ impl<D: Driver> Backend for GpuStream<D> {
             let Some(l) = plan::plan(tensors, &ptrs, status, n) else {
                 continue;
             };
-            let f = self.kernels.get(l.kernel)?;
+            let f = self.kernels.for_launch(&l)?;
             // SAFETY: the plan builds `args` in the exact order and sizes of the kernel's C
             // parameter list (see the kernel sources); tensor addresses come from bindings checked
             // to fit their buffers (`Bindings::check_graph`), and `hold` below keeps those buffers

@@ -11,7 +11,8 @@ use tessera_core::plugin::{CommApi, CommCall};
 use tessera_core::{Backend, BackendOptions, Buffer, Device, Error, Registry, Result};
 use tessera_gpu::nccl::Nccl;
 use tessera_gpu::{
-    Driver, GpuBuffer, GpuRegistry, GpuStream, NoPinned, RegistryDriver, Runtime, validate_slices,
+    Driver, GpuBuffer, GpuRegistry, GpuStream, NoPinned, RegistryDriver, Runtime, Unit,
+    validate_slices,
 };
 use tessera_kernels::cuda::plan::Launch;
 
@@ -158,10 +159,10 @@ impl Driver for Mock {
     fn event_query(_: &()) -> bool {
         true
     }
-    fn load_module(&self, gpu: &Arc<Gpu>, file: &'static str) -> Result<()> {
+    fn load_module(&self, gpu: &Arc<Gpu>, unit: &Unit) -> Result<()> {
         Err(Error::Compute {
             device: gpu.name.clone(),
-            reason: format!("the mock has no compiler for {file}"),
+            reason: format!("the mock has no compiler for {}", unit.file),
         })
     }
     fn function(_: &(), name: &str) -> Result<&'static str> {

@@ -6,7 +6,7 @@ use crate::sys::{DeviceMem, Function, Gpu, HIP_ERROR_NO_DEVICE, Hip, Module, Raw
 use std::sync::Arc;
 use tessera_core::{Error, Result};
 use tessera_gpu::nccl::Nccl;
-use tessera_gpu::{Driver, NoPinned, RegistryDriver, Runtime};
+use tessera_gpu::{Driver, NoPinned, RegistryDriver, Runtime, Unit};
 
 /// Environment variable choosing the all-reduce path: `rccl` (default) or `none` (always the
 /// generic fallback).
@@ -116,8 +116,8 @@ impl Driver for HipDriver {
             g.warp_size()
         )
     }
-    fn load_module(&self, gpu: &Arc<Gpu>, file: &'static str) -> Result<Module> {
-        compile::load_module(gpu, file)
+    fn load_module(&self, gpu: &Arc<Gpu>, unit: &Unit) -> Result<Module> {
+        compile::load_module(gpu, unit.file)
     }
 }
 

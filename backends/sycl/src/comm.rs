@@ -101,7 +101,7 @@ fn launch(m: &Member, kernel: &'static str, n: usize, args: Vec<Arg>) -> Result<
         block: 256,
         args,
     };
-    let k = m.kernels.get(l.kernel)?;
+    let k = m.kernels.for_launch(&l)?;
     // SAFETY: the comm kernels take (pointer, pointer, i64) as built by the callers; the
     // pointers address `n` values inside validated slices or the member's scratch, held until
     // the queues pass (the in-flight list and the context).

@@ -1,15 +1,21 @@
-//! Programs for one SYCL context: each CUDA source is built as a SYCL program the first time one
-//! of its kernels is needed (about 1–10 s per source on the OpenCL CPU device), then kept for the
-//! process and shared by the devices of the context (the shared runtime's kernel cache asks
-//! [`Programs::program`] once per source and device). Across processes the runtime's persistent cache (turned on by the registry, keyed by
-//! source hash, build options and device) makes rebuilds a fraction of a second.
+//! Programs for one SYCL context: each compile unit (one kernel, for the element types of the
+//! launches that use it: `tessera_kernels::cuda::unit`) is built as a SYCL program the first time
+//! it is needed, then kept for the process and shared by the devices of the context (the shared
+//! runtime's kernel cache asks [`Programs::program`] once per unit and device). Small units keep
+//! each OpenCL CPU JIT compile to seconds. Across processes the runtime's persistent cache
+//! (turned on by the registry, keyed by source hash, build options and device) makes rebuilds a
+//! fraction of a second.
 
 use crate::sys::{Platform, Program};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tessera_core::{Error, Result};
+use tessera_kernels::cuda::unit::Unit;
+
+/// A unit's build, done once: the program or the reason it failed.
+type Built = Arc<OnceLock<std::result::Result<Arc<Program>, String>>>;
 
 /// Programs of one context (a root device and its sub-devices).
 #[derive(Debug)]
@@ -17,7 +23,8 @@ pub(crate) struct Programs {
     platform: Arc<Platform>,
     /// Device used to name the context in builds (its root).
     device: usize,
-    programs: Mutex<HashMap<&'static str, Arc<Program>>>,
+    /// The lock is held only to find or add a slot, so builds of different units overlap.
+    programs: Mutex<HashMap<Unit, Built>>,
 }
 
 impl Programs {
@@ -29,31 +36,38 @@ impl Programs {
         }
     }
 
-    /// The program of source `file`, built once (builds of different files may overlap).
-    pub(crate) fn program(&self, file: &'static str) -> Result<Arc<Program>> {
-        let mut programs = self.programs.lock();
-        if let Some(p) = programs.get(file) {
-            return Ok(p.clone());
-        }
-        let source = tessera_kernels::sycl::source(file).ok_or_else(|| Error::Compute {
+    /// The program of `unit`, built once.
+    pub(crate) fn program(&self, unit: &Unit) -> Result<Arc<Program>> {
+        let slot = self.programs.lock().entry(*unit).or_default().clone();
+        slot.get_or_init(|| self.build(unit).map_err(|e| e.to_string()))
+            .clone()
+            .map_err(|reason| Error::Compute {
+                device: self.device_name(),
+                reason,
+            })
+    }
+
+    fn build(&self, unit: &Unit) -> Result<Arc<Program>> {
+        let label = unit.label();
+        let source = tessera_kernels::sycl::unit_source(unit).ok_or_else(|| Error::Compute {
             device: self.device_name(),
-            reason: format!("no kernel source {file}"),
+            reason: format!("no kernel source {}", unit.file),
         })?;
         let start = Instant::now();
         let program =
             Program::build(&self.platform, self.device, &source).map_err(|e| Error::Compute {
                 device: self.device_name(),
-                reason: format!("building {file}: {e}"),
+                reason: format!("building {label}: {e}"),
             })?;
-        tracing::debug!(
-            device = %self.device_name(),
-            file,
-            seconds = start.elapsed().as_secs_f64(),
-            "SYCL kernels built"
-        );
-        let program = Arc::new(program);
-        programs.insert(file, program.clone());
-        Ok(program)
+        let seconds = start.elapsed().as_secs_f64();
+        // A cold build takes seconds; more than that is worth seeing without debug logs (the
+        // reason this module builds small units).
+        if seconds > 20.0 {
+            tracing::info!(device = %self.device_name(), unit = %label, seconds, "slow SYCL kernel build");
+        } else {
+            tracing::debug!(device = %self.device_name(), unit = %label, seconds, "SYCL kernels built");
+        }
+        Ok(Arc::new(program))
     }
 
     fn device_name(&self) -> String {

@@ -8,7 +8,7 @@ use crate::device::DevState;
 use crate::sys::{DeviceMem, Kernel, LaunchArg, Program, Queue, RawEvent};
 use std::sync::Arc;
 use tessera_core::{DeviceType, Error, Result};
-use tessera_gpu::{Driver, NoPinned};
+use tessera_gpu::{Driver, NoPinned, Unit};
 use tessera_kernels::cuda::plan::{Arg, Launch};
 
 /// Alignment of tensor offsets in SYCL buffers.
@@ -39,17 +39,11 @@ fn no_context(what: &str) -> Error {
 impl Driver for Sycl {
     const NAME: &'static str = "sycl";
     const ALIGNMENT: usize = SYCL_ALIGNMENT;
+    // The OpenCL CPU JIT is superlinear in function size: one small program per kernel and
+    // launch type set instead of every decoder inlined into every load (see tessera_kernels'
+    // `cuda::unit`).
+    const UNIT_PER_LAUNCH: bool = true;
 
-    fn reads_dtype(dtype: tessera_core::DType) -> bool {
-        // Built with TESSERA_NO_KQUANT (kernels/sycl/compat.hpp).
-        !matches!(
-            dtype,
-            tessera_core::DType::Q5_0
-                | tessera_core::DType::Q4_K
-                | tessera_core::DType::Q5_K
-                | tessera_core::DType::Q6_K
-        )
-    }
     type Gpu = DevState;
     type Mem = SyclMem;
     type Pinned = NoPinned;
@@ -210,8 +204,8 @@ impl Driver for Sycl {
         event.is_complete()
     }
 
-    fn load_module(&self, gpu: &Arc<DevState>, file: &'static str) -> Result<Arc<Program>> {
-        gpu.programs.program(file)
+    fn load_module(&self, gpu: &Arc<DevState>, unit: &Unit) -> Result<Arc<Program>> {
+        gpu.programs.program(unit)
     }
     fn function(module: &Arc<Program>, name: &str) -> Result<Arc<Kernel>> {
         module.kernel(name).map(Arc::new)

@@ -8,6 +8,6 @@ fn main() {
         "sycl",
         tessera_sycl::registry(),
         Some("sycl:2"),
-        Some(&tessera_tests::SYCL_KERNEL_DTYPES),
+        Some(&tessera_tests::GPU_KERNEL_DTYPES),
     );
 }

@@ -1,6 +1,7 @@
 //! SYCL backend checks beyond op conformance: devices and sub-devices, the ring all-reduce on
 //! both wires (f32 exact and bit-identical, bf16 within two roundings and identical on both
-//! devices), silent slices, declines, the on-disk kernel cache, and out-of-range expert ids.
+//! devices), silent slices, declines, the on-disk kernel cache, out-of-range expert ids, and one
+//! kernel launched from two devices at once.
 //! Without a runtime every trial is ignored with the reason in its name; `TESSERA_REQUIRE=sycl`
 //! makes that a failure.
 
@@ -290,12 +291,101 @@ fn bad_expert_ids_are_errors() -> TrialResult {
     )
 }
 
+/// Launches of one kernel from a root device and its sub-device at the same moment each run with
+/// their own arguments. The runtime does not serialise them (about one run in four of the
+/// conformance suite's RMS_NORM cases read NaN until the shim's per-program launch lock): each
+/// thread normalises its own inputs into a NaN-filled output, in lockstep with the other, and
+/// checks every value against the host.
+fn concurrent_launches_keep_their_arguments() -> TrialResult {
+    use tessera_core::{Context, DType};
+    const ROWS: usize = 67;
+    const COLS: usize = 6;
+    const ROUNDS: usize = 200;
+    const EPS: f32 = 1e-6;
+    let devs: Vec<Arc<dyn Device>> = e(SyclRegistry::new().devices())?
+        .into_iter()
+        .take(2)
+        .collect();
+    if devs.len() < 2 {
+        eprintln!("one SYCL device: no sub-device to launch alongside");
+        return Ok(());
+    }
+    let mut ctx = Context::new();
+    let x = e(ctx.new_tensor(DType::F32, [ROWS, COLS]))?;
+    let y = e(ctx.rms_norm(x, EPS))?;
+    let graph = Arc::new(e(ctx.build_forward(y))?);
+    let mut work = Vec::new();
+    for d in &devs {
+        let buf = e(d.buffer_type().alloc_tensors(&ctx))?;
+        let stream = e(d.init_backend(&BackendOptions::default()))?;
+        work.push((d.name().to_string(), buf, stream));
+    }
+    let barrier = Arc::new(std::sync::Barrier::new(work.len()));
+    let threads: Vec<_> = work
+        .into_iter()
+        .enumerate()
+        .map(|(t, (name, buf, mut stream))| {
+            let (barrier, graph) = (barrier.clone(), graph.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut first_error = None;
+                for round in 0..ROUNDS {
+                    let input = values(ROWS * COLS, (1000 * t + round + 1) as u64);
+                    let prepared = buf
+                        .set_f32(x, &input)
+                        .and_then(|()| buf.set_f32(y, &[f32::NAN; ROWS * COLS]));
+                    // Every round meets the barrier, failed or not, so the other thread never
+                    // waits for ever.
+                    barrier.wait();
+                    let out = prepared
+                        .and_then(|()| stream.compute(&graph, buf.bindings()))
+                        .and_then(|()| stream.synchronize())
+                        .and_then(|()| buf.get_f32(y));
+                    let err = match out {
+                        Err(err) => Some(err.to_string()),
+                        Ok(out) => rms_norm_mismatch(&input, &out, ROWS, EPS),
+                    };
+                    if let (Some(err), None) = (err, &first_error) {
+                        first_error = Some(format!("{name}, round {round}: {err}"));
+                    }
+                }
+                first_error.map_or(Ok(()), Err)
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join()
+            .map_err(|_| Failed::from("a launch thread panicked"))??;
+    }
+    Ok(())
+}
+
+/// The first value of `out` that is not the RMS norm of `input`'s rows of `rows` (relative 1e-5).
+fn rms_norm_mismatch(input: &[f32], out: &[f32], rows: usize, eps: f32) -> Option<String> {
+    for (r, (row, got)) in input.chunks(rows).zip(out.chunks(rows)).enumerate() {
+        let ms = row
+            .iter()
+            .map(|v| f64::from(*v) * f64::from(*v))
+            .sum::<f64>()
+            / rows as f64;
+        let scale = 1.0 / (ms + f64::from(eps)).sqrt();
+        for (i, (v, g)) in row.iter().zip(got).enumerate() {
+            let want = f64::from(*v) * scale;
+            let close = (f64::from(*g) - want).abs() <= 1e-5 * want.abs().max(1.0);
+            // NaN is never close.
+            if !close {
+                return Some(format!("row {r} element {i}: {g}, expected {want}"));
+            }
+        }
+    }
+    None
+}
+
 fn main() {
     let args = Arguments::from_args();
     let reason = SyclRegistry::new().reason();
     let require =
         std::env::var("TESSERA_REQUIRE").is_ok_and(|v| v.split(',').any(|b| b.trim() == "sycl"));
-    let tests: [Named; 7] = [
+    let tests: [Named; 8] = [
         ("devices_and_sub_devices", devices_and_sub_devices),
         (
             "ring_f32_wire_is_exact_and_identical",
@@ -315,6 +405,10 @@ fn main() {
         ),
         ("kernel_cache_is_written", kernel_cache_is_written),
         ("bad_expert_ids_are_errors", bad_expert_ids_are_errors),
+        (
+            "concurrent_launches_keep_their_arguments",
+            concurrent_launches_keep_their_arguments,
+        ),
     ];
     let trials = tests
         .into_iter()

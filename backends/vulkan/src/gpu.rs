@@ -12,8 +12,7 @@ use ash::vk;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tessera_core::{DeviceType, Error, Result};
-use tessera_gpu::{Driver, PinnedMem};
-use tessera_kernels::cuda::KERNELS;
+use tessera_gpu::{Driver, PinnedMem, Unit};
 use tessera_kernels::cuda::plan::Launch;
 
 /// The Vulkan API, as the shared GPU runtime drives it.
@@ -462,9 +461,9 @@ impl Driver for Vulkan {
         event.is_complete()
     }
 
-    fn load_module(&self, gpu: &Arc<VkGpu>, file: &'static str) -> Result<VkModule> {
+    fn load_module(&self, gpu: &Arc<VkGpu>, unit: &Unit) -> Result<VkModule> {
         let mut kernels = HashMap::new();
-        for &(_, name) in KERNELS.iter().filter(|(f, _)| *f == file) {
+        for name in unit.kernels() {
             // The shared plan names one GEMV kernel; the variant is the device's choice.
             let code = match name {
                 "k_mul_mat_vec_q" if gpu.dev.int8 => spirv("k_mul_mat_vec_q_int8"),

@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod host;
 pub mod plan;
+pub mod unit;
 
 /// Headers the sources include, as `(include name, text)`.
 pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../../cuda/common.cuh"))];
