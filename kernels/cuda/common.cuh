@@ -278,6 +278,9 @@ __device__ __forceinline__ float kquant_elem(const u8* b, int type, int j) {
         float s = (float)(signed char)b[192 + 8 * h + l / 16 + 2 * t];
         return block_scale((const char*)b + 208) * s * (float)(q - 32);
     }
+    if (!HAS_T(T_Q4_K) && !HAS_T(T_Q5_K)) {
+        return 0.0f; // unreachable: only Q4_K and Q5_K are left
+    }
     // Q4_K / Q5_K: f16 d, f16 dmin, 12 scale bytes, [Q5_K: qh[32]], qs[128]; sub-block s = j / 32
     // takes the low (s even) or high nibbles of qs[32 (s / 2) + j % 32].
     int s = j / 32, l = j % 32;

@@ -1,6 +1,6 @@
 //! What CI can check without a GPU: NVRTC compiles every kernel source of `kernels/cuda` to PTX
-//! and CUBIN for sm_80 and sm_90 with no error and no warning; compiled images are cached on
-//! disk; NCCL loads and reports its version.
+//! and CUBIN for sm_80 and sm_90 with no error and no warning, and each kernel alone as a
+//! narrowed compile unit; compiled images are cached on disk; NCCL loads and reports its version.
 //!
 //! NVRTC and NCCL come from `TESSERA_NVRTC_PATH` / `TESSERA_NCCL_PATH`, the loader path or the
 //! nearest `.venv` (see `.ci/run`). When a library is missing the trials are ignored with the
@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tessera_cuda::compile::{cache_file_name, compile_cached};
 use tessera_cuda::nccl::Nccl;
 use tessera_cuda::nvrtc::{Nvrtc, Target};
+use tessera_kernels::cuda::unit::{TypeSet, Unit};
 use tessera_kernels::cuda::{HEADERS, KERNELS, SOURCES};
 
 /// Architectures every kernel must compile for.
@@ -115,6 +116,39 @@ fn across_processes_trial() -> Trial {
     })
 }
 
+/// A one-kernel unit with a narrowed type set (`tessera_kernels::cuda::unit`, what SYCL builds
+/// per launch) compiles under NVRTC too, without warnings, and its PTX holds that kernel alone.
+fn unit_trial(nvrtc: Arc<Nvrtc>, kernel: &'static str) -> Trial {
+    Trial::test(format!("nvrtc/unit/{kernel}"), move || {
+        // f32 and f16 activations, K-quant and Q4_0 weights: float, block and super-block
+        // decoders survive, the others are compiled out.
+        let unit = Unit::kernel(kernel, TypeSet::from_codes([0, 1, 5, 14]))
+            .ok_or_else(|| Failed::from(format!("no unit for {kernel}")))?;
+        let source = unit.assemble("").ok_or_else(|| Failed::from("no source"))?;
+        let out = nvrtc
+            .compile(&unit.label(), &source, &[], Target::Ptx(80), &[])
+            .map_err(|e| Failed::from(e.to_string()))?;
+        if !out.log.is_empty() {
+            return Err(Failed::from(format!(
+                "compiler output (warnings count as failures):\n{}",
+                out.log
+            )));
+        }
+        let ptx = String::from_utf8_lossy(&out.image);
+        for &(_, k) in KERNELS {
+            let entry = ptx.contains(&format!(".entry {k}("));
+            if entry != (k == kernel) {
+                return Err(Failed::from(format!(
+                    "{}: entry {k} {}",
+                    unit.label(),
+                    if entry { "present" } else { "missing" }
+                )));
+            }
+        }
+        Ok(())
+    })
+}
+
 fn main() {
     let args = Arguments::from_args();
     let mut trials = Vec::new();
@@ -137,12 +171,18 @@ fn main() {
             for (f, s, t) in names() {
                 trials.push(compile_trial(nvrtc.clone(), f, s, t));
             }
+            for &(_, k) in KERNELS {
+                trials.push(unit_trial(nvrtc.clone(), k));
+            }
             trials.push(cache_trial(nvrtc));
         }
         Err(e) => {
             let reason = e.to_string();
             for (f, _, t) in names() {
                 trials.push(missing(format!("nvrtc/{f}/{}", t.arch_flag()), &reason));
+            }
+            for &(_, k) in KERNELS {
+                trials.push(missing(format!("nvrtc/unit/{k}"), &reason));
             }
             trials.push(missing("nvrtc/disk_cache".into(), &reason));
         }

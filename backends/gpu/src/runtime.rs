@@ -13,6 +13,7 @@ use std::time::Instant;
 use tessera_core::{Error, Result};
 use tessera_kernels::cuda::plan::Launch;
 use tessera_kernels::cuda::unit::{TypeSet, Unit};
+use tessera_kernels::cuda::{KERNELS, SOURCES};
 
 /// A vendor's driver and its GPUs, opened once per process.
 #[derive(Debug)]
@@ -96,6 +97,21 @@ impl<D: Driver> GpuContext<D> {
     }
 }
 
+/// Kernel name → (index in [`SOURCES`], the name as listed in [`KERNELS`]), built once per
+/// process.
+fn source_of() -> &'static HashMap<&'static str, (usize, &'static str)> {
+    static INDEX: OnceLock<HashMap<&'static str, (usize, &'static str)>> = OnceLock::new();
+    INDEX.get_or_init(|| {
+        KERNELS
+            .iter()
+            .filter_map(|&(file, kernel)| {
+                let index = SOURCES.iter().position(|(f, _)| *f == file)?;
+                Some((kernel, (index, kernel)))
+            })
+            .collect()
+    })
+}
+
 /// One loaded unit: its kernels, then the module (handles drop before the code they point
 /// into).
 type Loaded<D> = (
@@ -104,7 +120,7 @@ type Loaded<D> = (
 );
 
 /// A unit's load, done once: the loaded kernels, or the reason it failed.
-type Slot<D> = Arc<OnceLock<std::result::Result<Loaded<D>, String>>>;
+type Slot<D> = OnceLock<std::result::Result<Loaded<D>, String>>;
 
 /// The kernels of `tessera_kernels::cuda` on one GPU: each compile unit (a whole source, or one
 /// kernel for one set of element types when [`Driver::UNIT_PER_LAUNCH`]) compiled (or found) and
@@ -114,9 +130,11 @@ type Slot<D> = Arc<OnceLock<std::result::Result<Loaded<D>, String>>>;
 pub struct Kernels<D: Driver> {
     driver: Arc<D>,
     gpu: Arc<D::Gpu>,
-    /// Per unit; the lock is held only to find or add a slot, so builds of different units
-    /// overlap.
-    units: Mutex<HashMap<Unit, Slot<D>>>,
+    /// Per entry of [`SOURCES`], for drivers that build whole sources: found without a lock.
+    sources: Vec<Slot<D>>,
+    /// Per unit, for drivers that build per launch; the lock is held only to find or add a
+    /// slot, so builds of different units overlap.
+    units: Mutex<HashMap<Unit, Arc<Slot<D>>>>,
 }
 
 impl<D: Driver> Kernels<D> {
@@ -124,6 +142,7 @@ impl<D: Driver> Kernels<D> {
         Kernels {
             driver,
             gpu,
+            sources: SOURCES.iter().map(|_| OnceLock::new()).collect(),
             units: Mutex::new(HashMap::new()),
         }
     }
@@ -149,25 +168,26 @@ impl<D: Driver> Kernels<D> {
         Ok((functions, module))
     }
 
-    /// The unit that holds kernel `name` for element types `types` (ignored by drivers that
-    /// build whole sources).
-    fn unit(&self, name: &str, types: TypeSet) -> Result<Unit> {
-        Unit::kernel(name, types)
-            .map(|u| {
-                if D::UNIT_PER_LAUNCH {
-                    u
-                } else {
-                    Unit::source(u.file)
-                }
-            })
-            .ok_or_else(|| Error::Compute {
-                device: D::gpu_name(&self.gpu).to_string(),
-                reason: format!("no {} kernel named {name}", D::NAME),
-            })
-    }
-
-    fn function_of(&self, name: &str, unit: Unit) -> Result<D::Function> {
-        let slot = self.units.lock().entry(unit).or_default().clone();
+    /// Kernel `name` from its unit for element types `types` (ignored by drivers that build
+    /// whole sources), loading the unit on first use.
+    fn function(&self, name: &str, types: TypeSet) -> Result<D::Function> {
+        let &(index, kernel) = source_of().get(name).ok_or_else(|| Error::Compute {
+            device: D::gpu_name(&self.gpu).to_string(),
+            reason: format!("no {} kernel named {name}", D::NAME),
+        })?;
+        let file = SOURCES[index].0;
+        let per_launch;
+        let (unit, slot) = if D::UNIT_PER_LAUNCH {
+            let unit = Unit {
+                file,
+                kernel: Some(kernel),
+                types,
+            };
+            per_launch = self.units.lock().entry(unit).or_default().clone();
+            (unit, &*per_launch)
+        } else {
+            (Unit::source(file), &self.sources[index])
+        };
         let loaded = slot
             .get_or_init(|| self.load(&unit).map_err(|e| e.to_string()))
             .as_ref()
@@ -186,15 +206,14 @@ impl<D: Driver> Kernels<D> {
     }
 
     /// The kernel `name`, able to take tensors of every element type, loading its unit on first
-    /// use. For kernels that read no tensor (the comm helpers) or when the types are unknown;
-    /// planned launches use [`Kernels::for_launch`].
+    /// use. Launches use [`Kernels::for_launch`], which builds for the launch's types where the
+    /// driver builds per launch.
     ///
     /// # Errors
     /// [`Error::Compute`] when no source defines it, or its unit does not compile or load
     /// (naming the GPU and the compiler's or driver's reason).
     pub fn get(&self, name: &str) -> Result<D::Function> {
-        let unit = self.unit(name, TypeSet::ALL)?;
-        self.function_of(name, unit)
+        self.function(name, TypeSet::ALL)
     }
 
     /// The kernel `launch` runs, built for the element types of its tensors when the driver
@@ -203,8 +222,7 @@ impl<D: Driver> Kernels<D> {
     /// # Errors
     /// As [`Kernels::get`].
     pub fn for_launch(&self, launch: &Launch) -> Result<D::Function> {
-        let unit = self.unit(launch.kernel, TypeSet::of_launch(launch))?;
-        self.function_of(launch.kernel, unit)
+        self.function(launch.kernel, TypeSet::of_launch(launch))
     }
 }
 

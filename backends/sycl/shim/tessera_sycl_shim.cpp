@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -67,24 +66,13 @@ struct tsy_event {
     sycl::event e;
 };
 
-// The 2026.2 runtime does not serialise submissions of one program's kernels from several
-// threads: two queues (a root device and its sub-device) launching the same kernel at once gave
-// wrong outputs (NaN) in about one run in four of the RMS_NORM conformance cases. So launches of
-// a program's kernels take the program's lock while they set arguments and enqueue (not while
-// the kernel runs).
 struct tsy_program {
     sycl::kernel_bundle<sycl::bundle_state::executable> bundle;
-    std::shared_ptr<std::mutex> launch = std::make_shared<std::mutex>();
 };
 
 struct tsy_kernel {
     sycl::kernel k;
-    std::shared_ptr<std::mutex> launch;
 };
-
-static tsy_kernel* kernel_of(tsy_program* prog, const char* name) {
-    return new tsy_kernel{prog->bundle.ext_oneapi_get_kernel(name), prog->launch};
-}
 
 extern "C" {
 
@@ -260,7 +248,7 @@ int tsy_program_build(const tsy_platform* p, int i, const char* src, tsy_program
 void tsy_program_free(tsy_program* prog) { delete prog; }
 
 int tsy_kernel_get(tsy_program* prog, const char* name, tsy_kernel** out) {
-    TSY_TRY("get kernel", *out = kernel_of(prog, name))
+    TSY_TRY("get kernel", *out = new tsy_kernel{prog->bundle.ext_oneapi_get_kernel(name)})
 }
 
 void tsy_kernel_free(tsy_kernel* k) { delete k; }
@@ -277,7 +265,6 @@ int tsy_launch(tsy_queue* q, const tsy_kernel* k, const uint32_t* grid, uint32_t
                                             std::to_string(sizes[i]));
             }
         }
-        std::lock_guard<std::mutex> guard(*k->launch);
         sycl::range<3> local(1, 1, block);
         sycl::range<3> global((size_t)grid[2], (size_t)grid[1], (size_t)grid[0] * block);
         q->q.submit([&](sycl::handler& h) {

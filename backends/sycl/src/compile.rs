@@ -36,10 +36,11 @@ impl Programs {
         }
     }
 
-    /// The program of `unit`, built once.
+    /// The program of `unit`, built once (a failure is kept: the compiler's verdict on a source
+    /// does not change).
     pub(crate) fn program(&self, unit: &Unit) -> Result<Arc<Program>> {
         let slot = self.programs.lock().entry(*unit).or_default().clone();
-        slot.get_or_init(|| self.build(unit).map_err(|e| e.to_string()))
+        slot.get_or_init(|| self.build(unit))
             .clone()
             .map_err(|reason| Error::Compute {
                 device: self.device_name(),
@@ -47,21 +48,17 @@ impl Programs {
             })
     }
 
-    fn build(&self, unit: &Unit) -> Result<Arc<Program>> {
+    /// Builds `unit`, or says why it did not build.
+    fn build(&self, unit: &Unit) -> std::result::Result<Arc<Program>, String> {
         let label = unit.label();
-        let source = tessera_kernels::sycl::unit_source(unit).ok_or_else(|| Error::Compute {
-            device: self.device_name(),
-            reason: format!("no kernel source {}", unit.file),
-        })?;
+        let source = tessera_kernels::sycl::unit_source(unit)
+            .ok_or_else(|| format!("no kernel source {}", unit.file))?;
         let start = Instant::now();
-        let program =
-            Program::build(&self.platform, self.device, &source).map_err(|e| Error::Compute {
-                device: self.device_name(),
-                reason: format!("building {label}: {e}"),
-            })?;
+        let program = Program::build(&self.platform, self.device, &source)
+            .map_err(|e| format!("building {label}: {e}"))?;
         let seconds = start.elapsed().as_secs_f64();
-        // A cold build takes seconds; more than that is worth seeing without debug logs (the
-        // reason this module builds small units).
+        // A cold build takes a second or two; more is worth seeing without debug logs (small
+        // units are what keeps it so).
         if seconds > 20.0 {
             tracing::info!(device = %self.device_name(), unit = %label, seconds, "slow SYCL kernel build");
         } else {

@@ -359,9 +359,12 @@ impl Queue {
             .map(|a| a.bytes.as_ptr() as *const c_void)
             .collect();
         let grid = [grid.0, grid.1, grid.2];
-        // The OpenCL runtime sets arguments on the kernel object itself, so two threads launching
-        // one kernel at once could mix their arguments: launches of a kernel take turns.
-        let _turn = kernel.launching.lock();
+        // The runtime sets arguments on the kernel object the program holds, shared by every
+        // device of the context, and the 2026.2 runtime does not serialise two threads launching
+        // one kernel at once: a root device and its sub-device then mixed their arguments (NaN
+        // outputs in about one run in four of the RMS_NORM conformance cases). So launches of a
+        // program's kernels take turns while they set arguments and enqueue (not while they run).
+        let _turn = kernel.program.launching.lock();
         // SAFETY: the arrays hold `args.len()` entries and live for the call (the runtime
         // copies argument values at submission); the rest is the caller's contract.
         let code = unsafe {
@@ -504,6 +507,9 @@ impl Drop for DeviceMem {
 pub struct Program {
     platform: Arc<Platform>,
     raw: Raw,
+    /// Held by launches of the program's kernels while they set arguments and enqueue (see
+    /// `Queue::launch`).
+    launching: parking_lot::Mutex<()>,
 }
 
 // SAFETY: kernel bundles are immutable and thread-safe once built.
@@ -529,6 +535,7 @@ impl Program {
         Ok(Program {
             platform: platform.clone(),
             raw,
+            launching: parking_lot::Mutex::new(()),
         })
     }
 
@@ -542,7 +549,6 @@ impl Program {
         Ok(Kernel {
             program: self.clone(),
             raw,
-            launching: parking_lot::Mutex::new(()),
         })
     }
 }
@@ -559,10 +565,10 @@ impl Drop for Program {
 pub struct Kernel {
     program: Arc<Program>,
     raw: Raw,
-    launching: parking_lot::Mutex<()>,
 }
 
-// SAFETY: sycl::kernel objects are thread-safe handles.
+// SAFETY: sycl::kernel objects are handles that may move between threads; concurrent launches
+// are serialised by the program's lock (`Queue::launch`).
 unsafe impl Send for Kernel {}
 // SAFETY: as above.
 unsafe impl Sync for Kernel {}

@@ -208,8 +208,9 @@ const BLOCK: u32 = 256;
 /// Upper bound of blocks for grid-stride kernels (they loop past it).
 const MAX_BLOCKS: u64 = 1 << 20;
 
-/// The kernels' element type codes (`T_*` in common.cuh).
-fn type_code(d: DType) -> i32 {
+/// The kernels' element type code of `d` (`T_*` in common.cuh), or -1 for a dtype they do not
+/// read.
+pub fn type_code(d: DType) -> i32 {
     match d {
         DType::F32 => 0,
         DType::F16 => 1,

@@ -133,8 +133,8 @@ impl Unit {
 
     /// The unit as one translation unit after `prelude` (a backend's compat header): the type
     /// set as `TESSERA_TYPES` (unless it is every type), then [`assemble`]'s text with every
-    /// other kernel of the file turned into an unused `static` function, which compilers do not
-    /// generate code for. `None` for an unknown file.
+    /// other kernel of the file turned into an unused `static __device__` function, which
+    /// compilers generate no code for. `None` for an unknown file.
     pub fn assemble(&self, prelude: &str) -> Option<String> {
         let mut head = prelude.to_string();
         if self.types != TypeSet::ALL {
@@ -153,7 +153,7 @@ impl Unit {
             match line.split_once(KERNEL_DECL) {
                 Some((indent, rest)) if !rest.starts_with(&format!("{keep}(")) => {
                     out.push_str(indent);
-                    out.push_str("[[maybe_unused]] static void ");
+                    out.push_str(DEMOTED);
                     out.push_str(rest);
                 }
                 _ => out.push_str(line),
@@ -163,43 +163,66 @@ impl Unit {
     }
 }
 
-/// How every kernel of `kernels/cuda` is declared (one per line).
+/// How every kernel of `kernels/cuda` is declared (one per line; `kernel_list_matches_sources`
+/// in the parent module finds them the same way).
 const KERNEL_DECL: &str = "extern \"C\" __global__ void ";
+
+/// What a unit turns the kernels it does not keep into: unused device functions, which no
+/// compiler generates code for (`__device__` is empty under the SYCL compat header).
+const DEMOTED: &str = "[[maybe_unused]] static __device__ void ";
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cuda::SOURCES;
 
-    fn tensor_arg(code: i32) -> Arg {
-        let mut b = [0u8; 80];
-        b[72..76].copy_from_slice(&code.to_ne_bytes());
-        Arg::Tensor(b)
+    /// The type set of planned launches: a K-quant GEMV reads its weights and activations and
+    /// writes f32; a copy converts f16 to bf16; the comm kernels take pointers only.
+    #[test]
+    fn type_sets_of_planned_launches() {
+        use tessera_core::{Context, DType};
+        let mut ctx = Context::new();
+        let w = ctx.new_tensor(DType::Q4_K, [256, 8]).unwrap();
+        let x = ctx.new_tensor(DType::F16, [256, 1]).unwrap();
+        let y = ctx.mul_mat(w, x).unwrap();
+        let h = ctx.new_tensor(DType::F16, [16, 3]).unwrap();
+        let b = ctx.cast(h, DType::BF16).unwrap();
+        let ts = ctx.tensors();
+        let ptrs = vec![0x1000; ts.len()];
+        let l = crate::cuda::plan::plan(ts, &ptrs, 0x40, y).unwrap();
+        assert_eq!(l.kernel, "k_mul_mat_vec_q");
+        assert_eq!(TypeSet::of_launch(&l).to_string(), "f32,f16,q4_K");
+        let u = Unit::launch(&l).unwrap();
+        assert_eq!(u.label(), "matmul.cu:k_mul_mat_vec_q[f32,f16,q4_K]");
+        let l = crate::cuda::plan::plan(ts, &ptrs, 0x40, b).unwrap();
+        assert_eq!(TypeSet::of_launch(&l).to_string(), "f16,bf16");
+        let comm = Launch {
+            kernel: "k_add_f32",
+            grid: (1, 1, 1),
+            block: 256,
+            args: vec![Arg::Ptr(1), Arg::Ptr(2), Arg::I64(3)],
+        };
+        assert_eq!(TypeSet::of_launch(&comm), TypeSet::EMPTY);
+        assert_eq!(TypeSet::EMPTY.to_string(), "no types");
+        assert_eq!(TypeSet::ALL.to_string(), "all types");
+        assert!(Unit::kernel("k_nope", TypeSet::ALL).is_none());
     }
 
+    /// Type names follow the codes the launch plans give each dtype, and every code is used.
     #[test]
-    fn type_sets_come_from_tensor_arguments() {
-        let l = Launch {
-            kernel: "k_flash_attn_ext",
-            grid: (1, 1, 1),
-            block: 128,
-            args: vec![
-                tensor_arg(0),
-                tensor_arg(1),
-                Arg::I32(13),
-                tensor_arg(4),
-                tensor_arg(-1),
-            ],
-        };
-        let t = TypeSet::of_launch(&l);
-        assert_eq!(t.bits(), 0b1_0011);
-        assert_eq!(t.to_string(), "f32,f16,q8_0");
-        assert!(t.contains_code(4) && !t.contains_code(13) && !t.contains_code(-1));
-        assert_eq!(TypeSet::ALL.to_string(), "all types");
-        assert_eq!(TypeSet::EMPTY.to_string(), "no types");
-        let u = Unit::launch(&l).unwrap();
-        assert_eq!(u.label(), "attn.cu:k_flash_attn_ext[f32,f16,q8_0]");
-        assert!(Unit::kernel("k_nope", t).is_none());
+    fn type_names_match_the_plan_codes() {
+        let mut seen = TypeSet::EMPTY;
+        for d in tessera_core::DType::ALL {
+            let code = crate::cuda::plan::type_code(d);
+            if code < 0 {
+                continue;
+            }
+            let one = TypeSet::from_codes([code]);
+            assert_eq!(one.to_string(), d.name(), "{d}");
+            seen = TypeSet(seen.bits() | one.bits());
+        }
+        assert_eq!(seen, TypeSet::ALL);
+        assert_eq!(TypeSet::from_codes([-1, 17, 40]), TypeSet::EMPTY);
     }
 
     /// `common.cuh`'s default type set is [`TypeSet::ALL`], and every type code it defines has a
@@ -232,11 +255,7 @@ mod tests {
             );
             assert!(text.contains("#define TESSERA_TYPES 0x3u"), "{kernel}");
             let others = KERNELS.iter().filter(|(f, _)| *f == file).count() - 1;
-            assert_eq!(
-                text.matches("[[maybe_unused]] static void ").count(),
-                others,
-                "{kernel}"
-            );
+            assert_eq!(text.matches(DEMOTED).count(), others, "{kernel}");
             assert_eq!(u.kernels().collect::<Vec<_>>(), vec![kernel]);
         }
         for (file, _) in SOURCES {
