@@ -6,7 +6,6 @@
 //! as the fastest dimension).
 
 use crate::cuda::unit::Unit;
-use crate::cuda::{KERNELS, SOURCES};
 
 /// The compat header.
 pub const COMPAT: &str = include_str!("../sycl/compat.hpp");
@@ -23,29 +22,29 @@ pub fn unit_source(unit: &Unit) -> Option<String> {
     unit.assemble(COMPAT)
 }
 
-/// The source file that defines `kernel`.
-pub fn file_of(kernel: &str) -> Option<&'static str> {
-    KERNELS.iter().find(|(_, k)| *k == kernel).map(|(f, _)| *f)
-}
-
-/// Every source file, in [`SOURCES`] order.
-pub fn files() -> impl Iterator<Item = &'static str> {
-    SOURCES.iter().map(|(f, _)| *f)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cuda::{KERNELS, SOURCES};
 
     #[test]
     fn sources_inline_the_headers_once() {
-        for f in files() {
+        for (f, _) in SOURCES {
             let s = source(f).unwrap();
             assert!(s.starts_with(COMPAT));
             assert!(!s.contains("#include \"common.cuh\""), "{f}");
             assert_eq!(s.matches("struct Tensor {").count(), 1, "{f}");
         }
-        assert_eq!(file_of("k_norm"), Some("norm.cu"));
-        assert!(source("nope.cu").is_none() && file_of("k_nope").is_none());
+        assert!(source("nope.cu").is_none());
+    }
+
+    #[test]
+    fn unit_sources_follow_the_compat_header() {
+        for (_, k) in KERNELS {
+            let unit = Unit::kernel(k, crate::cuda::unit::TypeSet::from_codes([0])).unwrap();
+            let s = unit_source(&unit).unwrap();
+            assert!(s.starts_with(COMPAT), "{k}");
+            assert!(s.contains("#define TESSERA_TYPES 0x1u"), "{k}");
+        }
     }
 }
