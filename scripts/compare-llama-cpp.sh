@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tessera against llama.cpp on GGUF files: builds llama.cpp once (the copy vendored in the
-# llama-cpp-python sdist, flags as in shared/docs/anchors.md), builds Tessera's release binary,
+# llama-cpp-python sdist, built as docs/src/correctness.md says), builds Tessera's release binary,
 # runs llama-bench and `tessera bench` interleaved on each file and prints a markdown table of
 # tokens/s, their ratio and peak RSS. See --help.
 set -euo pipefail
@@ -168,7 +168,22 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------------------------------------
-# llama.cpp: the copy vendored in the llama-cpp-python sdist, built once (shared/docs/anchors.md)
+# llama.cpp: the copy vendored in the llama-cpp-python sdist, built once (docs/src/correctness.md,
+# "Building the llama.cpp peer")
+
+# One -DGGML_<ISA>=ON|OFF per x86 extension ggml builds for, from this CPU's /proc/cpuinfo flags.
+ggml_isa_flags() {
+  local flags pair out=""
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+  for pair in AVX:avx AVX2:avx2 F16C:f16c FMA:fma BMI2:bmi2 AVX_VNNI:avx_vnni AVX512:avx512f \
+    AVX512_VBMI:avx512vbmi AVX512_VNNI:avx512_vnni AVX512_BF16:avx512_bf16; do
+    case "$flags" in
+      *" ${pair#*:} "*) out="$out -DGGML_${pair%%:*}=ON" ;;
+      *) out="$out -DGGML_${pair%%:*}=OFF" ;;
+    esac
+  done
+  echo "${out# }"
+}
 
 LLAMA_CPP_DIR="${LLAMA_CPP_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/llama.cpp-$SDIST_VERSION}"
 LLAMA_BIN="$LLAMA_CPP_DIR/build/bin"
@@ -215,12 +230,14 @@ build_llama_cpp() {
   fi
   log_file="$dir/build-tessera.log"
   log "configuring (log: $log_file)"
-  # Flags as in shared/docs/anchors.md: not GGML_NATIVE (SIGILL on the Xeon machines, AMX tile
-  # configuration), the x86 extensions named, AMX off.
+  # Not GGML_NATIVE (SIGILL on the Xeon machines, AMX tile configuration) and AMX off; each x86
+  # extension on exactly when this CPU has it (a forced AVX_VNNI dies with SIGILL on Zen 4).
+  local isa
+  isa="$(ggml_isa_flags)"
+  log "x86 extensions: $isa"
+  # shellcheck disable=SC2086 # one word per flag
   if ! cmake -S "$dir" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-    -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_F16C=ON \
-    -DGGML_FMA=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON \
-    -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+    -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF $isa -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
     -DGGML_AMX_BF16=OFF >"$log_file" 2>&1; then
     tail -n 30 "$log_file" >&2
     die "cmake configure of llama.cpp failed (log: $log_file)"

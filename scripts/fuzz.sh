@@ -40,7 +40,7 @@ fi
 
 if [ "$target" = all ]; then
   # FUZZ_SKIP: space-separated targets left out of `all` (CI skips a target whose open finding
-  # would fail every run until it is fixed; see README, "Fuzzing").
+  # would fail every run until it is fixed; see docs/src/fuzzing.md).
   list=()
   for t in "${TARGETS[@]}"; do
     case " ${FUZZ_SKIP:-} " in

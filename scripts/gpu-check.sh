@@ -213,7 +213,7 @@ system_lib() {
     tail -n 1 | cut -f2
 }
 export VENV="$ROOT/.venv"
-# Versions as .ci/run (shared/docs/toolchains.md §3).
+# The same wheel versions as .ci/run (docs/src/backends/cuda.md).
 cuda_wheels() {
   { [ -x "$VENV/bin/pip" ] || python3 -m venv "$VENV"; } &&
     "$VENV/bin/pip" install -q --disable-pip-version-check \

@@ -6,7 +6,7 @@
 #
 # usage: make_references.sh LLAMA_CPP_DIR [SMOLLM2.gguf [GEMMA3.gguf]]
 #   LLAMA_CPP_DIR: a llama.cpp source tree built with CMake into LLAMA_CPP_DIR/build
-#   (the one llama-cpp-python 0.3.36 vendors; see shared/docs/anchors.md).
+#   (the one llama-cpp-python 0.3.36 vendors, built as docs/src/correctness.md says).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"

@@ -222,7 +222,13 @@ impl<D: Driver> Kernels<D> {
     /// # Errors
     /// As [`Kernels::get`].
     pub fn for_launch(&self, launch: &Launch) -> Result<D::Function> {
-        self.function(launch.kernel, TypeSet::of_launch(launch))
+        // Whole-source drivers ignore the types: skip reading them on every launch.
+        let types = if D::UNIT_PER_LAUNCH {
+            TypeSet::of_launch(launch)
+        } else {
+            TypeSet::ALL
+        };
+        self.function(launch.kernel, types)
     }
 }
 
