@@ -3,8 +3,8 @@
 
     scripts/check-links.py [FILE.md ...]
 
-Every relative Markdown link in README.md, docs/src/**/*.md and tests/reference/README.md (or
-the files named) must name a file inside the repository, and a `#fragment` must name a heading
+Every relative Markdown link in README.md, docs/src/**/*.md, tests/reference/README.md and
+examples/README.md (or the files named) must name a file inside the repository, and a `#fragment` must name a heading
 of the linked Markdown file (GitHub / mdBook anchors: lower case, punctuation dropped, spaces as
 hyphens). Links to other sites fail too: the docs stay inside the repository. Exits 1 listing
 every broken link. .ci/run calls it.
@@ -68,7 +68,7 @@ def check(path):
 
 def main():
     files = [pathlib.Path(f).resolve() for f in sys.argv[1:]] or (
-        [ROOT / "README.md", ROOT / "tests/reference/README.md"]
+        [ROOT / "README.md", ROOT / "tests/reference/README.md", ROOT / "examples/README.md"]
         + sorted((ROOT / "docs/src").rglob("*.md"))
     )
     errors = [e for f in files for e in check(f)]

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use tessera_build::{discover, hip};
 
 fn main() {
-    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"));
-    let kernels = manifest.join("../../kernels");
-    let cuda_dir = kernels.join("cuda");
+    // tessera-kernels' build script says where it lives (its `links` metadata).
+    let kernels =
+        PathBuf::from(std::env::var("DEP_TESSERA_KERNELS_ROOT").expect("tessera-kernels sets it"));
+    let cuda_dir = kernels.join("gpu");
     let compat = kernels.join("hip/compat.h");
     println!("cargo:rerun-if-changed={}", cuda_dir.display());
     println!("cargo:rerun-if-changed={}", compat.display());

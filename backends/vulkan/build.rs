@@ -1,4 +1,4 @@
-//! Embeds the committed SPIR-V kernels (`kernels/vulkan/spv/*.spv`) as a table generated into
+//! Embeds the committed SPIR-V kernels (`kernels/vulkan/spv/*.spv` of tessera-kernels) as a table generated into
 //! `OUT_DIR/spirv.rs`: `(kernel name, bytes)`, sorted by name. Kernels not ported yet are simply
 //! absent; the runtime reports them as such.
 
@@ -6,13 +6,16 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 fn main() {
-    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
-    let dir = manifest.join("../../kernels/vulkan/spv");
+    // tessera-kernels' build script says where it lives (its `links` metadata).
+    let kernels = PathBuf::from(
+        std::env::var_os("DEP_TESSERA_KERNELS_ROOT").expect("tessera-kernels sets it"),
+    );
+    let dir = kernels.join("vulkan/spv");
     // Cargo scans a watched folder recursively; a watched path that does not exist would rerun
     // this script (and rebuild the crate) on every build, so `spv/` is watched through its parent.
     println!(
         "cargo:rerun-if-changed={}",
-        manifest.join("../../kernels/vulkan").display()
+        kernels.join("vulkan").display()
     );
     let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(&dir)
         .map(|rd| {

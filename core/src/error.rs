@@ -129,9 +129,11 @@ pub enum Error {
     ReadOnly(String),
 
     // === Model files ===
-    /// A GGUF file could not be read or written, or lacks what was asked of it.
+    /// A model file could not be read or written, or lacks what was asked of it. The source is
+    /// the file format crate's own error (`tessera_gguf::GgufError` for GGUF), which converts
+    /// into this variant with `?`.
     #[error(transparent)]
-    Gguf(#[from] crate::gguf::GgufError),
+    File(Box<dyn std::error::Error + Send + Sync + 'static>),
 
     // === Several processes ===
     /// A collective between the processes (ranks) of a distributed job failed or timed out;

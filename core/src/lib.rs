@@ -2,7 +2,6 @@
 //! every vendor crate implements, and the process-wide registry.
 //!
 //! Layers, lowest first: [`dtype`], [`tensor`], [`ops`] and [`graph`], [`backend`], [`registry`].
-//! [`gguf`] (model files) sits beside them, using only [`dtype`] and [`backend`]'s `HostMemory`.
 //! Lower layers never import higher ones.
 //!
 //! ```
@@ -22,11 +21,9 @@ pub mod backend;
 pub mod comm;
 pub mod dtype;
 pub mod error;
-pub mod gguf;
 pub mod graph;
 pub mod meta;
 pub mod ops;
-pub mod plugin;
 pub mod registry;
 pub mod sched;
 pub mod tensor;
@@ -41,4 +38,4 @@ pub use error::{Error, Result};
 pub use graph::{Context, Graph};
 pub use ops::{GluOp, Op, OpKind, RopeMode, RopeParams, UnaryOp};
 pub use registry::{DeviceRegistry, ProcAddress, Registry};
-pub use tensor::{TensorDesc, TensorFlags, TensorId};
+pub use tensor::{TensorDesc, TensorFlags, TensorId, TensorParts};

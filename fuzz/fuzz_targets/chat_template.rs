@@ -1,14 +1,14 @@
 //! The chat-template renderer on arbitrary templates (what `tokenizer.chat_template` of a
 //! hostile GGUF file holds) and conversations: both renderers return text or a typed
-//! [`ChatError`](tessera::model::tokenizer::ChatError), never panic, and finish promptly.
+//! [`ChatError`](tessera_model::tokenizer::ChatError), never panic, and finish promptly.
 #![no_main]
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 use tessera::gguf::Metadata;
-use tessera::model::Tokenizer;
-use tessera::model::tokenizer::{
+use tessera_model::Tokenizer;
+use tessera_model::tokenizer::{
     ChatMessage, ChatTemplate, KEY_CHAT_TEMPLATE, KEY_MODEL, KEY_SCORES, KEY_TOKEN_TYPE, KEY_TOKENS,
 };
 
@@ -22,7 +22,7 @@ struct Input {
 fn tokenizer() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
     TOK.get_or_init(|| {
-        let (texts, scores, types) = tessera::model::synthetic_vocab(400);
+        let (texts, scores, types) = tessera_model::synthetic_vocab(400);
         let mut md = Metadata::new("fuzz-vocab");
         md.set(KEY_MODEL, "llama");
         md.set(KEY_TOKENS, texts);

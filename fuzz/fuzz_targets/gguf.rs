@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tessera::gguf::{GgufFile, ReadOptions};
-use tessera::model::{LlamaConfig, Tokenizer};
+use tessera_model::{LlamaConfig, Tokenizer};
 
 fuzz_target!(|data: &[u8]| {
     for opts in [

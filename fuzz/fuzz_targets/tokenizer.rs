@@ -8,8 +8,8 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use tessera::gguf::{GgufFile, GgufWriter, ReadOptions};
-use tessera::model::Tokenizer;
-use tessera::model::tokenizer::{
+use tessera_model::Tokenizer;
+use tessera_model::tokenizer::{
     KEY_ADD_BOS, KEY_ADD_EOS, KEY_ADD_SPACE_PREFIX, KEY_BOS, KEY_EOS, KEY_MERGES, KEY_MODEL,
     KEY_PAD, KEY_PRE, KEY_SCORES, KEY_TOKEN_TYPE, KEY_TOKENS, KEY_UNK, PreTokenizer,
 };
@@ -48,7 +48,7 @@ fn file(inp: &Input) -> Vec<u8> {
         _ => inp.other_model.as_str(),
     };
     let (mut texts, mut scores, mut types) = if inp.base > 0 {
-        tessera::model::synthetic_vocab(usize::from(inp.base) * 4)
+        tessera_model::synthetic_vocab(usize::from(inp.base) * 4)
     } else {
         (Vec::new(), Vec::new(), Vec::new())
     };

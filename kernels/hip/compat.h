@@ -1,4 +1,4 @@
-// Tessera kernels on HIP: the CUDA C sources of kernels/cuda compiled by hipRTC (or hipcc --genco)
+// Tessera kernels on HIP: the CUDA C sources of kernels/gpu compiled by hipRTC (or hipcc --genco)
 // for AMD GPUs. HIP already provides the CUDA built-ins the kernels use (threadIdx, __syncthreads,
 // atomicCAS, __int_as_float, expf, ...); this header only defines the few macros common.cuh leaves
 // to a compat header.

@@ -1,9 +1,9 @@
-//! HIP kernel sources: the CUDA C kernels of [`crate::cuda`] compiled for AMD GPUs by hipRTC (or
+//! HIP kernel sources: the CUDA C kernels of [`crate::gpu`] compiled for AMD GPUs by hipRTC (or
 //! ahead of time by `hipcc --genco`) through `kernels/hip/compat.h`, which defines the warp macros
 //! of `common.cuh` (32-lane logical warps, correct on wave32 and wave64 GPUs). The launch plans of
-//! [`crate::cuda::plan`] apply unchanged.
+//! [`crate::gpu::plan`] apply unchanged.
 
-use crate::cuda::{KERNELS, SOURCES};
+use crate::gpu::{KERNELS, SOURCES};
 
 /// The compat header.
 pub const COMPAT: &str = include_str!("../hip/compat.h");
@@ -14,7 +14,7 @@ pub const CI_ARCHS: &[&str] = &["gfx90a", "gfx1030"];
 
 /// The complete HIP translation unit for CUDA source `file` (e.g. `"norm.cu"`).
 pub fn source(file: &str) -> Option<String> {
-    crate::cuda::assemble(COMPAT, file)
+    crate::gpu::assemble(COMPAT, file)
 }
 
 /// Every source file, in [`SOURCES`] order.

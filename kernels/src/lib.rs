@@ -6,13 +6,14 @@
 //! scalar implementation plus AVX2 and AVX-512 implementations selected at
 //! runtime.
 //!
-//! The [`cuda`] module embeds the CUDA C sources of the GPU backends (compiled at run time) and
-//! the launch plans shared by the backends that run them; [`sycl`] turns the same sources into
-//! SYCL kernels and [`hip`] compiles them for AMD GPUs.
+//! The [`gpu`] module embeds the GPU kernel sources every GPU backend shares (written once in
+//! the CUDA C dialect, compiled at run time) and the launch plans of the backends that run them:
+//! CUDA compiles them with NVRTC, [`hip`] for AMD GPUs, and [`sycl`] turns them into SYCL
+//! kernels. (Vulkan's GLSL ports live in `kernels/vulkan/` and follow the same plans.)
 
 #![deny(unsafe_code)]
 
 pub mod cpu;
-pub mod cuda;
+pub mod gpu;
 pub mod hip;
 pub mod sycl;

@@ -1,11 +1,11 @@
-//! SYCL kernel sources: the CUDA C kernels of [`crate::cuda`] compiled as SYCL free-function
+//! SYCL kernel sources: the CUDA C kernels of [`crate::gpu`] compiled as SYCL free-function
 //! kernels through `kernels/sycl/compat.hpp`, which maps the CUDA built-ins (thread and block
 //! indices, barriers, warp shuffles on 32-wide sub-groups, block-shared arrays, math) to SYCL.
 //! One kernel source therefore serves CUDA, HIP and SYCL, and the launch plans of
-//! [`crate::cuda::plan`] apply unchanged (a CUDA grid of blocks becomes an `nd_range<3>` with x
+//! [`crate::gpu::plan`] apply unchanged (a CUDA grid of blocks becomes an `nd_range<3>` with x
 //! as the fastest dimension).
 
-use crate::cuda::unit::Unit;
+use crate::gpu::unit::Unit;
 
 /// The compat header.
 pub const COMPAT: &str = include_str!("../sycl/compat.hpp");
@@ -13,7 +13,7 @@ pub const COMPAT: &str = include_str!("../sycl/compat.hpp");
 /// The complete SYCL translation unit for CUDA source `file` (e.g. `"norm.cu"`): the compat
 /// header, then the shared headers and the source with its includes resolved.
 pub fn source(file: &str) -> Option<String> {
-    crate::cuda::assemble(COMPAT, file)
+    crate::gpu::assemble(COMPAT, file)
 }
 
 /// The complete SYCL translation unit for compile unit `unit`: as [`source`], narrowed to the
@@ -25,7 +25,7 @@ pub fn unit_source(unit: &Unit) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::{KERNELS, SOURCES};
+    use crate::gpu::{KERNELS, SOURCES};
 
     #[test]
     fn sources_inline_the_headers_once() {
@@ -41,7 +41,7 @@ mod tests {
     #[test]
     fn unit_sources_follow_the_compat_header() {
         for (_, k) in KERNELS {
-            let unit = Unit::kernel(k, crate::cuda::unit::TypeSet::from_codes([0])).unwrap();
+            let unit = Unit::kernel(k, crate::gpu::unit::TypeSet::from_codes([0])).unwrap();
             let s = unit_source(&unit).unwrap();
             assert!(s.starts_with(COMPAT), "{k}");
             assert!(s.contains("#define TESSERA_TYPES 0x1u"), "{k}");

@@ -1,4 +1,4 @@
-// Tessera SYCL compat header: turns the CUDA C kernels of kernels/cuda into SYCL free-function
+// Tessera SYCL compat header: turns the CUDA C kernels of kernels/gpu into SYCL free-function
 // kernels (sycl_ext_oneapi_free_function_kernels), compiled at run time by the runtime's kernel
 // compiler (sycl_ext_oneapi_kernel_compiler, source language SYCL).
 //

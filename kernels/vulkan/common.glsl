@@ -1,4 +1,4 @@
-// Tessera Vulkan kernels: shared definitions (GLSL port of kernels/cuda/common.cuh).
+// Tessera Vulkan kernels: shared definitions (GLSL port of kernels/gpu/common.cuh).
 //
 // Contract: kernels/vulkan/ABI.md. Memory is reached only through GL_EXT_buffer_reference
 // pointers (uint64_t device addresses); f16/bf16/quantized data are read and written as bytes and

@@ -1,4 +1,4 @@
-// ADD_ID (port of k_add_id, kernels/cuda/moe.cu): dst[n, n_used, T] = a[n, n_used, T] +
+// ADD_ID (port of k_add_id, kernels/gpu/moe.cu): dst[n, n_used, T] = a[n, n_used, T] +
 // b[:, ids[i, t]] (b [n, n_expert]). One invocation per destination element (grid-stride); in-place
 // use (dst aliasing a) is safe. Ids outside 0..n_expert raise ERR_EXPERT with the id.
 #version 450

@@ -1,4 +1,4 @@
-// ARGSORT (port of k_argsort, kernels/cuda/moe.cu): dst[:, r] (i32) = the indices that sort row r of
+// ARGSORT (port of k_argsort, kernels/gpu/moe.cu): dst[:, r] (i32) = the indices that sort row r of
 // a, ascending or descending; ties keep index order (stable). One workgroup per row (gl_WorkGroupID.x
 // = flat row), block a multiple of 32; a.ne[0] <= ARGSORT_MAX. Each element's rank is the number of
 // elements ordered before it, so dst[rank] = index needs no further pass.

@@ -1,4 +1,4 @@
-// FLASH_ATTN_EXT (port of k_flash_attn_ext, kernels/cuda/attn.cu): one 32-invocation "warp" per
+// FLASH_ATTN_EXT (port of k_flash_attn_ext, kernels/gpu/attn.cu): one 32-invocation "warp" per
 // (query, head, batch), a single pass over the keys with an online softmax; block 128.
 // q [d, n_q, h, b] f32; k [d, n_kv, h_kv, b], v [dv, n_kv, h_kv, b] (f16 or f32); optional mask
 // [n_kv, >=n_q] (ALiBi slope per head); optional sinks f32 [h]; dst [dv, h, n_q, b] f32.

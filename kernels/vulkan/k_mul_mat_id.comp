@@ -1,4 +1,4 @@
-// MUL_MAT_ID (port of k_mul_mat_id, kernels/cuda/moe.cu): dst[m, n_used, T] (f32); column (i, t) =
+// MUL_MAT_ID (port of k_mul_mat_id, kernels/gpu/moe.cu): dst[m, n_used, T] (f32); column (i, t) =
 // w[:, :, ids[i, t]]^T · x[:, i % n_b, t] with w [k, m, n_expert] (any type `ld` reads), x [k, n_b, T]
 // float, ids i32 [n_used, T]. One 32-invocation "warp" per (weight row, slot, token), block 128.
 // Work blocks are numbered row-block fastest, then slot, then token; the grid strides over them.

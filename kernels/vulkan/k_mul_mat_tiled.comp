@@ -1,4 +1,4 @@
-// Tiled MUL_MAT for any weight type (port of k_mul_mat_tiled, kernels/cuda/matmul.cu): a 64 x 64
+// Tiled MUL_MAT for any weight type (port of k_mul_mat_tiled, kernels/gpu/matmul.cu): a 64 x 64
 // output tile per workgroup of 256 invocations, 4 x 4 outputs per invocation, k in steps of 32 (one
 // quant block) staged through shared memory as f32. grid = (ceil(m / 64), ceil(n / 64), planes).
 #version 450

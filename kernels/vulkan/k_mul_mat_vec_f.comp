@@ -1,4 +1,4 @@
-// MUL_MAT GEMV for float weights (port of k_mul_mat_vec_f, kernels/cuda/matmul.cu):
+// MUL_MAT GEMV for float weights (port of k_mul_mat_vec_f, kernels/gpu/matmul.cu):
 // dst[m, n, b2, b3] (f32) = w[k, m, w2, w3]^T · x[k, n, b2, b3], plane (i2, i3) of dst using weight
 // plane (i2 / r2, i3 / r3). One 32-invocation "warp" per (weight row, activation column, plane);
 // block 128. Blocks are numbered row-block fastest, then column, then plane.

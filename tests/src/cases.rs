@@ -305,7 +305,7 @@ impl Case {
     }
 }
 
-/// The dtypes the GPU kernels (CUDA, HIP, SYCL: `kernels/cuda`) implement; conformance cases with
+/// The dtypes the GPU kernels (CUDA, HIP, SYCL: `kernels/gpu`) implement; conformance cases with
 /// other dtypes (Q8_K, the IQ formats other than IQ4_NL / IQ4_XS) are outside their coverage.
 pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 17] = [
     tessera_core::DType::F32,

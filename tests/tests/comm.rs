@@ -249,7 +249,7 @@ fn repeated_reductions_reuse_scratch_safely() {
 
 // ===== The CPU comm exported through the registry's proc_address =====
 
-use tessera_core::plugin::{CommApi, CommOutcome};
+use tessera_core::comm::{CommApi, CommOutcome};
 
 fn cpu_comm() -> CommApi {
     CommApi::from_registry(tessera_cpu::registry().as_ref())

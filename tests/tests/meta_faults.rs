@@ -14,10 +14,10 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 use tessera_core::backend::{DeviceCaps, DeviceType, MemoryInfo, Support};
+use tessera_core::comm::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT, RawCommSlice};
+use tessera_core::comm::{CommAllReduceFn, CommFreeFn, CommInitFn, comm_proc_address};
 use tessera_core::meta::ratio::split_lengths;
 use tessera_core::meta::{CommPath, MetaDevice, SplitLayout, SplitState};
-use tessera_core::plugin::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT, RawCommSlice};
-use tessera_core::plugin::{CommAllReduceFn, CommFreeFn, CommInitFn, comm_proc_address};
 use tessera_core::{
     Backend, BackendOptions, Bindings, Buffer, BufferType, Context, DType, Device, DeviceRegistry,
     Error, Event, Graph, ProcAddress, Registry, Result, TensorDesc, TensorId,
@@ -169,7 +169,7 @@ fn cpu_trio() -> (CommInitFn, CommAllReduceFn, CommFreeFn) {
     let reg = tessera_cpu::registry();
     let addr = |name: &str| reg.proc_address(name).expect("the CPU comm").as_ptr();
     // SAFETY: the CPU registry exports these names with exactly these signatures (the comm
-    // ABI, `tessera_core::plugin::comm`).
+    // ABI, `tessera_core::comm`).
     unsafe {
         (
             std::mem::transmute::<*const c_void, CommInitFn>(addr(COMM_INIT)),

@@ -22,11 +22,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use tessera_core::comm::{Algorithm, AllReduce, CommSlice, Wire};
-use tessera_core::plugin::{CommApi, CommOutcome, LoadError, PluginRegistry, load_backend};
+use tessera_core::comm::{CommApi, CommOutcome};
 use tessera_core::{
     Backend, BackendOptions, Bindings, Buffer, Context, DType, Device, DeviceRegistry, Error,
     Registry,
 };
+use tessera_plugin::{LoadError, PluginRegistry, load_backend};
 use tessera_tests::{Case, Status, all_cases, format_line, run_case};
 
 type TrialResult = Result<(), Failed>;
@@ -709,7 +710,7 @@ fn scan_keeps_going(built: &Built) -> TrialResult {
         .map_err(|e| e.to_string())?;
 
     let reg = DeviceRegistry::new();
-    let report = tessera_core::plugin::load_dirs(&reg, std::slice::from_ref(&dir));
+    let report = tessera_plugin::load_dirs(&reg, std::slice::from_ref(&dir));
     let _ = std::fs::remove_dir_all(&dir);
     check(report.loaded.len() == 1 && report.failed.len() == 3, || {
         format!("{report:?}")
@@ -813,7 +814,7 @@ fn main() {
     trials.push(Trial::test("broken/wrong_abi_version", move || {
         expect_load_error(&example(&b, "tessera_bad_version"), |e| {
             matches!(e, LoadError::AbiVersion { found: 999, expected, table: "registry", .. }
-                if *expected == tessera_core::plugin::abi::ABI_VERSION)
+                if *expected == tessera_plugin::abi::ABI_VERSION)
         })
     }));
     let b = built.clone();

@@ -3,4 +3,4 @@
 //! builds one such file per CUDA toolkit line; hosts need no CUDA at build time.
 #![deny(unsafe_code)]
 
-tessera_core::export_backend!(tessera_cuda::registry);
+tessera_plugin::export_backend!(tessera_cuda::registry);

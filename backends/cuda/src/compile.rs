@@ -1,4 +1,4 @@
-//! The CUDA compile step: a source of `tessera_kernels::cuda` compiled by NVRTC for the GPU's
+//! The CUDA compile step: a source of `tessera_kernels::gpu` compiled by NVRTC for the GPU's
 //! architecture, cached on disk, and loaded (the shared runtime's kernel cache calls
 //! `load_module` once per source and GPU).
 //!
@@ -13,7 +13,7 @@ use crate::sys::nvrtc::{Nvrtc, Target};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tessera_core::{Error, Result};
-use tessera_kernels::cuda::{HEADERS, SOURCES, cache};
+use tessera_kernels::gpu::{HEADERS, SOURCES, cache};
 
 /// The NVRTC target for compute capability `cc`: a CUBIN when NVRTC knows the architecture,
 /// else PTX for the newest architecture it knows that the GPU can run (JIT by the driver).

@@ -5,7 +5,7 @@
 //! - The driver (libcuda) is loaded at run time through cudarc and probed before any call, so a
 //!   binary built with this crate starts on a machine without a driver: the registry then has no
 //!   devices and [`CudaRegistry::reason`] says why (`tessera devices` prints it).
-//! - Kernels are the CUDA C sources of `tessera_kernels::cuda`, compiled at run time by NVRTC
+//! - Kernels are the CUDA C sources of `tessera_kernels::gpu`, compiled at run time by NVRTC
 //!   ([`nvrtc`]) for each GPU's architecture and cached on disk ([`compile`]).
 //! - Streams, events, async and peer copies and a pinned host buffer type implement the core
 //!   traits; the comm trio runs all-reduces through NCCL ([`nccl`], `libnccl.so.2`).
@@ -60,7 +60,7 @@ pub fn registry() -> Arc<dyn Registry> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_core::plugin::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT};
+    use tessera_core::comm::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT};
 
     #[test]
     fn trio_is_exported() {
@@ -76,7 +76,7 @@ mod tests {
 
     #[test]
     fn init_declines_without_streams() {
-        let api = tessera_core::plugin::CommApi::from_registry(&CudaRegistry::new()).unwrap();
+        let api = tessera_core::comm::CommApi::from_registry(&CudaRegistry::new()).unwrap();
         assert!(api.init(&mut []).is_none());
     }
 }

@@ -60,6 +60,6 @@ fn no_driver_reason_names_libcuda() {
 
 #[test]
 fn comm_trio_is_exported_by_name() {
-    let api = tessera_core::plugin::CommApi::from_registry(&CudaRegistry::new());
+    let api = tessera_core::comm::CommApi::from_registry(&CudaRegistry::new());
     assert!(api.is_some());
 }

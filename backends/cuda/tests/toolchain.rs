@@ -1,4 +1,4 @@
-//! What CI can check without a GPU: NVRTC compiles every kernel source of `kernels/cuda` to PTX
+//! What CI can check without a GPU: NVRTC compiles every kernel source of `kernels/gpu` to PTX
 //! and CUBIN for sm_80 and sm_90 with no error and no warning, and each kernel alone as a
 //! narrowed compile unit; compiled images are cached on disk; NCCL loads and reports its version.
 //!
@@ -11,8 +11,8 @@ use std::sync::Arc;
 use tessera_cuda::compile::{cache_file_name, compile_cached};
 use tessera_cuda::nccl::Nccl;
 use tessera_cuda::nvrtc::{Nvrtc, Target};
-use tessera_kernels::cuda::unit::{TypeSet, Unit};
-use tessera_kernels::cuda::{HEADERS, KERNELS, SOURCES};
+use tessera_kernels::gpu::unit::{TypeSet, Unit};
+use tessera_kernels::gpu::{HEADERS, KERNELS, SOURCES};
 
 /// Architectures every kernel must compile for.
 const ARCHS: [u32; 2] = [80, 90];
@@ -101,11 +101,11 @@ fn cache_trial(nvrtc: Arc<Nvrtc>) -> Trial {
 fn across_processes_trial() -> Trial {
     Trial::test("nccl/comm_across_processes", || {
         let reg = tessera_cuda::registry();
-        let api = tessera_core::plugin::RanksCommApi::from_registry(reg.as_ref())
+        let api = tessera_core::comm::RanksCommApi::from_registry(reg.as_ref())
             .ok_or_else(|| Failed::from("the CUDA registry exports no comm across processes"))?;
         match api.unique_id() {
             Ok(id) => {
-                if id.len() != tessera_core::plugin::COMM_ID_BYTES || id.iter().all(|&b| b == 0) {
+                if id.len() != tessera_core::comm::COMM_ID_BYTES || id.iter().all(|&b| b == 0) {
                     return Err(Failed::from(format!("implausible job id {id:?}")));
                 }
                 println!("NCCL made a job id without a GPU ({} bytes)", id.len());
@@ -116,7 +116,7 @@ fn across_processes_trial() -> Trial {
     })
 }
 
-/// A one-kernel unit with a narrowed type set (`tessera_kernels::cuda::unit`, what SYCL builds
+/// A one-kernel unit with a narrowed type set (`tessera_kernels::gpu::unit`, what SYCL builds
 /// per launch) compiles under NVRTC too, without warnings, and its PTX holds that kernel alone.
 fn unit_trial(nvrtc: Arc<Nvrtc>, kernel: &'static str) -> Trial {
     Trial::test(format!("nvrtc/unit/{kernel}"), move || {

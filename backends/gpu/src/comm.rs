@@ -1,5 +1,5 @@
 //! The comm trio (`tessera_comm_init` / `tessera_comm_allreduce_tensor` / `tessera_comm_free`,
-//! see `tessera_core::plugin`) over an NCCL-API library
+//! see `tessera_core::comm`) over an NCCL-API library
 //! ([`RegistryDriver::load_collectives`]: NCCL for CUDA, RCCL for HIP), one communicator per GPU
 //! from `ncclCommInitAll` in this process.
 //!
@@ -21,11 +21,11 @@ use crate::stream::GpuStream;
 use crate::sys::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, Nccl, NcclComm, UNIQUE_ID_BYTES, UniqueId};
 use std::ffi::c_void;
 use std::sync::Arc;
-use tessera_core::plugin::{
+use tessera_core::comm::{
     CommCall, RawCommSlice, comm_allreduce_with, comm_free_with, comm_init_with,
 };
 use tessera_core::{Backend, Buffer, ProcAddress, Result};
-use tessera_kernels::cuda::plan::{Arg, Launch};
+use tessera_kernels::gpu::plan::{Arg, Launch};
 
 /// Whether `n_elements` values over `n_devices` GPUs go over the wire as f32 (else bf16): the
 /// thresholds ggml-cuda tuned on PCIe 4.0.
@@ -38,9 +38,9 @@ pub fn f32_wire(n_devices: usize, n_elements: usize) -> bool {
 }
 
 /// The comm trio's addresses by name, for driver `D`, and the two functions of a comm across
-/// processes ([`tessera_core::plugin::COMM_UNIQUE_ID`], [`tessera_core::plugin::COMM_INIT_RANKS`]).
+/// processes ([`tessera_core::comm::COMM_UNIQUE_ID`], [`tessera_core::comm::COMM_INIT_RANKS`]).
 pub fn proc_address<D: RegistryDriver>(name: &str) -> Option<ProcAddress> {
-    use tessera_core::plugin::{COMM_INIT_RANKS, COMM_UNIQUE_ID, CommInitRanksFn, CommUniqueIdFn};
+    use tessera_core::comm::{COMM_INIT_RANKS, COMM_UNIQUE_ID, CommInitRanksFn, CommUniqueIdFn};
     match name {
         COMM_UNIQUE_ID => {
             let f: CommUniqueIdFn = comm_unique_id::<D>;
@@ -52,12 +52,7 @@ pub fn proc_address<D: RegistryDriver>(name: &str) -> Option<ProcAddress> {
         }
         _ => {}
     }
-    tessera_core::plugin::comm_proc_address(
-        name,
-        comm_init::<D>,
-        comm_allreduce::<D>,
-        comm_free::<D>,
-    )
+    tessera_core::comm::comm_proc_address(name, comm_init::<D>, comm_allreduce::<D>, comm_free::<D>)
 }
 
 /// One stream of a comm: its GPU, driver stream and kernels, and a device scratch for the bf16

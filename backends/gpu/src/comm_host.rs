@@ -24,7 +24,7 @@ use crate::comm::Member;
 use crate::driver::Driver;
 use crate::inflight::InFlight;
 use std::ffi::c_void;
-use tessera_core::plugin::{
+use tessera_core::comm::{
     CommCall, RawCommSlice, comm_allreduce_with, comm_free_with, comm_init_with,
 };
 use tessera_core::{Backend, Error, ProcAddress, Result};
@@ -71,7 +71,7 @@ const WIRE_BF16: u8 = 2;
 /// The comm trio's addresses by name, for driver `D`, with the wire its variable chooses when a
 /// comm is made ([`wire_from_env`]).
 pub fn proc_address<D: Driver>(name: &str) -> Option<ProcAddress> {
-    tessera_core::plugin::comm_proc_address(
+    tessera_core::comm::comm_proc_address(
         name,
         comm_init::<D, WIRE_FROM_ENV>,
         comm_allreduce::<D>,
@@ -86,7 +86,7 @@ pub fn proc_address_with_wire<D: Driver>(name: &str, wire: HostWire) -> Option<P
         HostWire::F32 => comm_init::<D, WIRE_F32>,
         HostWire::Bf16 => comm_init::<D, WIRE_BF16>,
     };
-    tessera_core::plugin::comm_proc_address(name, init, comm_allreduce::<D>, comm_free::<D>)
+    tessera_core::comm::comm_proc_address(name, init, comm_allreduce::<D>, comm_free::<D>)
 }
 
 struct CommCtx<D: Driver> {

@@ -14,8 +14,8 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 use tessera_core::{DeviceType, Error, Result};
-use tessera_kernels::cuda::plan::Launch;
-use tessera_kernels::cuda::unit::Unit;
+use tessera_kernels::gpu::plan::Launch;
+use tessera_kernels::gpu::unit::Unit;
 
 /// Alignment of tensor offsets in GPU buffers (the allocation granularity for fast loads, as
 /// ggml-cuda).
@@ -27,7 +27,7 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     const NAME: &'static str;
     /// Optional. Alignment of tensor offsets in device buffers. Default [`GPU_ALIGNMENT`].
     const ALIGNMENT: usize = GPU_ALIGNMENT;
-    /// Optional. Whether the backend has every kernel of `tessera_kernels::cuda`. Default
+    /// Optional. Whether the backend has every kernel of `tessera_kernels::gpu`. Default
     /// `true`; a backend still gaining kernels (Vulkan) says `false`, and devices then ask
     /// [`Driver::has_kernel`] for the kernel each node plans.
     const ALL_KERNELS: bool = true;
@@ -265,7 +265,7 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     // --- kernels -----------------------------------------------------------------------------
 
     /// Compiles (or finds built ahead of time, or in a cache) compile unit `unit` of the sources
-    /// of `tessera_kernels::cuda` for `gpu`, and loads it: the vendor's compile step. Called once
+    /// of `tessera_kernels::gpu` for `gpu`, and loads it: the vendor's compile step. Called once
     /// per unit and [`GpuContext`](crate::GpuContext), when one of its kernels is first needed.
     /// Units are whole sources ([`Unit::source`]) unless [`Driver::UNIT_PER_LAUNCH`] is set.
     ///

@@ -3,13 +3,13 @@
 //! ([`RegistryDriver`] adds GPU enumeration and an NCCL-API library, for CUDA and HIP).
 //!
 //! - [`Runtime`] and [`GpuContext`]: the driver and its GPUs, opened once per process; each
-//!   source of `tessera_kernels::cuda` is built by the driver's compile step when one of its
+//!   source of `tessera_kernels::gpu` is built by the driver's compile step when one of its
 //!   kernels is first needed, and kept in the GPU's [`Kernels`] cache.
 //! - [`GpuDevice`], [`GpuBufferType`] / [`GpuBuffer`] (device memory) and [`HostBufferType`] /
 //!   [`HostBuffer`] (pinned host memory, where the driver has it): the core `Device`,
 //!   `BufferType` and `Buffer` traits.
 //! - [`GpuStream`] and [`GpuEvent`]: the core `Backend` (a driver stream: graphs launched from
-//!   the plans of `tessera_kernels::cuda::plan`, in-flight batches, status words, async, peer and
+//!   the plans of `tessera_kernels::gpu::plan`, in-flight batches, status words, async, peer and
 //!   staged copies) and events with cross-stream waits.
 //! - [`GpuRegistry`]: devices `PREFIX0..` or the reason there are none, and the comm trio
 //!   ([`comm`]) over an NCCL-API library ([`nccl`]); [`comm_host`] is the host-staged trio for
@@ -44,14 +44,14 @@ pub use registry::GpuRegistry;
 pub use runtime::{GpuContext, Kernels, RegistryDriver, Runtime};
 pub use stream::{GpuEvent, GpuStream};
 pub use sys::{nccl, rtc};
-pub use tessera_kernels::cuda::unit::{TypeSet, Unit};
+pub use tessera_kernels::gpu::unit::{TypeSet, Unit};
 
 #[doc(hidden)]
 /// Paths for [`forward_driver_methods!`]; not part of the API.
 pub mod __private {
     pub use std::sync::Arc;
     pub use tessera_core::Result;
-    pub use tessera_kernels::cuda::plan::{ArgSlots, Launch};
+    pub use tessera_kernels::gpu::plan::{ArgSlots, Launch};
 }
 
 /// Finding and opening vendor libraries at run time.

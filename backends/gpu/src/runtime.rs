@@ -11,9 +11,9 @@ use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tessera_core::{Error, Result};
-use tessera_kernels::cuda::plan::Launch;
-use tessera_kernels::cuda::unit::{TypeSet, Unit};
-use tessera_kernels::cuda::{KERNELS, SOURCES};
+use tessera_kernels::gpu::plan::Launch;
+use tessera_kernels::gpu::unit::{TypeSet, Unit};
+use tessera_kernels::gpu::{KERNELS, SOURCES};
 
 /// A vendor's driver and its GPUs, opened once per process.
 #[derive(Debug)]
@@ -122,7 +122,7 @@ type Loaded<D> = (
 /// A unit's load, done once: the loaded kernels, or the reason it failed.
 type Slot<D> = OnceLock<std::result::Result<Loaded<D>, String>>;
 
-/// The kernels of `tessera_kernels::cuda` on one GPU: each compile unit (a whole source, or one
+/// The kernels of `tessera_kernels::gpu` on one GPU: each compile unit (a whole source, or one
 /// kernel for one set of element types when [`Driver::UNIT_PER_LAUNCH`]) compiled (or found) and
 /// loaded by the driver the first time one of its kernels is asked for, then kept; a failure is
 /// kept too, and every later request for that unit gives it again.

@@ -1,5 +1,5 @@
 //! [`GpuStream`]: a GPU stream as a `Backend`. `compute` validates and resolves a graph
-//! (`tessera_kernels::cuda::plan`), then queues one or a few kernels per node and returns;
+//! (`tessera_kernels::gpu::plan`), then queues one or a few kernels per node and returns;
 //! `synchronize` waits and reports run-time errors (kernels write index errors into a per-stream
 //! status word). Buffers a queued graph or copy uses are kept alive until an event recorded
 //! after it completes ([`InFlight`]).
@@ -13,8 +13,8 @@ use std::any::Any;
 use std::sync::Arc;
 use tessera_core::backend::{EventImpl, copy_between};
 use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
-use tessera_kernels::cuda::host::status_error;
-use tessera_kernels::cuda::plan;
+use tessera_kernels::gpu::host::status_error;
+use tessera_kernels::gpu::plan;
 
 /// Whether `gpu` runs node `node`: the plan supports it and the driver has the kernel it plans
 /// ([`Driver::has_kernel`]).

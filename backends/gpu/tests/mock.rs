@@ -7,14 +7,14 @@
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use tessera_core::plugin::{CommApi, CommCall};
+use tessera_core::comm::{CommApi, CommCall};
 use tessera_core::{Backend, BackendOptions, Buffer, Device, Error, Registry, Result};
 use tessera_gpu::nccl::Nccl;
 use tessera_gpu::{
     Driver, GpuBuffer, GpuRegistry, GpuStream, NoPinned, RegistryDriver, Runtime, Unit,
     validate_slices,
 };
-use tessera_kernels::cuda::plan::Launch;
+use tessera_kernels::gpu::plan::Launch;
 
 #[derive(Debug)]
 struct Gpu {
@@ -339,14 +339,14 @@ fn the_comm_trio_declines_what_it_cannot_reduce() {
 #[test]
 fn the_comm_across_processes_reports_why_it_cannot_start() {
     let reg = GpuRegistry::<Mock>::new();
-    let api = tessera_core::plugin::RanksCommApi::from_registry(&reg)
+    let api = tessera_core::comm::RanksCommApi::from_registry(&reg)
         .expect("the comm across processes is exported");
     // No collective library: no job id (an error, not a crash), and every init declines.
     let e = api.unique_id().unwrap_err().to_string();
     assert!(e.contains("tessera_comm_unique_id returned -1"), "{e}");
     let devs = devices(2);
     let mut streams = vec![stream(&devs[0]), stream(&devs[1])];
-    let id = vec![1u8; tessera_core::plugin::COMM_ID_BYTES];
+    let id = vec![1u8; tessera_core::comm::COMM_ID_BYTES];
     assert!(api.init(&mut streams, &id, 4, 2).is_none());
     // A malformed id is declined before anything else.
     assert!(api.init(&mut streams, &id[..5], 4, 2).is_none());

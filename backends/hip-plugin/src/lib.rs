@@ -3,4 +3,4 @@
 //! ROCm and loads without a GPU (the registry then has no devices and says why).
 #![deny(unsafe_code)]
 
-tessera_core::export_backend!(tessera_hip::registry);
+tessera_plugin::export_backend!(tessera_hip::registry);

@@ -12,7 +12,7 @@
 use crate::sys::{Gpu, Hip, Module};
 use std::sync::Arc;
 use tessera_core::{Error, Result};
-use tessera_kernels::cuda::cache;
+use tessera_kernels::gpu::cache;
 use tessera_kernels::hip;
 
 mod aot {

@@ -3,7 +3,7 @@
 //! - The HIP runtime (`libamdhip64`) and hipRTC are loaded at run time through a hand-written
 //!   function table ([`sys`]), so a binary built with this crate builds and starts on a machine
 //!   without ROCm: the registry then has no devices and [`HipRegistry::reason`] says why.
-//! - Kernels are the CUDA C sources of `tessera_kernels::cuda` through the compat header of
+//! - Kernels are the CUDA C sources of `tessera_kernels::gpu` through the compat header of
 //!   `tessera_kernels::hip`, compiled by hipRTC for each GPU's gfx target and cached on disk
 //!   ([`compile`]), or loaded from code objects built ahead of time by `hipcc --genco`.
 //! - Devices, buffers, streams, events, the kernel cache, the registry and the comm trio are the
@@ -66,7 +66,7 @@ mod tests {
 
     #[test]
     fn trio_is_exported_and_declines_without_streams() {
-        use tessera_core::plugin::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT, CommApi};
+        use tessera_core::comm::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT, CommApi};
         let reg = HipRegistry::new();
         for name in [COMM_INIT, COMM_ALLREDUCE, COMM_FREE] {
             assert!(

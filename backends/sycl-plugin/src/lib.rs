@@ -2,4 +2,4 @@
 //! found by `tessera::load_all` in `TESSERA_BACKEND_PATH` or next to the executable.
 #![deny(unsafe_code)]
 
-tessera_core::export_backend!(tessera_sycl::registry);
+tessera_plugin::export_backend!(tessera_sycl::registry);

@@ -1,5 +1,5 @@
 //! The comm trio for SYCL streams: `tessera_comm_init` / `tessera_comm_allreduce_tensor` /
-//! `tessera_comm_free` (see `tessera_core::plugin`), a two-device ring all-reduce.
+//! `tessera_comm_free` (see `tessera_core::comm`), a two-device ring all-reduce.
 //!
 //! - N = 2 only (other N decline, and the generic all-reduce runs), both streams on devices of one
 //!   context (a root and its sub-devices), so each device copies its peer's memory directly.
@@ -19,12 +19,12 @@ use crate::gpu::{Sycl, SyclQueue};
 use crate::sys::{DeviceMem, RawEvent};
 use std::ffi::c_void;
 use std::sync::Arc;
-use tessera_core::plugin::{
+use tessera_core::comm::{
     CommCall, RawCommSlice, comm_allreduce_with, comm_free_with, comm_init_with,
 };
 use tessera_core::{Backend, ProcAddress, Result};
 use tessera_gpu::{Driver, GpuStream, InFlight, Kernels, validate_slices};
-use tessera_kernels::cuda::plan::{Arg, Launch};
+use tessera_kernels::gpu::plan::{Arg, Launch};
 
 /// Element count from which values cross as bf16 (as ggml-cuda for two devices).
 pub const F32_WIRE_BELOW: usize = 32768;
@@ -35,7 +35,7 @@ pub const ALLREDUCE_ENV: &str = "TESSERA_SYCL_ALLREDUCE";
 
 /// The comm trio's addresses by name.
 pub(crate) fn proc_address(name: &str) -> Option<ProcAddress> {
-    tessera_core::plugin::comm_proc_address(name, comm_init, comm_allreduce, comm_free)
+    tessera_core::comm::comm_proc_address(name, comm_init, comm_allreduce, comm_free)
 }
 
 struct Member {
@@ -274,7 +274,7 @@ unsafe extern "C" fn comm_free(ctx: *mut c_void) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_core::plugin::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT};
+    use tessera_core::comm::{COMM_ALLREDUCE, COMM_FREE, COMM_INIT};
 
     #[test]
     fn trio_is_exported() {

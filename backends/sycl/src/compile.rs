@@ -1,5 +1,5 @@
 //! Programs for one SYCL context: each compile unit (one kernel, for the element types of the
-//! launches that use it: `tessera_kernels::cuda::unit`) is built as a SYCL program the first time
+//! launches that use it: `tessera_kernels::gpu::unit`) is built as a SYCL program the first time
 //! it is needed, then kept for the process and shared by the devices of the context (the shared
 //! runtime's kernel cache asks [`Programs::program`] once per unit and device). Small units keep
 //! each OpenCL CPU JIT compile to seconds. Across processes the runtime's persistent cache
@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tessera_core::{Error, Result};
-use tessera_kernels::cuda::unit::Unit;
+use tessera_kernels::gpu::unit::Unit;
 
 /// A unit's build, done once: the program or the reason it failed.
 type Built = Arc<OnceLock<std::result::Result<Arc<Program>, String>>>;

@@ -5,7 +5,7 @@
 //!   or `.venv` with the `dpcpp-cpp-rt` wheel, or oneAPI), is loaded at run time, so the crate
 //!   builds and a binary starts without any runtime: the registry then has no devices and
 //!   [`SyclRegistry::reason`] says why.
-//! - Kernels are the CUDA C sources of `tessera_kernels::cuda` made SYCL free-function kernels by
+//! - Kernels are the CUDA C sources of `tessera_kernels::gpu` made SYCL free-function kernels by
 //!   `kernels/sycl/compat.hpp`, compiled at run time by the runtime's kernel compiler and cached
 //!   in memory per context and on disk by the runtime's persistent cache ([`cache_dir`]).
 //! - Devices: every SYCL device (`SYCL0`, ...) and the sub-devices of each root that partitions

@@ -8,7 +8,7 @@
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
 use tessera_core::comm::CommSlice;
-use tessera_core::plugin::{CommApi, CommOutcome};
+use tessera_core::comm::{CommApi, CommOutcome};
 use tessera_core::{Backend, BackendOptions, Buffer, Device, Registry};
 use tessera_sycl::SyclRegistry;
 

@@ -10,7 +10,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
 use tessera_core::DType;
 use tessera_gpu::{Driver, GpuContext};
-use tessera_kernels::cuda::plan::{Arg, Launch};
+use tessera_kernels::gpu::plan::{Arg, Launch};
 use tessera_tests::reference::{decode, encode};
 use tessera_vulkan::{Vulkan, VulkanRegistry};
 
@@ -116,7 +116,7 @@ fn run(kernel: &'static str, grid: u32, block: u32, args: Vec<Arg>) -> TrialResu
         block,
         args,
     };
-    // SAFETY: every test passes the kernel's parameter list (kernels/cuda/*.cu) with buffers
+    // SAFETY: every test passes the kernel's parameter list (kernels/gpu/*.cu) with buffers
     // that cover what the kernel touches and outlive the synchronization below.
     e(unsafe { Vulkan::launch(&s, &f, &launch) })?;
     e(Vulkan::stream_sync(&s))

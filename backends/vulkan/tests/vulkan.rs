@@ -12,12 +12,12 @@
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
 use tessera_core::comm::CommSlice;
-use tessera_core::plugin::{CommApi, CommOutcome};
+use tessera_core::comm::{CommApi, CommOutcome};
 use tessera_core::{Backend, BackendOptions, Buffer, Device, DeviceType, ProcAddress, Registry};
 use tessera_gpu::comm_host::{self, HostWire};
 use tessera_gpu::{Driver, GpuContext};
-use tessera_kernels::cuda::KERNELS;
-use tessera_kernels::cuda::plan::{Arg, Launch};
+use tessera_kernels::gpu::KERNELS;
+use tessera_kernels::gpu::plan::{Arg, Launch};
 use tessera_vulkan::{Vulkan, VulkanRegistry};
 
 type TrialResult = Result<(), Failed>;

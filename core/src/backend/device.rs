@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 /// What kind of hardware a device is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DeviceType {
     /// Host CPU.
     Cpu,

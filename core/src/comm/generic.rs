@@ -30,6 +30,7 @@ pub enum Wire {
 
 /// Which exchange pattern to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// Recursive doubling for latency-bound sizes, the ring from `threshold_bytes · (N − 1)` bytes
     /// on (each extra device adds two ring steps, so the crossover grows with N).
@@ -45,6 +46,7 @@ pub enum Algorithm {
 
 /// The path a call took, for logs and benchmarks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReducePath {
     /// One device: nothing to exchange.
     Single,

@@ -1,4 +1,6 @@
-//! Collectives between devices: the generic all-reduce every device set can use.
+//! Collectives between devices: the generic all-reduce every device set can use, and the comm
+//! trio (`comm_init`, `comm_allreduce_tensor`, `comm_free`) through which a backend offers its
+//! own, found by name with [`crate::Registry::proc_address`].
 //!
 //! [`AllReduce`] sums one f32 slice per device in place using only what every backend offers:
 //! queued copies ([`crate::Backend::copy_async`]), a one-node ADD graph, and events. Nothing
@@ -14,6 +16,16 @@
 
 mod dist;
 mod generic;
+mod vendor;
+mod vendor_export;
 
 pub use dist::{DistComm, ThreadGroup, allreduce_bf16, check_same, fnv1a};
 pub use generic::{Algorithm, AllReduce, CommSlice, DEFAULT_RING_THRESHOLD, ReducePath, Wire};
+pub use vendor::{
+    COMM_ALLREDUCE, COMM_FREE, COMM_ID_BYTES, COMM_INIT, COMM_INIT_RANKS, COMM_UNIQUE_ID,
+    CommAllReduceFn, CommApi, CommFreeFn, CommInitFn, CommInitRanksFn, CommOutcome, CommUniqueIdFn,
+    RanksCommApi, RawCommSlice, VendorComm,
+};
+pub use vendor_export::{
+    CommCall, comm_allreduce_with, comm_free_with, comm_init_with, comm_proc_address,
+};

@@ -1166,8 +1166,8 @@ impl Context {
     }
 }
 
-/// `'name' #3`, or `#3` for an unnamed tensor.
-pub(crate) fn label_of(tensors: &[TensorDesc], id: TensorId) -> String {
+/// How errors name a tensor of `tensors`: `'name' #3`, or `#3` for an unnamed tensor.
+pub fn label_of(tensors: &[TensorDesc], id: TensorId) -> String {
     match tensors.get(id.index()) {
         Some(t) if !t.name.is_empty() => format!("'{}' {}", t.name, id),
         _ => id.to_string(),

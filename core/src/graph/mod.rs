@@ -8,7 +8,7 @@
 mod context;
 
 pub use context::Context;
-pub(crate) use context::label_of;
+pub use context::label_of;
 
 use crate::error::{Error, Result};
 use crate::tensor::{TensorDesc, TensorId};
@@ -118,7 +118,10 @@ impl Graph {
         &self.tensors
     }
 
-    pub(crate) fn from_parts(
+    /// A graph over `tensors` with the given nodes (in execution order), leaves and outputs,
+    /// for decoders of serialized graphs (the plugin ABI). Ids must index `tensors`; nothing
+    /// else is checked, so build graphs with [`Context::build_forward`] where you can.
+    pub fn from_parts(
         tensors: Arc<[TensorDesc]>,
         nodes: Vec<TensorId>,
         leafs: Vec<TensorId>,

@@ -124,7 +124,7 @@ impl fmt::Debug for MetaInner {
 
 /// A device made of N devices (any vendors): static tensors are split across them by a
 /// [`SplitPolicy`], compute tensors by propagation, and each graph runs as per-device sub-graphs
-/// joined by all-reduces. See `docs/meta-backend.md`.
+/// joined by all-reduces. See `docs/src/meta-device.md`.
 ///
 /// ```no_run
 /// # use tessera_core::{DeviceRegistry, meta::{MetaDevice, LlamaSplitPolicy}, Device};

@@ -16,10 +16,10 @@ use super::split::{SplitState, gather};
 use crate::alloc::plan;
 use crate::backend::{Backend, BackendOptions, Bindings, Buffer};
 use crate::comm::{Algorithm, AllReduce, CommSlice, DEFAULT_RING_THRESHOLD};
+use crate::comm::{CommApi, CommOutcome, VendorComm};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
-use crate::plugin::{CommApi, CommOutcome, VendorComm};
 use crate::registry::DeviceRegistry;
 use crate::tensor::{TensorDesc, TensorId};
 use std::any::Any;
@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 /// Which all-reduce path a meta stream uses.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CommPath {
     /// One device: nothing to reduce.
     Single,
@@ -261,7 +262,7 @@ impl MetaBackend {
 
     /// For a distributed meta device: one vendor comm over the devices of every rank (NCCL
     /// across processes), when every rank's devices are of one backend exporting
-    /// [`crate::plugin::COMM_INIT_RANKS`] and every rank's init succeeds. A collective: every
+    /// [`crate::comm::COMM_INIT_RANKS`] and every rank's init succeeds. A collective: every
     /// rank takes the same decision (the reasons for declining are logged).
     fn vendor_across_ranks(
         inner: &MetaInner,
@@ -281,7 +282,7 @@ impl MetaBackend {
                 .all(|d| d.backend_name().eq_ignore_ascii_case(&backend)))
         .then(|| DeviceRegistry::global().registry(&backend))
         .flatten()
-        .and_then(|r| crate::plugin::RanksCommApi::from_registry(r.as_ref()));
+        .and_then(|r| crate::comm::RanksCommApi::from_registry(r.as_ref()));
         let flags = comm.allgather(
             &[u8::from(api.is_some())],
             &vec![1; n_ranks],
@@ -291,7 +292,7 @@ impl MetaBackend {
             tracing::info!(target: "tessera::meta", backend, "no vendor comm across ranks (a rank's devices export none); reducing within each rank, then across ranks");
             return Ok(None);
         };
-        let mut id = vec![0u8; 1 + crate::plugin::COMM_ID_BYTES];
+        let mut id = vec![0u8; 1 + crate::comm::COMM_ID_BYTES];
         if comm.rank() == 0 {
             match api.unique_id() {
                 Ok(made) => {

@@ -1,4 +1,4 @@
-//! Planning foundation of the tensor-parallel meta device (see `docs/meta-backend.md`): split
+//! Planning foundation of the tensor-parallel meta device (design: `docs/src/meta-device.md`): split
 //! states, uneven split lengths, the llama-family split policy, and the propagation pass that
 //! assigns a state to every tensor of a graph and places the all-reduces.
 //!

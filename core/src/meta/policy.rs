@@ -1,4 +1,4 @@
-//! The llama-family split policy (meta-backend.md §8, §9, §14) for dense and mixture-of-experts
+//! The llama-family split policy (meta-device.md §8, §9, §14) for dense and mixture-of-experts
 //! llama / qwen / gemma / gpt-oss models: which weights and caches are split along which axis,
 //! with what granularity and rotation.
 //!
@@ -22,6 +22,7 @@ use crate::tensor::TensorDesc;
 /// How the expert stacks of mixture-of-experts layers are split (`--split-mode tensor` or
 /// `expert`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ExpertSplit {
     /// Every expert split along its FFN width `n_ff_exp`, as llama.cpp does.
     #[default]
@@ -312,8 +313,8 @@ impl LlamaSplitPolicy {
         let n_gqa = self.n_head / self.n_head_kv;
         let blck_attn = Self::block(&self.attn_output_blocks, p.layer);
         let blck_ffn = Self::block(&self.ffn_down_blocks, p.layer);
-        // Granularity comes from the dtypes and the heads only (meta-backend.md §8 pads the FFN
-        // to 128 and Q to 128-element blocks for kernel speed; that made widths like 704
+        // Granularity comes from the dtypes and the heads only (meta-device.md §8; upstream pads
+        // the FFN to 128 and Q to 128-element blocks for kernel speed, which made widths like 704
         // unsplittable). Axis-0 pieces of a row-split partner keep its quant blocks whole: its
         // block is also the activations' quantization block (Q8_0 / Q8_K), so the split changes
         // no quantization boundary.

@@ -1,6 +1,6 @@
 //! The planning pass: split states of every tensor a graph touches, and where the all-reduces go.
 //!
-//! PARTIAL handling (Tessera's rule, meta-backend.md §4–5): a PARTIAL value flows only through
+//! PARTIAL handling (Tessera's rule, meta-device.md §4–5): a PARTIAL value flows only through
 //! linear consumers — `ADD(P, P)`, `SUB(P, P)`, `SCALE` with bias 0, `MUL(P, M)` / `MUL(M, P)`,
 //! `ADD_ID(P, P, M)` (expert outputs plus per-expert biases), and `VIEW` / `RESHAPE` /
 //! `PERMUTE` / `TRANSPOSE` / `CONT`. Any other consumer reads the reduced (MIRRORED) value, which makes the producer a reduce point. The reduce is in place, so
@@ -192,7 +192,7 @@ fn check_static(graph: &Graph, id: TensorId, state: &SplitState) -> Result<()> {
 /// tensors outside the graph).
 ///
 /// Leaves take their state from `static_states` (weights, caches) or are MIRRORED (graph
-/// inputs); nodes get theirs from the rules of meta-backend.md §4 with Tessera's changes.
+/// inputs); nodes get theirs from the rules of meta-device.md §4 with Tessera's changes.
 ///
 /// # Errors
 /// [`Error::InvalidOp`] naming the node, its op and its sources' states when no rule applies

@@ -1,5 +1,5 @@
 //! Uneven splits: per-device lengths of one segment from the `-ts` ratios, a granularity and a
-//! rotation (meta-backend.md §8–9).
+//! rotation (meta-device.md §8–9).
 
 use crate::error::{Error, Result};
 

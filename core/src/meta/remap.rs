@@ -1,5 +1,5 @@
 //! Moving an axis split through ops that reinterpret memory (RESHAPE, VIEW, CPY): the
-//! cumulative-product rule of meta-backend.md §4, with exactness checks instead of aborts.
+//! cumulative-product rule of meta-device.md §4, with exactness checks instead of aborts.
 //!
 //! Ownership of a split tensor's elements, read in flat (contiguous) order, is periodic: one
 //! period is one repetition of a one-segment split, or the whole axis for several segments.

@@ -1,4 +1,4 @@
-//! Per-op propagation rules (meta-backend.md §4 with Tessera's changes): given the states a
+//! Per-op propagation rules (meta-device.md §4 with Tessera's changes): given the states a
 //! node's sources present to it, the node's own state, or a typed error naming the node, the op
 //! and the source states.
 

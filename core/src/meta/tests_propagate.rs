@@ -1,5 +1,5 @@
 //! Policy and propagation tests: a llama block built with the Context API, checked against the
-//! dataflow table of meta-backend.md §13.
+//! dataflow table of meta-device.md §13.
 
 use super::*;
 use crate::dtype::DType;

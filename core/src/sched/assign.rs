@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 /// Why a node runs where it does.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Cause {
     /// Chosen with [`super::Scheduler::set_tensor_device`].
     User,

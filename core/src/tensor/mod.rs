@@ -69,7 +69,44 @@ pub struct TensorDesc {
     pub(crate) flags: TensorFlags,
 }
 
+/// Every field of a [`TensorDesc`], for code that rebuilds descriptors from a serialized form
+/// (the plugin ABI's flat graphs). A [`crate::Context`] is the checked way to make descriptors;
+/// one rebuilt from parts is only as consistent as what it was decoded from.
+#[derive(Clone, Debug)]
+pub struct TensorParts {
+    /// Element type.
+    pub dtype: DType,
+    /// Sizes, innermost first.
+    pub ne: [usize; MAX_DIMS],
+    /// Strides in bytes.
+    pub nb: [usize; MAX_DIMS],
+    /// The op that computes it ([`Op::None`] for leaves).
+    pub op: Op,
+    /// Sources of the op.
+    pub src: [Option<TensorId>; MAX_SRC],
+    /// The tensor whose storage this one views, if any.
+    pub view: Option<ViewOf>,
+    /// Name (may be empty).
+    pub name: String,
+    /// Input / output / parameter flags.
+    pub flags: TensorFlags,
+}
+
 impl TensorDesc {
+    /// A descriptor from its parts (see [`TensorParts`]).
+    pub fn from_parts(p: TensorParts) -> TensorDesc {
+        TensorDesc {
+            dtype: p.dtype,
+            ne: p.ne,
+            nb: p.nb,
+            op: p.op,
+            src: p.src,
+            view: p.view,
+            name: p.name,
+            flags: p.flags,
+        }
+    }
+
     pub(crate) fn new(dtype: DType, ne: [usize; MAX_DIMS], op: Op) -> TensorDesc {
         TensorDesc {
             dtype,

@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 /// The levels are ordered: a CPU that supports a level supports every lower
 /// level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub enum Isa {
     /// Portable scalar code.
     Scalar,

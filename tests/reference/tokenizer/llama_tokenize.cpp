@@ -1,5 +1,5 @@
 // Records llama.cpp's tokenizations and chat renderings, the references of Tessera's tokenizer
-// tests (src/model/tokenizer/tests_llama.rs). Built and run by record.sh against a llama.cpp
+// tests (tokenizer/src/tests_llama.rs). Built and run by record.sh against a llama.cpp
 // build; not part of Tessera's build.
 //
 // usage: llama_tokenize MODEL.gguf tokens CASES.txt   > ids per case, one line each

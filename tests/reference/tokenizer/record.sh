@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Records llama.cpp's references for Tessera's tokenizer tests (src/model/tokenizer/tests_llama.rs):
+# Records llama.cpp's references for Tessera's tokenizer tests (tokenizer/src/tests_llama.rs):
 # the ids of texts.txt for every vocab-only GGUF of llama.cpp's models/ directory and for the
 # SmolLM2 and Gemma 3 files, and SmolLM2's chat renderings.
 #

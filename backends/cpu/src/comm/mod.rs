@@ -37,7 +37,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use sync::PhaseFlags;
-use tessera_core::plugin::RawCommSlice;
+use tessera_core::comm::RawCommSlice;
 use tessera_core::{Backend, Buffer};
 
 /// Largest N·S (bytes over all slices) reduced one-shot. Above it, reading every peer's whole
@@ -395,5 +395,5 @@ unsafe extern "C" fn comm_free(ctx: *mut c_void) {
 
 /// The CPU comm function registered under `name`, if any.
 pub(crate) fn proc_address(name: &str) -> Option<tessera_core::ProcAddress> {
-    tessera_core::plugin::comm_proc_address(name, comm_init, comm_allreduce, comm_free)
+    tessera_core::comm::comm_proc_address(name, comm_init, comm_allreduce, comm_free)
 }

@@ -6,8 +6,8 @@
 /// As every entry point: `host` is null or readable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tessera_backend_init(
-    host: *const tessera_core::plugin::abi::RawHost,
-) -> *const tessera_core::plugin::abi::RawRegistry {
+    host: *const tessera_plugin::abi::RawHost,
+) -> *const tessera_plugin::abi::RawRegistry {
     // SAFETY: forwarded from this function's contract.
     unsafe { tessera_test_plugins::edited_table(host, |t| t.header.abi_version = 999) }
 }

@@ -3,6 +3,6 @@
 use std::sync::Arc;
 use tessera_core::Registry;
 
-tessera_core::export_backend!(|| -> Arc<dyn Registry> {
+tessera_plugin::export_backend!(|| -> Arc<dyn Registry> {
     Arc::new(tessera_test_plugins::ToyRegistry { panicky: true })
 });

@@ -175,12 +175,12 @@ impl Backend for ToyBackend {
 /// # Safety
 /// `host` is null or points to a host table readable for the call.
 pub unsafe fn edited_table(
-    host: *const tessera_core::plugin::abi::RawHost,
-    edit: impl FnOnce(&mut tessera_core::plugin::abi::RawRegistry),
-) -> *const tessera_core::plugin::abi::RawRegistry {
+    host: *const tessera_plugin::abi::RawHost,
+    edit: impl FnOnce(&mut tessera_plugin::abi::RawRegistry),
+) -> *const tessera_plugin::abi::RawRegistry {
     // SAFETY: forwarded from this function's contract.
     let real = unsafe {
-        tessera_core::plugin::export_entry(host, || -> Arc<dyn Registry> {
+        tessera_plugin::export_entry(host, || -> Arc<dyn Registry> {
             Arc::new(ToyRegistry::default())
         })
     };

@@ -1,0 +1,141 @@
+//! What every model command shares: choosing devices for a split mode, and opening a
+//! [`Session`] with a progress line and a load report. Commands import this module, never each
+//! other.
+
+use anyhow::Context as _;
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::time::Instant;
+use tessera::{Device, registry};
+use tessera_model::{LlamaConfig, LlamaModel, Session, SessionOptions, SplitMode};
+
+pub(crate) const MIB: f64 = (1u64 << 20) as f64;
+
+/// The devices `mode` runs on: the `--devices` list, else the CPU for `none` and `cpu:2` for
+/// the split modes.
+///
+/// # Errors
+/// A list naming no device, or devices the registry does not have.
+pub(crate) fn devices_for(
+    mode: SplitMode,
+    list: Option<&str>,
+) -> anyhow::Result<Vec<Arc<dyn Device>>> {
+    let reg = registry();
+    let devs = match (list, mode) {
+        (Some(l), _) => reg.select(l)?,
+        (None, SplitMode::None) => match reg.device("CPU") {
+            Ok(d) => vec![d],
+            Err(_) => reg.devices().into_iter().take(1).collect(),
+        },
+        (None, _) => reg.select("cpu:2")?,
+    };
+    if devs.is_empty() {
+        anyhow::bail!("no device selected");
+    }
+    Ok(match mode {
+        SplitMode::None => devs.into_iter().take(1).collect(),
+        _ => devs,
+    })
+}
+
+/// Loads `model` on `devices` in split `mode` with a progress line on a terminal, and reports
+/// the load on stderr (rank 0 only under `--dist`).
+///
+/// # Errors
+/// Split, allocation and upload errors, naming the devices.
+pub(crate) fn open_session<'m>(
+    model: &'m LlamaModel,
+    mode: SplitMode,
+    devices: &[Arc<dyn Device>],
+    ratios: &[f32],
+    threads: Option<usize>,
+    comm: Option<Arc<dyn tessera::comm::DistComm>>,
+) -> anyhow::Result<Session<'m>> {
+    let names = device_names(devices);
+    // `-t` is per device: more threads than cores in all makes the device streams fight over
+    // them (tensor split over cpu:2 with -t 2 on 2 cores runs several times slower).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let Some(t) = threads
+        && devices.len() > 1
+        && t * devices.len() > cores
+    {
+        eprintln!(
+            "warning: {t} threads per device on {} devices exceed the {cores} cores here; \
+             consider -t {}",
+            devices.len(),
+            (cores / devices.len()).max(1)
+        );
+    }
+    let t0 = Instant::now();
+    // Under --dist only rank 0 reports.
+    let loud = comm.as_ref().is_none_or(|c| c.rank() == 0);
+    let tty = std::io::stderr().is_terminal() && loud;
+    let mut last_pct = usize::MAX;
+    let progress = |d: usize, n: usize| {
+        let pct = d * 100 / n.max(1);
+        if tty && pct != last_pct {
+            last_pct = pct;
+            status(format_args!(
+                "loading {} on {names}: {pct:3}% ({d}/{n} tensors)",
+                mode.name()
+            ));
+        }
+    };
+    let opts = SessionOptions::new(mode)
+        .with_ratios(ratios)
+        .with_threads(threads)
+        .with_comm(comm);
+    let session = Session::open_with_progress(model, devices, &opts, progress)
+        .with_context(|| format!("loading the model ({mode} split) on {names}"))?;
+    if !loud {
+        return Ok(session);
+    }
+    eprintln!(
+        "{}loading {} on {names}: {:.1} MiB of weights and KV caches in {:.2} s",
+        if tty { "\r" } else { "" },
+        mode.name(),
+        (model.weight_bytes_total() + model.cache_bytes_total()) as f64 / MIB,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(session)
+}
+
+/// Rewrites the current terminal line of stderr.
+pub(crate) fn status(msg: std::fmt::Arguments<'_>) {
+    eprint!("\r{msg}");
+    let _ = std::io::stderr().flush();
+}
+
+/// The devices' names, comma-separated.
+pub(crate) fn device_names(devices: &[Arc<dyn Device>]) -> String {
+    devices
+        .iter()
+        .map(|d| d.name())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Which synthetic model to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModelPreset {
+    /// About 100M parameters, Q8_0 weights (`LlamaConfig::synthetic_100m`).
+    #[value(name = "synthetic-100m")]
+    Synthetic100m,
+    /// A Mixtral-layout mixture of experts (`LlamaConfig::synthetic_moe`): the 100M model's
+    /// attention with 8 experts of 512 per block, 2 used per token; Q8_0, 181M parameters.
+    #[value(name = "synthetic-moe")]
+    SyntheticMoe,
+    /// The 0.1M-parameter test model (`LlamaConfig::tiny`).
+    Tiny,
+}
+
+impl ModelPreset {
+    /// The preset's hyper-parameters.
+    pub fn config(self) -> LlamaConfig {
+        match self {
+            ModelPreset::Synthetic100m => LlamaConfig::synthetic_100m(),
+            ModelPreset::SyntheticMoe => LlamaConfig::synthetic_moe(),
+            ModelPreset::Tiny => LlamaConfig::tiny(),
+        }
+    }
+}

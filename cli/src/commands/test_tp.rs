@@ -1,0 +1,241 @@
+//! `tessera test-tp`: the tensor-parallel equivalence check. A small llama model (F32 and Q8_0
+//! weights) runs unsplit on the first of the chosen devices and split over all of them (the meta
+//! device); the logits of a prompt, of two decode steps and of the prompt's last token alone are
+//! compared by NMSE. The split is held to [`split_tolerance`] against the same backend unsplit;
+//! the backend's difference from the CPU backend is reported separately, against that backend's
+//! own tolerance.
+
+use anyhow::Context as _;
+use std::sync::Arc;
+use tessera::meta::ExpertSplit;
+use tessera::sched::{SchedOptions, layer_devices};
+use tessera::{BackendOptions, DType, Device, registry};
+use tessera_model::{
+    Arch, LlamaConfig, LlamaModel, LlamaSession, Outputs, SplitMode, TpSession, nmse,
+};
+
+const SEED: u64 = 0x7e57;
+const PROMPT: [i32; 12] = [1, 17, 200, 3, 255, 9, 64, 128, 31, 32, 33, 7];
+
+/// NMSE bound of a split against the same backend unsplit for `dtype` weights: only the order
+/// of partial sums differs (measured 0–1e-10 on the CPU and SYCL devices); quantized weights get
+/// 1e-5 because a partial sum at a rounding boundary can move a quantized activation one step.
+pub fn split_tolerance(dtype: DType) -> f64 {
+    if dtype.is_quantized() { 1e-5 } else { 1e-6 }
+}
+
+/// NMSE bound of a backend (unsplit) against the CPU backend for `dtype` weights: F32 agrees to
+/// float rounding; with quantized weights the CPU quantizes activations to Q8_0 / Q8_K as ggml
+/// does while the GPU kernels (CUDA, HIP, SYCL) multiply f32 activations (measured 2e-4 on SYCL).
+pub fn backend_tolerance(dtype: DType) -> f64 {
+    if dtype.is_quantized() { 1e-3 } else { 1e-6 }
+}
+
+/// One compared output.
+pub struct Row {
+    /// Weight dtype.
+    pub dtype: DType,
+    /// `prompt`, `decode 1`, ...
+    pub output: String,
+    /// NMSE against the single device.
+    pub nmse: f64,
+    /// The bound it must meet.
+    pub tolerance: f64,
+}
+
+/// Runs the check; prints a table and returns whether every output is within its tolerance.
+///
+/// # Errors
+/// Device selection, split and compute errors.
+pub fn run(
+    devices: &[Arc<dyn Device>],
+    ratios: &[f32],
+    generic: bool,
+    mode: SplitMode,
+    job: &super::dist::Job,
+) -> anyhow::Result<bool> {
+    // Under --dist every rank checks its own copy of the logits; rank 0 prints.
+    let root = job.is_root();
+    macro_rules! say {
+        ($($t:tt)*) => { if root { println!($($t)*); } };
+    }
+    let names: Vec<String> = devices
+        .iter()
+        .map(|d| {
+            if job.size() > 1 {
+                format!("r{}/{}", job.rank(), d.name())
+            } else {
+                d.name().to_string()
+            }
+        })
+        .collect();
+    let experts = match mode {
+        SplitMode::Tensor => ExpertSplit::Tensor,
+        SplitMode::Expert => ExpertSplit::Expert,
+        other => anyhow::bail!(
+            "test-tp checks the meta device: --split-mode tensor or expert, not {}",
+            other.name()
+        ),
+    };
+    say!(
+        "{}-parallel check on {} ({} devices{}, ratios {}), {}",
+        mode.name(),
+        names.join(","),
+        devices.len(),
+        if job.size() > 1 {
+            format!(" on rank 0 of {} ranks", job.size())
+        } else {
+            String::new()
+        },
+        if ratios.is_empty() {
+            "even".to_string()
+        } else {
+            format!("{ratios:?}")
+        },
+        if experts == ExpertSplit::Expert {
+            "qwen3moe tiny model (8 experts, 2 used)"
+        } else {
+            "llama tiny model"
+        }
+    );
+    let mut ok = true;
+    let mut path = String::new();
+    let mut described = String::new();
+    let first = devices
+        .first()
+        .cloned()
+        .context("test-tp needs at least one device")?;
+    // By backend, not device type: the SYCL OpenCL device is a CPU too, with other kernels.
+    let on_cpu = first.backend_name() == "cpu";
+    for dtype in [DType::F32, DType::Q8_0] {
+        let base = match experts {
+            ExpertSplit::Expert => LlamaConfig::tiny_moe(Arch::Qwen3Moe, 8, 2, 64),
+            _ => LlamaConfig::tiny(),
+        };
+        let config = LlamaConfig {
+            weight_dtype: dtype,
+            n_layer: 3,
+            ..base
+        };
+        let model = LlamaModel::new(config, SEED)?;
+        let ld = layer_devices(model.config().n_layer, &[], 1)?;
+        let mut unsplit = LlamaSession::new(
+            &model,
+            std::slice::from_ref(&first),
+            &ld,
+            SchedOptions::default(),
+        )?;
+        let mut cpu = if on_cpu {
+            None
+        } else {
+            let cpu = registry().select("cpu:1")?;
+            Some(LlamaSession::new(
+                &model,
+                &cpu,
+                &ld,
+                SchedOptions::default(),
+            )?)
+        };
+        let meta = match job.comm() {
+            Some(comm) => model.distributed_meta_device(devices, comm, ratios, experts),
+            None => model.meta_device_with(devices, ratios, experts),
+        }
+        .context("making the meta device")?
+        .with_vendor_comm(!generic);
+        let mut tp = TpSession::new(&model, meta, &BackendOptions::default(), |_, _| {})
+            .context("splitting the model")?;
+        path = tp.backend().comm_path().to_string();
+        let prompt_all = format!("prompt logits ({} tokens)", PROMPT.len());
+        let steps: [(String, &[i32], Outputs); 4] = [
+            (prompt_all, &PROMPT, Outputs::All),
+            ("decode 1 logits".into(), &[5], Outputs::All),
+            ("decode 2 logits".into(), &[6], Outputs::All),
+            ("prompt last-token logits".into(), &PROMPT, Outputs::Last),
+        ];
+        for (output, chunk, outputs) in steps {
+            // The last-token graph (a view of the final hidden state) as `run` and `bench` use
+            // it, on a new sequence.
+            if outputs == Outputs::Last {
+                unsplit.reset();
+                tp.reset();
+                if let Some(cpu) = cpu.as_mut() {
+                    cpu.reset();
+                }
+            }
+            let want = unsplit.eval_outputs(chunk, outputs)?;
+            let got = tp.eval_outputs(chunk, outputs)?;
+            // Devices of several backends (CPU and VK0): the split holds what each backend
+            // computes for its slice, so it is held to the backends' tolerance.
+            let mixed = devices
+                .iter()
+                .any(|d| d.backend_name() != first.backend_name());
+            let mut rows = vec![Row {
+                dtype,
+                output: format!(
+                    "{output}, split{} vs {}",
+                    if mixed { " (mixed)" } else { "" },
+                    first.name()
+                ),
+                nmse: nmse(&got, &want),
+                tolerance: if mixed {
+                    backend_tolerance(dtype)
+                } else {
+                    split_tolerance(dtype)
+                },
+            }];
+            if let Some(cpu) = cpu.as_mut() {
+                rows.push(Row {
+                    dtype,
+                    output: format!("{output}, {} vs CPU", first.name()),
+                    nmse: nmse(&want, &cpu.eval_outputs(chunk, outputs)?),
+                    tolerance: backend_tolerance(dtype),
+                });
+            }
+            for row in rows {
+                let pass = row.nmse <= row.tolerance;
+                ok &= pass;
+                say!(
+                    "  {:<5} {:<50} NMSE {:>10.3e} (≤ {:.0e})  {}",
+                    row.dtype.to_string(),
+                    row.output,
+                    row.nmse,
+                    row.tolerance,
+                    if pass { "ok" } else { "FAIL" }
+                );
+            }
+        }
+        described = tp.describe();
+        let per_dev: Vec<String> = tp
+            .weight_bytes_per_device()
+            .iter()
+            .map(|b| format!("{:.1}", *b as f64 / 1024.0))
+            .collect();
+        let st = tp.backend().stats();
+        say!(
+            "  {:<5} weights+caches per device [{}] KiB; {} all-reduces{}",
+            dtype.to_string(),
+            per_dev.join(", "),
+            st.vendor_reduces + st.generic_reduces + st.dist_reduces,
+            if job.size() > 1 {
+                format!(" ({} across ranks)", st.dist_reduces)
+            } else {
+                String::new()
+            }
+        );
+    }
+    say!("all-reduce path: {path}");
+    if !described.is_empty() {
+        say!("{described}");
+    }
+    if let Some(comm) = job.comm() {
+        // Every rank compared its own logits: the job passes when all did.
+        let all = comm.allgather(&[u8::from(ok)], &vec![1; comm.size()], "test-tp verdicts")?;
+        let failed: Vec<usize> = (0..all.len()).filter(|&r| all[r] == 0).collect();
+        if !failed.is_empty() {
+            say!("ranks {failed:?} saw outputs outside their tolerance");
+        }
+        ok = failed.is_empty();
+    }
+    say!("{}", if ok { "PASS" } else { "FAIL" });
+    Ok(ok)
+}

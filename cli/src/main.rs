@@ -1,0 +1,411 @@
+//! The `tessera` command line.
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "Run tensor graphs on any device; split models across devices"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List backends, devices, memory and capabilities (plugins included: TESSERA_BACKEND_PATH
+    /// and the executable's directory are scanned for libtessera_*.so).
+    Devices {
+        /// Also load this backend plugin (repeatable).
+        #[arg(long, value_name = "PATH")]
+        load: Vec<std::path::PathBuf>,
+    },
+    /// Check every op against a scalar reference on each device; exits non-zero on any failure.
+    TestOps {
+        /// Only this op (e.g. MUL_MAT, SILU, ROPE).
+        #[arg(short = 'o', long)]
+        op: Option<String>,
+        /// Only devices of this backend or with this name.
+        #[arg(short = 'b', long)]
+        backend: Option<String>,
+        /// Devices: comma-separated names, or KIND:N (e.g. cpu:2).
+        #[arg(long)]
+        devices: Option<String>,
+        /// Print only failures and the summary.
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// Generate text with a GGUF model: streams the output and prints prompt and generation
+    /// tokens per second.
+    #[command(after_help = commands::architectures_help())]
+    Run(commands::run::RunArgs),
+    /// Write the synthetic model (deterministic weights, a small SentencePiece vocabulary) as a
+    /// GGUF file, for `run` and for tests without a download.
+    #[command(after_help = commands::architectures_help())]
+    WriteSynthetic {
+        /// Output path.
+        #[arg(short = 'o', long)]
+        out: std::path::PathBuf,
+        /// Architecture, a name from the list below (the mixture-of-experts ones get 8 experts,
+        /// 2 used, with a dense preset).
+        #[arg(long, default_value = "llama")]
+        arch: String,
+        /// Size preset.
+        #[arg(long, value_enum, default_value = "tiny")]
+        model: commands::session::ModelPreset,
+    },
+    /// Write the reference suite's random-weight models (every architecture, F32 and quantized)
+    /// as `DIR/NAME.gguf` with their prompts as `DIR/NAME.tokens`, for recording llama.cpp's
+    /// logits (tests/reference/make_references.sh).
+    WriteReference {
+        /// Output directory (created if missing).
+        dir: std::path::PathBuf,
+    },
+    /// Tensor-parallel equivalence: a small llama model on one CPU device vs split over
+    /// --devices (the meta device); prints NMSE per output, exits non-zero on a failure.
+    TestTp {
+        /// Devices of the meta device: comma-separated names, or KIND:N.
+        #[arg(long, default_value = "cpu:2")]
+        devices: String,
+        /// Split ratios, one per device (default: even), e.g. 2,1,1.
+        #[arg(long, value_delimiter = ',', value_parser = commands::args::ratio)]
+        ratios: Vec<f32>,
+        /// Use the generic all-reduce even where the backend has its own.
+        #[arg(long)]
+        generic: bool,
+        /// tensor (a dense llama model) or expert (a mixture-of-experts model with whole
+        /// experts per device).
+        #[arg(long, value_parser = commands::args::split_mode, default_value = "tensor")]
+        split_mode: tessera_model::SplitMode,
+        #[command(flatten)]
+        dist: commands::dist::DistArgs,
+    },
+    /// Time the all-reduce between devices (size, time, algbw, busbw, path).
+    BenchAllreduce {
+        /// Devices (per rank with --dist): comma-separated names, or KIND:N (default cpu:2,
+        /// cpu:1 with --dist mpi).
+        #[arg(long)]
+        devices: Option<String>,
+        /// Slice sizes in bytes, MIN..MAX, stepping by x4 (K, M, G suffixes).
+        #[arg(long, default_value = "4K..64M")]
+        sizes: String,
+        /// Exchange format: f32 (exact) or bf16 (half the bytes, round to nearest even).
+        #[arg(long, default_value = "f32")]
+        wire: String,
+        /// Generic algorithm: auto, doubling or ring.
+        #[arg(long, default_value = "auto")]
+        algo: String,
+        /// auto (the backend's comm when it covers every device, else generic), vendor or generic.
+        #[arg(long, default_value = "auto")]
+        path: String,
+        /// Threads per device stream.
+        #[arg(short = 't', long, value_parser = commands::args::threads)]
+        threads: Option<usize>,
+        /// Minimum seconds to measure each size.
+        #[arg(long, default_value_t = 0.3, value_parser = commands::args::seconds)]
+        min_time: f64,
+        /// Across processes: `mpi` (start under mpirun; every rank runs the same command and
+        /// rank 0 prints Tessera's cross-rank step against a raw MPI_Allreduce), or `none`.
+        #[arg(long, default_value = "none")]
+        dist: String,
+        /// With --dist: seconds a collective waits for the other ranks before the job is
+        /// aborted with an error naming them.
+        #[arg(long, default_value_t = 60.0, value_parser = commands::bench_allreduce::timeout)]
+        dist_timeout: f64,
+    },
+    /// Time single-op graphs: GFLOP/s and GB/s per op and shape.
+    BenchOps {
+        /// Only this op (e.g. MUL_MAT) or label prefix.
+        #[arg(short = 'o', long)]
+        op: Option<String>,
+        /// Only devices of this backend or with this name.
+        #[arg(short = 'b', long)]
+        backend: Option<String>,
+        /// Devices: comma-separated names, or KIND:N.
+        #[arg(long)]
+        devices: Option<String>,
+        /// Thread counts to run with, e.g. 1,2 (default: one per core of the device).
+        #[arg(short = 't', long)]
+        threads: Option<String>,
+        /// Reduction length k of the MUL_MAT shapes (m is 4096).
+        #[arg(short = 'k', long, default_value_t = 4096, value_parser = commands::args::reduction)]
+        k: usize,
+        /// Minimum seconds to measure each case.
+        #[arg(long, default_value_t = 1.0, value_parser = commands::args::seconds)]
+        min_time: f64,
+    },
+    /// Time a synthetic llama model: prompt processing and generation, whole or split by layers.
+    Bench(commands::bench::BenchArgs),
+    /// Soak test: thousands of random-length requests on the synthetic model per split mode,
+    /// reporting resident memory and open file descriptors at start and end (they must stay
+    /// flat) and comparing sampled requests with fresh single-request runs.
+    Soak(commands::soak::SoakArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG").unwrap_or_else(|_| {
+                // The scheduler's assignment report is an info log; asking for it should show it.
+                if std::env::var_os(tessera::sched::DEBUG_ENV).is_some() {
+                    "warn,tessera::sched=info".into()
+                } else {
+                    "warn".into()
+                }
+            }),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Devices { load } => commands::devices::run(&load).map(|_| ExitCode::SUCCESS),
+        Command::Bench(args) => commands::bench::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::Run(args) => commands::run::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::Soak(args) => commands::soak::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::WriteReference { dir } => {
+            std::fs::create_dir_all(&dir)?;
+            for m in tessera_model::reference::reference_models() {
+                let path = dir.join(format!("{}.gguf", m.name));
+                std::fs::write(&path, m.gguf_bytes()?)?;
+                let ids: Vec<String> = m.prompt().iter().map(i32::to_string).collect();
+                std::fs::write(dir.join(format!("{}.tokens", m.name)), ids.join(","))?;
+                eprintln!("wrote {}", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::WriteSynthetic { out, arch, model } => {
+            let arch = tessera_model::Arch::from_name(&arch).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "unknown architecture '{arch}' ({})",
+                    tessera_model::Arch::supported_names()
+                )
+            })?;
+            let base = model.config();
+            let mut config = tessera_model::LlamaConfig { arch, ..base };
+            if arch.requires_experts() && !config.is_moe() {
+                // The dense presets as 8 experts of the dense width, 2 used.
+                config.n_expert = 8;
+                config.n_expert_used = 2;
+                config.n_ff_exp = config.n_ff;
+            }
+            if config.is_moe() && !arch.allows_experts() {
+                anyhow::bail!("{} has no mixture-of-experts blocks", arch.name());
+            }
+            if arch == tessera_model::Arch::GptOss {
+                let g = tessera_model::LlamaConfig::tiny_moe(arch, 8, 2, 64);
+                config.n_swa = g.n_swa;
+                config.swa_period = g.swa_period;
+                config.rope_base_swa = config.rope_base;
+            }
+            if arch == tessera_model::Arch::Gemma3 {
+                let g = tessera_model::LlamaConfig::tiny_arch(arch);
+                config.n_swa = g.n_swa;
+                config.swa_period = arch.default_swa_period();
+                config.tied_output = true;
+            }
+            let m = tessera_model::LlamaModel::new(config, 0x5eed)?;
+            m.write_gguf(&out)?;
+            eprintln!(
+                "wrote {} ({} parameters)",
+                out.display(),
+                m.config().param_count()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::TestOps {
+            op,
+            backend,
+            devices,
+            quiet,
+        } => {
+            let devs = commands::select_devices(devices.as_deref(), backend.as_deref())?;
+            let ok = commands::test_ops::run(&devs, op.as_deref(), quiet)?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::TestTp {
+            devices,
+            ratios,
+            generic,
+            split_mode,
+            dist,
+        } => {
+            let job = commands::dist::Job::start(&dist, &commands::dist::fingerprint(None)?)?;
+            let devs = job.finish(tessera::registry().select(&devices).map_err(Into::into))?;
+            let ok = job.finish(commands::test_tp::run(
+                &devs, &ratios, generic, split_mode, &job,
+            ))?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::BenchAllreduce {
+            devices,
+            sizes,
+            wire,
+            algo,
+            path,
+            threads,
+            min_time,
+            dist,
+            dist_timeout,
+        } => {
+            let dist = match dist.to_lowercase().as_str() {
+                "none" => false,
+                "mpi" => {
+                    if let Some(why) = tessera::dist::mpi_unavailable() {
+                        anyhow::bail!("--dist mpi: {why}");
+                    }
+                    true
+                }
+                other => anyhow::bail!("--dist {other}: expected mpi or none"),
+            };
+            let default_devices = if dist { "cpu:1" } else { "cpu:2" };
+            let devs = commands::select_devices(
+                Some(devices.as_deref().unwrap_or(default_devices)),
+                None,
+            )?;
+            let wire = match wire.to_lowercase().as_str() {
+                "f32" => tessera::comm::Wire::F32,
+                "bf16" => tessera::comm::Wire::Bf16,
+                other => anyhow::bail!("--wire {other}: expected f32 or bf16"),
+            };
+            let algorithm = match algo.to_lowercase().as_str() {
+                "auto" => tessera::comm::Algorithm::Auto {
+                    threshold_bytes: tessera::comm::DEFAULT_RING_THRESHOLD,
+                },
+                "doubling" => tessera::comm::Algorithm::RecursiveDoubling,
+                "ring" => tessera::comm::Algorithm::Ring,
+                other => anyhow::bail!("--algo {other}: expected auto, doubling or ring"),
+            };
+            let opts = commands::bench_allreduce::Options {
+                sizes: commands::bench_allreduce::parse_range(&sizes)?,
+                wire,
+                algorithm,
+                threads,
+                min_time: Duration::from_secs_f64(min_time),
+                path: path.to_lowercase(),
+            };
+            if dist {
+                #[cfg(feature = "mpi")]
+                return commands::bench_allreduce::run_dist(
+                    &devs,
+                    &opts,
+                    Duration::from_secs_f64(dist_timeout),
+                )
+                .map(|_| ExitCode::SUCCESS);
+            }
+            let _ = dist_timeout;
+            commands::bench_allreduce::run(&devs, &opts).map(|_| ExitCode::SUCCESS)
+        }
+        Command::BenchOps {
+            op,
+            backend,
+            devices,
+            threads,
+            k,
+            min_time,
+        } => {
+            let devs = commands::select_devices(devices.as_deref(), backend.as_deref())?;
+            if devs.is_empty() {
+                anyhow::bail!("no device selected");
+            }
+            let threads = threads
+                .as_deref()
+                .map(commands::parse_list)
+                .transpose()?
+                .unwrap_or_default();
+            let min_time = Duration::from_secs_f64(min_time);
+            commands::bench_ops::run(
+                &devs,
+                &commands::bench_ops::Options {
+                    op,
+                    threads,
+                    k,
+                    min_time,
+                },
+            )
+            .map(|_| ExitCode::SUCCESS)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parses(args: &[&str]) -> bool {
+        Cli::try_parse_from(std::iter::once("tessera").chain(args.iter().copied())).is_ok()
+    }
+
+    #[test]
+    fn nonsensical_numbers_are_refused_by_every_command() {
+        let bad: &[&[&str]] = &[
+            &["run", "-m", "x.gguf", "-p", "hi", "--temp", "nan"],
+            &["run", "-m", "x.gguf", "-p", "hi", "--temp", "inf"],
+            &["run", "-m", "x.gguf", "-p", "hi", "--temp=-1"],
+            &["run", "-m", "x.gguf", "-p", "hi", "-t", "0"],
+            &["run", "-m", "x.gguf", "-p", "hi", "-t", "1000000"],
+            &["run", "-m", "x.gguf", "-p", "hi", "-c", "0"],
+            &["run", "-m", "x.gguf", "-p", "hi", "--ratios", "1,nan"],
+            &["run", "-m", "x.gguf", "-p", "hi", "--ratios=-1,2"],
+            &["bench", "-t", "0"],
+            &["bench", "--ratios", "inf,1"],
+            &["test-tp", "--ratios", "nan,1"],
+            // NaN seconds used to reach Duration::from_secs_f64 and panic.
+            &["bench-ops", "--min-time", "nan"],
+            &["bench-ops", "--min-time", "inf"],
+            &["bench-ops", "--min-time=-1"],
+            &["bench-ops", "-k", "0"],
+            &["bench-allreduce", "--min-time", "nan"],
+            &["bench-allreduce", "-t", "0"],
+            &["bench-allreduce", "--dist-timeout", "0"],
+            &["bench-allreduce", "--dist-timeout", "nan"],
+            &["soak", "--requests", "0"],
+            &["soak", "--ratios", "2,nan,1"],
+        ];
+        for args in bad {
+            assert!(!parses(args), "accepted: {args:?}");
+        }
+        let good: &[&[&str]] = &[
+            &[
+                "run", "-m", "x.gguf", "-p", "hi", "--temp", "0.7", "-t", "2", "-c", "64",
+            ],
+            &["bench", "--ratios", "2,1,1", "-t", "1"],
+            &["bench-ops", "--min-time", "0.5", "-k", "256"],
+            &["bench-allreduce", "--min-time", "0"],
+            &["soak", "--requests", "10", "--ratios", "2,1,1"],
+        ];
+        for args in good {
+            assert!(parses(args), "refused: {args:?}");
+        }
+    }
+
+    #[test]
+    fn a_zero_thread_count_in_a_list_is_an_error() {
+        assert_eq!(commands::parse_list("1, 2").unwrap(), vec![1, 2]);
+        // `-t 0,2` used to drop the 0 silently.
+        assert!(commands::parse_list("0,2").is_err());
+        assert!(commands::parse_list("x").is_err());
+    }
+}

@@ -1,0 +1,112 @@
+//! Language models on Tessera: the layer above the device crates, as llama.cpp's `libllama` sits
+//! above ggml.
+//!
+//! - [`LlamaModel`] is a llama-style decoder covering every architecture of [`Arch::ALL`] (RMS
+//!   norm, grouped-query attention with RoPE paired as its architecture does, F16 KV caches,
+//!   SwiGLU or GeGLU feed-forward, mixture-of-experts blocks), loaded from a GGUF file
+//!   ([`LlamaModel::from_gguf`]) or made with deterministic synthetic weights, so benchmarks and
+//!   tests need no model file. Its tensors are named as in GGUF.
+//! - [`LlamaSession`] runs it on devices, whole or split by layers, through the
+//!   [`tessera::sched::Scheduler`]; [`TpSession`] runs it tensor- or expert-parallel through the
+//!   meta device ([`tessera::meta`]).
+//! - [`sampling`] picks the next token with llama.cpp's sampler chain; [`tokenizer`] (the
+//!   `tessera-tokenizer` crate) turns text into tokens and back, with chat templates.
+//!
+//! ```no_run
+//! use tessera_model::{LlamaConfig, LlamaModel, LlamaSession};
+//! use tessera::sched::SchedOptions;
+//! # fn main() -> tessera::Result<()> {
+//! let model = LlamaModel::new(LlamaConfig::tiny(), 42)?;
+//! let devices = tessera::registry().select("cpu:2")?;
+//! let layer_device = tessera::sched::layer_devices(model.config().n_layer, &[], devices.len())?;
+//! let mut session = LlamaSession::new(&model, &devices, &layer_device, SchedOptions::default())?;
+//! let logits = session.eval(&[1, 2, 3])?; // n_vocab logits per token
+//! let next = tessera_model::argmax(&logits[2 * 256..]);
+//! // Sampling needs the last token's logits only: the output projection runs for it alone.
+//! let last = session.eval_last(&[next as i32])?; // n_vocab logits
+//! # let _ = last; Ok(()) }
+//! ```
+
+mod config;
+mod engine;
+mod finite;
+mod gguf_io;
+mod graph;
+mod llama;
+mod moe;
+pub mod reference;
+pub mod sampling;
+mod session;
+#[cfg(all(test, feature = "cpu"))]
+mod tests;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_arch;
+#[cfg(test)]
+mod tests_fallback;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_finite;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_moe;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_outputs;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_real;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_reference;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_tp;
+pub use tessera_tokenizer as tokenizer;
+mod tp;
+mod weights;
+
+pub use config::{Arch, Gating, LlamaConfig};
+pub use engine::{Session, SessionOptions, SplitMode};
+pub use finite::first_non_finite;
+pub use gguf_io::{ARCHITECTURE, llama_keys};
+pub use llama::{
+    KV_PAD, LayerTensors, LlamaModel, MoeTensors, Outputs, Placement, Step, WeightSource,
+};
+pub use session::LlamaSession;
+/// How a meta device splits expert stacks (re-exported for [`LlamaModel::meta_device_with`]).
+pub use tessera::meta::ExpertSplit;
+pub use tessera_tokenizer::synthetic_vocab;
+pub use tokenizer::{Token, Tokenizer, TokenizerError};
+pub use tp::TpSession;
+
+/// Normalised mean squared error `Σ(a−b)² / Σb²` of `a` against the reference `b` (∞ if the
+/// lengths differ, 0 for two empty slices).
+pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let (mut err, mut norm) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        err += (f64::from(x) - f64::from(y)).powi(2);
+        norm += f64::from(y).powi(2);
+    }
+    if err == 0.0 { 0.0 } else { err / norm }
+}
+
+/// Replaces `out`'s contents with the little-endian f32 values of `bytes`, keeping its
+/// allocation (decode loops read logits into one vector).
+pub(crate) fn f32s_into(bytes: &[u8], out: &mut Vec<f32>) {
+    out.clear();
+    out.extend(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    );
+}
+
+/// Index of the largest value (the first one on ties; 0 for an empty slice). NaNs are skipped.
+pub fn argmax(v: &[f32]) -> usize {
+    // The running maximum in a local (not re-read through the index) keeps this at a compare
+    // per element: it runs on every generated token over the whole vocabulary.
+    let (mut best, mut top) = (0, f32::NEG_INFINITY);
+    for (i, &x) in v.iter().enumerate() {
+        if x > top {
+            (best, top) = (i, x);
+        }
+    }
+    best
+}

@@ -1,0 +1,42 @@
+//! The sampler's random numbers: xoshiro256** seeded through splitmix64, so one seed gives one
+//! token sequence on every platform.
+
+/// xoshiro256\*\* seeded through splitmix64: small, fast, deterministic.
+#[derive(Clone, Debug)]
+pub(super) struct Rng {
+    pub(super) s: [u64; 4],
+}
+
+impl Rng {
+    pub(super) fn new(seed: u64) -> Self {
+        let mut x = seed;
+        let mut splitmix = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        Self {
+            s: [splitmix(), splitmix(), splitmix(), splitmix()],
+        }
+    }
+
+    pub(super) fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in `[0, 1)` with 53 bits of precision.
+    pub(super) fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
