@@ -49,7 +49,8 @@ impl LlamaModel {
     /// Writes the model to `path` as GGUF v3 (see [`LlamaModel::to_gguf`]).
     ///
     /// # Errors
-    /// As [`LlamaModel::to_gguf`]; [`Error::Gguf`] for i/o errors, naming the path.
+    /// As [`LlamaModel::to_gguf`]; [`Error::File`] (a [`tessera::gguf::GgufError`] inside) for
+    /// i/o errors, naming the path.
     pub fn write_gguf(&self, path: impl AsRef<Path>) -> Result<()> {
         self.to_gguf()?.write_file(path)?;
         Ok(())
@@ -214,7 +215,8 @@ impl LlamaConfig {
     /// base 10000, as llama.cpp sets them).
     ///
     /// # Errors
-    /// [`Error::Gguf`] for a missing or mistyped key or tensor; [`Error::InvalidArgument`] for
+    /// [`Error::File`] (a [`tessera::gguf::GgufError`] inside) for a missing or mistyped key or
+    /// tensor; [`Error::InvalidArgument`] for
     /// an unsupported architecture or an invalid config.
     pub fn from_gguf(file: &GgufFile) -> Result<LlamaConfig> {
         let md = file.metadata();

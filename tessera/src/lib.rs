@@ -4,7 +4,7 @@
 //! This facade is what an application depends on to run graphs: it re-exports `tessera-core`
 //! (dtypes, graph IR, device traits, scheduler, meta device), [`gguf`], [`plugin`] and [`dist`],
 //! and registers the backends compiled in through cargo features (`cpu` by default) in one
-//! process-wide [`registry`]. Language models live one layer up, in `tessera-model`, which
+//! process-wide [`registry()`]. Language models live one layer up, in `tessera-model`, which
 //! depends on this crate.
 //!
 //! ```

@@ -18,8 +18,10 @@ use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
 pub(crate) enum Job {
     /// Ends the stream loop (sent on drop: comm contexts may still hold senders).
     Shutdown,
-    /// Device `.1`'s part of a shared-memory all-reduce (see `comm.rs`).
-    Reduce(Arc<crate::comm::ReduceState>, usize),
+    /// Work for the stream's thread pool in queue order that is not a graph: a device's part of
+    /// the shared-memory all-reduce (`comm`), which thereby waits for the graphs queued before
+    /// it and holds back those queued after.
+    Pooled(Box<dyn FnOnce(&Pool) + Send>),
     Compute(Box<Prepared>),
     Copy {
         src: Arc<dyn Buffer>,
@@ -331,8 +333,8 @@ fn stream_loop(device: &str, pool: Pool, rx: mpsc::Receiver<Job>, status: Arc<St
                 Ok(())
             }
             Job::Wait(e) => e.synchronize(),
-            Job::Reduce(state, j) => {
-                crate::comm::participate(&pool, &state, j);
+            Job::Pooled(work) => {
+                work(&pool);
                 Ok(())
             }
             Job::Copy {

@@ -12,6 +12,7 @@ pub use context::label_of;
 
 use crate::error::{Error, Result};
 use crate::tensor::{TensorDesc, TensorId};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// Ops in dependency order plus the descriptors they refer to.
@@ -134,6 +135,22 @@ impl Graph {
             outputs,
         }
     }
+}
+
+/// Tensors `nodes` read (sources and viewed tensors) that they do not produce.
+pub(crate) fn referenced(tensors: &[TensorDesc], nodes: &[TensorId]) -> Vec<TensorId> {
+    let set: HashSet<TensorId> = nodes.iter().copied().collect();
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for &n in nodes {
+        let t = &tensors[n.index()];
+        for r in t.srcs().chain(t.view_of().map(|v| v.src)) {
+            if !set.contains(&r) && seen.insert(r) {
+                out.push(r);
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! unchanged). Reads and writes of a tensor range are split, gathered, summed or mirrored
 //! according to the tensor's split state.
 
-use super::device::MetaInner;
+use super::inner::MetaInner;
 use super::split::{SplitKind, SplitState, local_runs, slice_desc};
 use crate::backend::{Buffer, BufferType};
 use crate::dtype::DType;

@@ -8,8 +8,8 @@
 //! nodes bound by the caller are gathered into their buffers by [`Backend::synchronize`].
 
 use super::buffer::MetaBuffer;
-use super::device::MetaInner;
 use super::fallback::HostFallback;
+use super::inner::MetaInner;
 use super::local::local_tensors;
 use super::propagate::{NodeStates, propagate, reduce_points};
 use super::split::{SplitState, gather};
@@ -19,7 +19,7 @@ use crate::comm::{Algorithm, AllReduce, CommSlice, DEFAULT_RING_THRESHOLD};
 use crate::comm::{CommApi, CommOutcome, VendorComm};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::graph::Graph;
+use crate::graph::{Graph, referenced};
 use crate::registry::DeviceRegistry;
 use crate::tensor::{TensorDesc, TensorId};
 use std::any::Any;
@@ -849,22 +849,6 @@ fn contributes(local: &[TensorDesc], r: TensorId) -> bool {
         (crate::ops::OpKind::MulMat, Some(w)) => local[w.index()].ne()[0] > 0,
         _ => true,
     }
-}
-
-/// Tensors `nodes` read (sources and viewed tensors) that they do not produce.
-pub(crate) fn referenced(tensors: &[TensorDesc], nodes: &[TensorId]) -> Vec<TensorId> {
-    let set: HashSet<TensorId> = nodes.iter().copied().collect();
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    for &n in nodes {
-        let t = &tensors[n.index()];
-        for r in t.srcs().chain(t.view_of().map(|v| v.src)) {
-            if !set.contains(&r) && seen.insert(r) {
-                out.push(r);
-            }
-        }
-    }
-    out
 }
 
 impl Backend for MetaBackend {

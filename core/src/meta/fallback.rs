@@ -71,7 +71,7 @@ impl HostFallback {
                 let g = Graph::from_parts(
                     tensors.clone(),
                     run.to_vec(),
-                    super::exec::referenced(tensors, run),
+                    crate::graph::referenced(tensors, run),
                     Vec::new(),
                 );
                 dev.compute(&g, bindings)?;
@@ -121,7 +121,7 @@ impl HostFallback {
         let g = Graph::from_parts(
             tensors.clone(),
             run.to_vec(),
-            super::exec::referenced(tensors, run),
+            crate::graph::referenced(tensors, run),
             Vec::new(),
         );
         self.stream.compute(&g, &host)?;

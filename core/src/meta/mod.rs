@@ -27,6 +27,7 @@ mod buffer;
 mod device;
 mod exec;
 mod fallback;
+mod inner;
 mod local;
 pub mod policy;
 mod propagate;
@@ -44,8 +45,9 @@ mod tests_propagate;
 mod tests_split;
 
 pub use buffer::{COPY_ROW_ALIGN, MetaBuffer, MetaBufferType, Placement};
-pub use device::{MetaDevice, SplitLayout, SplitPolicy};
+pub use device::MetaDevice;
 pub use exec::{CommPath, MetaBackend, MetaStats};
+pub use inner::{SplitLayout, SplitPolicy};
 pub use policy::{ExpertSplit, LlamaSplitPolicy};
 pub use propagate::{NodeStates, propagate, reduce_points};
 pub use ratio::split_lengths;

@@ -6,19 +6,8 @@ use super::kquant::{
     BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES, QK_K,
     scale_min_k4,
 };
-use super::matmul::{WeightType, act_row_bytes, act_type};
 use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK8_0, block_scale};
-
-/// Returns a 64-byte aligned `f32` region of `n` elements inside `scratch`,
-/// growing it as needed.
-pub(crate) fn scratch_f32(scratch: &mut Vec<u8>, n: usize) -> &mut [f32] {
-    let need = n * 4 + 64;
-    if scratch.len() < need {
-        scratch.resize(need, 0);
-    }
-    let off = scratch.as_ptr().align_offset(64).min(63) & !3;
-    bytemuck::cast_slice_mut(&mut scratch[off..off + n * 4])
-}
+use super::tile::{WeightType, act_row_bytes, act_type, scratch_f32};
 
 /// Plain dot product, 8 interleaved partial sums.
 pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {

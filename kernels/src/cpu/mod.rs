@@ -35,6 +35,8 @@ mod generic;
 mod kquant_golden;
 #[cfg(test)]
 mod lowbit_golden;
+mod pack_layout;
+mod tile;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

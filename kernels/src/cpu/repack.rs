@@ -26,10 +26,9 @@
 //! sign bits, and reorders Q5_0/Q5_1's fifth bits within each row's word).
 
 use super::features::Isa;
-use super::matmul::{WeightType, act_row_bytes, act_type};
-
-/// Rows per interleaved group.
-pub const PACK_ROWS: usize = 16;
+pub use super::pack_layout::PACK_ROWS;
+use super::pack_layout::{kquant_parts, packed_offsets};
+use super::tile::{WeightType, act_row_bytes, act_type};
 
 /// Elements per block of the 32-element packable types.
 const QK: usize = 32;
@@ -51,20 +50,6 @@ pub fn can_pack(wt: WeightType) -> bool {
 
 fn is_kquant(wt: WeightType) -> bool {
     matches!(wt, WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K)
-}
-
-/// Byte offsets of the parts of a packed K-quant group super-block:
-/// (dmin, scales, high bits, quants).
-pub(crate) const fn kquant_parts(wt: WeightType) -> (usize, usize, usize, usize) {
-    let r = PACK_ROWS;
-    match wt {
-        // d, dmin, 12 scale bytes, 128 quant bytes per row.
-        WeightType::Q4_K => (2 * r, 4 * r, 0, 16 * r),
-        // d, dmin, 12 scale bytes, 32 high-bit bytes, 128 quant bytes per row.
-        WeightType::Q5_K => (2 * r, 4 * r, 16 * r, 48 * r),
-        // d, 16 scales, 128 low-bit bytes then 64 high-bit bytes per row.
-        _ => (0, 2 * r, 18 * r + 128 * r, 18 * r),
-    }
 }
 
 /// Where byte `i` of row `r`'s ggml super-block goes in the packed group super-block.
@@ -101,17 +86,6 @@ fn block_elems(wt: WeightType) -> usize {
 /// Whether the packed kernels are faster than the row kernels with `isa`: they need AVX-512 VNNI.
 pub fn packing_pays(isa: Isa) -> bool {
     cfg!(target_arch = "x86_64") && isa == Isa::Avx512
-}
-
-/// Byte offsets inside a packed group block: (minimums, fifth bits, quants).
-pub(crate) const fn packed_offsets(wt: WeightType) -> (usize, usize, usize) {
-    let d = 2 * PACK_ROWS;
-    match wt {
-        WeightType::Q4_1 => (d, 0, 2 * d),
-        WeightType::Q5_0 => (0, d, d + 4 * PACK_ROWS),
-        WeightType::Q5_1 => (d, 2 * d, 2 * d + 4 * PACK_ROWS),
-        _ => (0, 0, d),
-    }
 }
 
 /// Byte offsets inside a ggml block: (minimum, fifth bits, quants).

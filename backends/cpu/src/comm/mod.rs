@@ -373,7 +373,9 @@ unsafe extern "C" fn comm_allreduce(
         });
         *last_phase += plan.phases();
         for (j, h) in comm.streams.iter().enumerate() {
-            if h.enqueue(Job::Reduce(state.clone(), j)).is_err() {
+            let part = state.clone();
+            let work = Box::new(move |pool: &Pool| participate(pool, &part, j));
+            if h.enqueue(Job::Pooled(work)).is_err() {
                 // A stopped stream cannot take its part (streams stop only when dropped): release
                 // the devices already waiting for it. None of them has touched a slice yet.
                 state.cancelled.store(true, Ordering::SeqCst);

@@ -19,8 +19,8 @@ use super::super::iquant::{
 };
 use super::super::kquant::{BLOCK_Q8_K_BYTES, f16_at};
 use super::super::lowbit::{self, BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES, q3k_scale};
-use super::super::matmul::{WeightType, act_row_bytes, act_type};
 use super::super::quant::BLOCK_Q8_0_BYTES;
+use super::super::tile::{WeightType, act_row_bytes, act_type};
 
 /// Kind of the low-bit kernels: Q2_K weights (Q8_K activations).
 pub(crate) const LB_Q2_K: u8 = 0;

@@ -15,12 +15,13 @@ pub(crate) use lowbit::{LB_IQ4_NL, LB_IQ4_XS, LB_MXFP4, LB_Q2_K, LB_Q3_K, vec_do
 
 use super::affine::{BLOCK_Q4_1_BYTES, BLOCK_Q5_1_BYTES, BLOCK_Q8_1_BYTES};
 use super::features::Isa;
-use super::generic::{self, scratch_f32};
+use super::generic;
 use super::kquant::{
     BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES, QK_K,
 };
-use super::matmul::{WeightType, check_tile_args};
 use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK8_0, block_scale};
+use super::tile::scratch_f32;
+use super::tile::{WeightType, check_tile_args};
 
 /// Weight type code of the float kernels: f32.
 pub(crate) const WT_F32: u8 = 0;

@@ -9,10 +9,10 @@ use super::{
     KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KIND_Q8_0, kind_act_bytes, kind_act_qs_at,
     kind_affine, kind_block_bytes, kind_offset,
 };
-use crate::cpu::generic::scratch_f32;
 use crate::cpu::kquant::{BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES};
-use crate::cpu::matmul::WeightType;
-use crate::cpu::repack::{PACK_ROWS, kquant_parts, packed_offsets};
+use crate::cpu::pack_layout::{PACK_ROWS, kquant_parts, packed_offsets};
+use crate::cpu::tile::WeightType;
+use crate::cpu::tile::scratch_f32;
 use std::arch::x86_64::*;
 
 /// Expands `$call!(k)` for the column count `$n` among the listed literals, the last one also
