@@ -129,9 +129,9 @@ pub enum Error {
     ReadOnly(String),
 
     // === Model files ===
-    /// A model file could not be read or written, or lacks what was asked of it. The source is
-    /// the file format crate's own error (`tessera_gguf::GgufError` for GGUF), which converts
-    /// into this variant with `?`.
+    /// A model file could not be read or written, or lacks what was asked of it. It holds the
+    /// file format crate's own error (`tessera_gguf::GgufError` for GGUF), which converts into
+    /// this variant with `?`; [`Error::file_error`] gives it back typed.
     #[error(transparent)]
     File(Box<dyn std::error::Error + Send + Sync + 'static>),
 
@@ -157,6 +157,17 @@ pub enum Error {
         /// What failed.
         reason: String,
     },
+}
+
+impl Error {
+    /// The file format error inside an [`Error::File`], if it is a `T`
+    /// (`e.file_error::<tessera_gguf::GgufError>()` to match on its kind).
+    pub fn file_error<T: std::error::Error + 'static>(&self) -> Option<&T> {
+        match self {
+            Error::File(e) => e.downcast_ref::<T>(),
+            _ => None,
+        }
+    }
 }
 
 /// `Result` with [`Error`] as the default error.

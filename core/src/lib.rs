@@ -38,4 +38,4 @@ pub use error::{Error, Result};
 pub use graph::{Context, Graph};
 pub use ops::{GluOp, Op, OpKind, RopeMode, RopeParams, UnaryOp};
 pub use registry::{DeviceRegistry, ProcAddress, Registry};
-pub use tensor::{TensorDesc, TensorFlags, TensorId, TensorParts};
+pub use tensor::{TensorDesc, TensorFlags, TensorId};

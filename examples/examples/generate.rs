@@ -1,7 +1,7 @@
 //! Generate text from a GGUF model file, printing each token's text as soon as it is produced.
 //!
 //! Steps: open the file (memory-mapped), read its tokenizer and hyper-parameters, load the
-//! weights on the CPU in a [`LlamaSession`], evaluate the prompt, then repeatedly pick the next
+//! weights on the CPU in a [`Session`], evaluate the prompt, then repeatedly pick the next
 //! token from the last position's logits and feed it back. Tokens are picked by llama.cpp's
 //! sampler chain (`tessera_model::sampling`: repetition penalty, top-k, top-p, min-p,
 //! temperature, a seeded draw), so one seed always gives the same text. Generation stops after
@@ -21,9 +21,8 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 use tessera::gguf::GgufFile;
-use tessera::sched::SchedOptions;
 use tessera_model::sampling::{Sampler, SamplerConfig};
-use tessera_model::{LlamaConfig, LlamaModel, LlamaSession, Tokenizer};
+use tessera_model::{LlamaConfig, LlamaModel, Session, SessionOptions, Tokenizer};
 
 const USAGE: &str = "usage: generate MODEL.gguf [PROMPT] [N_TOKENS] [TEMPERATURE]";
 
@@ -82,10 +81,10 @@ fn main() -> anyhow::Result<()> {
         );
     }
     let model = LlamaModel::from_gguf(file.clone(), Some(n_ctx))?;
-    // The whole model on one device: every layer on device 0 of the list.
+    // The whole model on one device (`SplitMode::None`; `Layer`, `Tensor` or `Expert` with more
+    // devices split it).
     let cpu = tessera::registry().device("CPU")?;
-    let layer_device = vec![0; model.config().n_layer];
-    let mut session = LlamaSession::new(&model, &[cpu], &layer_device, SchedOptions::default())?;
+    let mut session = Session::open(&model, &[cpu], &SessionOptions::default())?;
 
     // ---- Generate. ----
     let mut out = std::io::stdout();
@@ -96,7 +95,7 @@ fn main() -> anyhow::Result<()> {
     let mut logits = session.eval_last(&prompt_tokens)?;
     // The repetition penalty looks at the prompt too.
     for &t in &prompt_tokens {
-        sampler.accept(t as u32);
+        sampler.accept(t);
     }
     // A token's bytes can end inside a UTF-8 character; keep such a tail until it completes.
     let mut pending: Vec<u8> = Vec::new();
@@ -105,9 +104,8 @@ fn main() -> anyhow::Result<()> {
         if let Some((i, v)) = tessera_model::first_non_finite(&logits) {
             bail!("logit {i} is {v}: the model produced a non-finite value");
         }
-        let id = sampler.sample(&logits)?;
-        sampler.accept(id);
-        let next = i32::try_from(id)?;
+        let next = sampler.sample(&logits)?;
+        sampler.accept(next);
         if Some(next) == tok.eos() {
             break;
         }

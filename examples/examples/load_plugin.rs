@@ -7,7 +7,7 @@
 //! result against plain Rust.
 //!
 //! A loaded device is an ordinary `Arc<dyn Device>`: buffers, streams, the scheduler and the
-//! meta device use it like a compiled-in one. (`tessera::load_backend(path)` also registers the
+//! meta device use it like a compiled-in one. (`tessera::register_plugin(path)` also registers the
 //! plugin in `tessera::registry()`, and directories listed in `TESSERA_BACKEND_PATH` are
 //! scanned for `libtessera_*.so` files automatically.)
 //!

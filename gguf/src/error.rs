@@ -236,7 +236,8 @@ pub enum GgufErrorKind {
 }
 
 /// Lets model code mix GGUF reads with device calls under one `?`: the GGUF error becomes
-/// [`tessera_core::Error::File`], and [`GgufError`] is still reachable by downcasting its source.
+/// [`tessera_core::Error::File`], from which [`tessera_core::Error::file_error`] gives the
+/// [`GgufError`] back (`e.file_error::<GgufError>()`).
 impl From<GgufError> for tessera_core::Error {
     fn from(e: GgufError) -> Self {
         tessera_core::Error::File(Box::new(e))

@@ -473,3 +473,20 @@ fn alignment_must_be_a_u32_power_of_two() {
         matches!(kind(open_bytes(b)), GgufErrorKind::InvalidValue { key, .. } if key == ALIGNMENT_KEY)
     );
 }
+
+#[test]
+fn a_gguf_error_converts_into_the_core_error_and_back() {
+    let e: tessera_core::Error =
+        GgufFile::from_bytes(b"GGUF".to_vec(), "short.gguf", &ReadOptions::default())
+            .unwrap_err()
+            .into();
+    assert!(matches!(e, tessera_core::Error::File(_)));
+    let back = e.file_error::<GgufError>().expect("the GGUF error inside");
+    assert!(back.to_string().contains("short.gguf"), "{back}");
+    assert!(e.file_error::<std::io::Error>().is_none());
+    assert!(
+        tessera_core::Error::ReadOnly("b".into())
+            .file_error::<GgufError>()
+            .is_none()
+    );
+}

@@ -38,7 +38,7 @@ pub enum Gating {
 
 impl Arch {
     /// Every supported architecture.
-    pub const ALL: [Arch; 6] = [
+    pub const ALL: &'static [Arch] = &[
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -61,7 +61,7 @@ impl Arch {
 
     /// The architecture of a GGUF `general.architecture` name.
     pub fn from_name(name: &str) -> Option<Arch> {
-        Arch::ALL.into_iter().find(|a| a.name() == name)
+        Arch::ALL.iter().copied().find(|a| a.name() == name)
     }
 
     /// The model families this architecture covers, for help texts.
@@ -78,7 +78,11 @@ impl Arch {
 
     /// The names of [`Arch::ALL`], for messages.
     pub fn supported_names() -> String {
-        Arch::ALL.map(Arch::name).join(", ")
+        Arch::ALL
+            .iter()
+            .map(|a| a.name())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     // Every property below is one exhaustive match, like llama.cpp's `llama_model_rope_type`:

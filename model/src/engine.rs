@@ -32,7 +32,7 @@ pub enum SplitMode {
 
 impl SplitMode {
     /// Every mode, in the order of their names in [`SplitMode::ACCEPTED`].
-    pub const ALL: [SplitMode; 4] = [
+    pub const ALL: &'static [SplitMode] = &[
         SplitMode::None,
         SplitMode::Layer,
         SplitMode::Tensor,
@@ -79,7 +79,8 @@ impl FromStr for SplitMode {
     fn from_str(s: &str) -> Result<SplitMode> {
         let name = s.trim().to_ascii_lowercase();
         SplitMode::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .find(|m| m.name() == name)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
@@ -172,7 +173,8 @@ pub struct Session<'m> {
 impl<'m> Session<'m> {
     /// Loads `model` on `devices` as `opts` says: `none` uses the first device, `layer` assigns
     /// consecutive layers by the ratios, `tensor` and `expert` split every layer over all the
-    /// devices (and over the ranks of `opts.comm`).
+    /// devices (and over the ranks of `opts.comm`). `none` ignores the ratios and the devices
+    /// after the first, so one set of options serves every mode.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for no devices, bad ratios or a distributed job outside

@@ -6,25 +6,29 @@
 //!   SwiGLU or GeGLU feed-forward, mixture-of-experts blocks), loaded from a GGUF file
 //!   ([`LlamaModel::from_gguf`]) or made with deterministic synthetic weights, so benchmarks and
 //!   tests need no model file. Its tensors are named as in GGUF.
-//! - [`LlamaSession`] runs it on devices, whole or split by layers, through the
-//!   [`tessera::sched::Scheduler`]; [`TpSession`] runs it tensor- or expert-parallel through the
-//!   meta device ([`tessera::meta`]).
+//! - [`Session`] runs it on devices in any [`SplitMode`]: whole, split by layers (through the
+//!   [`tessera::sched::Scheduler`], [`LlamaSession`] underneath) or tensor- or expert-parallel
+//!   (through the meta device [`tessera::meta`], [`TpSession`] underneath).
 //! - [`sampling`] picks the next token with llama.cpp's sampler chain; [`tokenizer`] (the
 //!   `tessera-tokenizer` crate) turns text into tokens and back, with chat templates.
 //!
-//! ```no_run
-//! use tessera_model::{LlamaConfig, LlamaModel, LlamaSession};
-//! use tessera::sched::SchedOptions;
+//! ```
+//! use tessera_model::sampling::{Sampler, SamplerConfig};
+//! use tessera_model::{LlamaConfig, LlamaModel, Session, SessionOptions, SplitMode};
 //! # fn main() -> tessera::Result<()> {
-//! let model = LlamaModel::new(LlamaConfig::tiny(), 42)?;
+//! let model = LlamaModel::new(LlamaConfig::tiny(), 42)?; // or LlamaModel::from_gguf(file, n_ctx)
 //! let devices = tessera::registry().select("cpu:2")?;
-//! let layer_device = tessera::sched::layer_devices(model.config().n_layer, &[], devices.len())?;
-//! let mut session = LlamaSession::new(&model, &devices, &layer_device, SchedOptions::default())?;
-//! let logits = session.eval(&[1, 2, 3])?; // n_vocab logits per token
-//! let next = tessera_model::argmax(&logits[2 * 256..]);
+//! let opts = SessionOptions::new(SplitMode::Layer); // none, layer, tensor or expert
+//! let mut session = Session::open(&model, &devices, &opts)?;
+//! let mut sampler = Sampler::new(SamplerConfig::default())?; // greedy unless a temperature
 //! // Sampling needs the last token's logits only: the output projection runs for it alone.
-//! let last = session.eval_last(&[next as i32])?; // n_vocab logits
-//! # let _ = last; Ok(()) }
+//! let mut logits = session.eval_last(&[1, 2, 3])?; // n_vocab logits
+//! for _ in 0..8 {
+//!     let next = sampler.sample(&logits)?;
+//!     sampler.accept(next);
+//!     logits = session.eval_last(&[next])?;
+//! }
+//! # Ok(()) }
 //! ```
 
 mod config;

@@ -93,7 +93,7 @@ impl ReferenceModel {
 /// Every model of the suite, in a fixed order.
 pub fn reference_models() -> Vec<ReferenceModel> {
     let mut out = Vec::new();
-    for arch in Arch::ALL.into_iter().filter(|a| !a.requires_experts()) {
+    for arch in Arch::ALL.iter().copied().filter(|a| !a.requires_experts()) {
         let base = base_config(arch);
         // F32 with a feed-forward width (704) that no 128-element granularity divides.
         for (tag, kv) in [("gqa", 2), ("mqa", 1)] {
@@ -328,7 +328,7 @@ mod tests {
         for tag in ["llama-moe-f32-gqa", "qwen3moe-f32-gqa", "gpt-oss-f32-gqa"] {
             assert!(names.iter().any(|n| n == tag), "{tag}");
         }
-        for arch in Arch::ALL.into_iter().filter(|a| !a.requires_experts()) {
+        for arch in Arch::ALL.iter().copied().filter(|a| !a.requires_experts()) {
             for tag in ["f32-gqa", "f32-mqa", "q8_0-gqa"] {
                 let name = format!("{}-{tag}", arch.name());
                 assert!(names.contains(&name), "{name}");

@@ -56,7 +56,7 @@ fn sessions(model: &LlamaModel) -> Vec<(&'static str, Session<'_>)> {
 
 #[test]
 fn split_modes_parse_by_name_and_sessions_refuse_bad_options() {
-    for m in SplitMode::ALL {
+    for &m in SplitMode::ALL {
         assert_eq!(m.name().parse::<SplitMode>().unwrap(), m);
         assert_eq!(
             format!(" {} ", m.name().to_uppercase())

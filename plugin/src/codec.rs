@@ -51,6 +51,8 @@ const OP_SWIGLU_OAI: u32 = 31;
 /// An op this version of the ABI has no code for (core's `Op` grows; the codec follows with a
 /// new code). Every decoder rejects it, so a graph holding one fails with a typed error on the
 /// far side instead of running as something else.
+/// The plugin suite (tests/tests/plugin.rs) runs every conformance case through a loaded
+/// plugin, so an op left without a code fails there by name.
 const OP_UNKNOWN: u32 = u32::MAX;
 
 fn unary_code(u: UnaryOp) -> u32 {

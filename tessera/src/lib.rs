@@ -51,7 +51,7 @@ pub use tessera_plugin as plugin;
 
 mod plugins;
 
-pub use plugins::{load_all, load_backend};
+pub use plugins::{load_all, register_plugin};
 
 use std::sync::Once;
 

@@ -1,5 +1,5 @@
 //! Loading backend plugins into the process-wide registry (the loader itself is
-//! `tessera_core::plugin`).
+//! `tessera_plugin`).
 
 use crate::Registry;
 use crate::plugin::{LoadError, LoadReport, env_dirs, load_dirs, search_dirs};
@@ -12,7 +12,7 @@ use std::sync::Arc;
 ///
 /// # Errors
 /// A [`LoadError`] naming the file; nothing is registered then.
-pub fn load_backend(path: impl AsRef<Path>) -> Result<Arc<dyn Registry>, LoadError> {
+pub fn register_plugin(path: impl AsRef<Path>) -> Result<Arc<dyn Registry>, LoadError> {
     let plugin: Arc<dyn Registry> = crate::plugin::load_backend(path)?;
     crate::registry().register(plugin.clone());
     Ok(plugin)

@@ -1,4 +1,4 @@
-//! The SYCL backend as a plugin: `libtessera_sycl.so`, loaded with `tessera::load_backend` or
+//! The SYCL backend as a plugin: `libtessera_sycl.so`, loaded with `tessera::register_plugin` or
 //! found by `tessera::load_all` in `TESSERA_BACKEND_PATH` or next to the executable.
 #![deny(unsafe_code)]
 

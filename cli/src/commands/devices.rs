@@ -10,7 +10,7 @@ use tessera::{BACKENDS, registry};
 pub fn run(load: &[PathBuf]) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     for path in load {
-        if let Err(e) = tessera::load_backend(path) {
+        if let Err(e) = tessera::register_plugin(path) {
             failed.push(e);
         }
     }

@@ -74,28 +74,28 @@ pub struct RunArgs {
 #[derive(Clone, Debug, clap::Args)]
 pub struct SamplingArgs {
     /// Sampling temperature, a finite number >= 0; 0 is greedy (the argmax after penalties).
-    #[arg(long, default_value_t = 0.0, value_parser = super::args::temperature)]
+    #[arg(long, default_value_t = SamplerConfig::default().temperature, value_parser = super::args::temperature)]
     pub temp: f32,
     /// Keep the K most likely tokens (0: off).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = SamplerConfig::default().top_k)]
     pub top_k: usize,
     /// Keep the smallest set of tokens whose probability reaches P (1: off).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = SamplerConfig::default().top_p)]
     pub top_p: f32,
     /// Drop tokens less likely than P times the most likely one (0: off).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = SamplerConfig::default().min_p)]
     pub min_p: f32,
     /// Divide (positive) or multiply (negative) the logits of recently seen tokens by this (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = SamplerConfig::default().repeat_penalty)]
     pub repeat_penalty: f32,
     /// Subtract this times a recent token's count from its logit (0: off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = SamplerConfig::default().frequency_penalty)]
     pub frequency_penalty: f32,
     /// Subtract this once from the logit of every recent token (0: off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = SamplerConfig::default().presence_penalty)]
     pub presence_penalty: f32,
     /// How many of the last tokens (prompt included) the penalties look at (0: off).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = SamplerConfig::default().penalty_last_n)]
     pub repeat_last_n: usize,
     /// Seed of the sampler: one seed, one text.
     #[arg(long, default_value_t = 42)]
@@ -183,13 +183,13 @@ fn next_token(
     logits: &[f32],
     sampler: &mut Sampler,
 ) -> anyhow::Result<i32> {
-    let mut tok = (sampler.sample(logits)? as i32).to_le_bytes();
+    let mut tok = sampler.sample(logits)?.to_le_bytes();
     if let Some(comm) = job.comm() {
         comm.broadcast(0, &mut tok, "sampled token")?;
     }
     let tok = i32::from_le_bytes(tok);
     // Every rank's penalty window holds the token every rank feeds.
-    sampler.accept(tok as u32);
+    sampler.accept(tok);
     Ok(tok)
 }
 
@@ -293,7 +293,7 @@ fn run_job(args: &RunArgs, job: &super::dist::Job) -> anyhow::Result<()> {
     flush_utf8(&mut pending, &mut stdout)?;
     // As llama.cpp, the penalties see the prompt too.
     for &t in &prompt {
-        sampler.accept(t as u32);
+        sampler.accept(t);
     }
     // Every prompt position's logits only when they are written out; sampling needs the last.
     let all_positions = args.logits_out.is_some();

@@ -121,7 +121,9 @@ impl Graph {
 
     /// A graph over `tensors` with the given nodes (in execution order), leaves and outputs,
     /// for decoders of serialized graphs (the plugin ABI). Ids must index `tensors`; nothing
-    /// else is checked, so build graphs with [`Context::build_forward`] where you can.
+    /// else is checked, so build graphs with [`Context::build_forward`] where you can. Hidden from
+    /// the docs: it exists for `tessera-plugin`'s decoder.
+    #[doc(hidden)]
     pub fn from_parts(
         tensors: Arc<[TensorDesc]>,
         nodes: Vec<TensorId>,

@@ -71,7 +71,9 @@ pub struct TensorDesc {
 
 /// Every field of a [`TensorDesc`], for code that rebuilds descriptors from a serialized form
 /// (the plugin ABI's flat graphs). A [`crate::Context`] is the checked way to make descriptors;
-/// one rebuilt from parts is only as consistent as what it was decoded from.
+/// one rebuilt from parts is only as consistent as what it was decoded from. Hidden from the
+/// docs: it exists for `tessera-plugin`'s decoder and may grow fields in any release.
+#[doc(hidden)]
 #[derive(Clone, Debug)]
 pub struct TensorParts {
     /// Element type.
@@ -94,6 +96,7 @@ pub struct TensorParts {
 
 impl TensorDesc {
     /// A descriptor from its parts (see [`TensorParts`]).
+    #[doc(hidden)]
     pub fn from_parts(p: TensorParts) -> TensorDesc {
         TensorDesc {
             dtype: p.dtype,

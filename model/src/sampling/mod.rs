@@ -4,7 +4,7 @@
 //! use tessera_model::sampling::{Sampler, SamplerConfig};
 //! let config = SamplerConfig { temperature: 0.8, seed: 7, ..SamplerConfig::default() };
 //! let mut sampler = Sampler::new(config)?; // validates every parameter
-//! for &t in &[1u32, 2, 3] {
+//! for &t in &[1, 2, 3] {
 //!     sampler.accept(t); // the prompt feeds the repetition penalties
 //! }
 //! let logits = vec![0.5f32, 2.0, -1.0, 1.5];
@@ -72,6 +72,7 @@ mod tests;
 use rng::Rng;
 use stages::{Candidates, PenaltyWindow, argmax, check_logits};
 use std::fmt;
+use tessera_tokenizer::Token;
 
 /// Parameters of the sampler chain.
 ///
@@ -230,7 +231,7 @@ pub enum SamplerError {
         /// The offending value.
         value: f32,
     },
-    /// The logits slice has more entries than `u32` token ids can address.
+    /// The logits slice has more entries than token ids (`i32`) can address.
     VocabTooLarge {
         /// Length of the logits slice.
         len: usize,
@@ -253,7 +254,7 @@ impl fmt::Display for SamplerError {
                 write!(f, "logit at index {index} is not finite ({value})")
             }
             Self::VocabTooLarge { len } => {
-                write!(f, "{len} logits exceed the range of u32 token ids")
+                write!(f, "{len} logits exceed the range of token ids")
             }
         }
     }
@@ -311,27 +312,33 @@ impl Sampler {
     ///
     /// [`SamplerError::EmptyLogits`] for an empty slice,
     /// [`SamplerError::NonFiniteLogit`] naming the first NaN or infinite
-    /// logit, [`SamplerError::VocabTooLarge`] beyond `u32` token ids.
-    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplerError> {
+    /// logit, [`SamplerError::VocabTooLarge`] beyond the token ids' range.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<Token, SamplerError> {
         let row = if self.prepare(logits)? {
             &self.penalized[..]
         } else {
             logits
         };
-        if self.config.temperature <= 0.0 {
-            return Ok(argmax(row) as u32);
-        }
-        filter(&self.config, &mut self.candidates, row);
-        let u = self.rng.next_f64();
-        let i = self.candidates.dist(self.config.temperature, u);
-        Ok(self.candidates.data[i].id)
+        let id = if self.config.temperature <= 0.0 {
+            argmax(row) as u32
+        } else {
+            filter(&self.config, &mut self.candidates, row);
+            let u = self.rng.next_f64();
+            let i = self.candidates.dist(self.config.temperature, u);
+            self.candidates.data[i].id
+        };
+        // `prepare` refused vocabularies beyond `Token`'s range.
+        Ok(id as Token)
     }
 
     /// Records `token` in the penalty window (the last `penalty_last_n`
     /// accepted tokens). Call it for prompt tokens and for every generated
-    /// token. A no-op when `penalty_last_n == 0`.
-    pub fn accept(&mut self, token: u32) {
-        self.window.accept(token);
+    /// token. A no-op when `penalty_last_n == 0` (and for negative ids, which
+    /// no vocabulary has).
+    pub fn accept(&mut self, token: Token) {
+        if let Ok(t) = u32::try_from(token) {
+            self.window.accept(t);
+        }
     }
 
     /// Clears the penalty history and re-seeds the generator from the
@@ -407,7 +414,15 @@ pub fn probabilities_after(
 ) -> Result<Vec<(u32, f32)>, SamplerError> {
     let mut sampler = Sampler::new(config.clone())?;
     for &token in history {
-        sampler.accept(token);
+        sampler.window.accept(token);
     }
     sampler.probabilities(logits)
+}
+
+/// Lets model code mix sampling with device calls under one `?`: a sampler error is an invalid
+/// argument (a parameter out of range, or logits that cannot be sampled).
+impl From<SamplerError> for tessera::Error {
+    fn from(e: SamplerError) -> Self {
+        tessera::Error::InvalidArgument(e.to_string())
+    }
 }

@@ -25,13 +25,13 @@ pub(super) fn best_first(a: &Candidate, b: &Candidate) -> Ordering {
         .then_with(|| a.id.cmp(&b.id))
 }
 
-/// Checks one row of logits: non-empty, addressable by `u32` token ids and
+/// Checks one row of logits: non-empty, addressable by (`i32`) token ids and
 /// free of NaN or infinite values.
 pub(super) fn check_logits(logits: &[f32]) -> Result<(), SamplerError> {
     if logits.is_empty() {
         return Err(SamplerError::EmptyLogits);
     }
-    if u32::try_from(logits.len() - 1).is_err() {
+    if i32::try_from(logits.len() - 1).is_err() {
         return Err(SamplerError::VocabTooLarge { len: logits.len() });
     }
     match logits.iter().position(|l| !l.is_finite()) {

@@ -4,6 +4,7 @@
 use super::stages::*;
 use super::*;
 use std::collections::HashMap;
+use tessera_tokenizer::Token;
 
 /// llama.cpp's `sampler_tester` tolerance.
 const TOL: f32 = 1e-5;
@@ -331,7 +332,7 @@ fn greedy_is_argmax() {
         .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
             if v > bv { (i, v) } else { (bi, bv) }
         })
-        .0 as u32;
+        .0 as Token;
     for config in [SamplerConfig::greedy(), SamplerConfig::default()] {
         let mut s = Sampler::new(config).unwrap();
         for _ in 0..3 {
@@ -437,7 +438,7 @@ fn config_with_penalty() -> SamplerConfig {
 
 fn draws(config: &SamplerConfig, logits: &[f32], n: usize) -> Vec<u32> {
     let mut s = Sampler::new(config.clone()).unwrap();
-    (0..n).map(|_| s.sample(logits).unwrap()).collect()
+    (0..n).map(|_| s.sample(logits).unwrap() as u32).collect()
 }
 
 #[test]
