@@ -56,9 +56,14 @@ pub fn genco(
     }
     cmd.arg("-include").arg(compat).arg("-I").arg(include_dir);
     cmd.arg(source).arg("-o").arg(out);
-    let output = cmd
-        .output()
-        .map_err(|e| format!("{}: {e}", hipcc.display()))?;
+    // hipcc's device compile leaves an empty `<source>-<random>` folder in TMPDIR on every run;
+    // give it a scratch folder beside the output and remove that, so builds do not fill /tmp.
+    let scratch = out.with_extension("hipcc-tmp");
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    cmd.env("TMPDIR", &scratch);
+    let output = cmd.output();
+    let _ = std::fs::remove_dir_all(&scratch);
+    let output = output.map_err(|e| format!("{}: {e}", hipcc.display()))?;
     if output.status.success() {
         Ok(())
     } else {
