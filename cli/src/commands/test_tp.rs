@@ -69,14 +69,13 @@ pub fn run(
             }
         })
         .collect();
-    let experts = match mode {
-        SplitMode::Tensor => ExpertSplit::Tensor,
-        SplitMode::Expert => ExpertSplit::Expert,
-        other => anyhow::bail!(
+    if !mode.is_tensor_parallel() {
+        anyhow::bail!(
             "test-tp checks the meta device: --split-mode tensor or expert, not {}",
-            other.name()
-        ),
-    };
+            mode.name()
+        );
+    }
+    let experts = mode.expert_split();
     say!(
         "{}-parallel check on {} ({} devices{}, ratios {}), {}",
         mode.name(),
