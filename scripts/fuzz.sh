@@ -3,7 +3,7 @@
 # with TARGET=all, and prints the executions each reached.
 #
 #   scripts/fuzz.sh gguf 600                 # ten minutes on the GGUF reader
-#   scripts/fuzz.sh all 30                   # every target for 30 s (what CI runs)
+#   scripts/fuzz.sh all 20                   # every target for 20 s (what CI runs)
 #   scripts/fuzz.sh tokenizer 60 -jobs=2     # extra arguments go to libFuzzer
 #   FUZZ_SANITIZER=none scripts/fuzz.sh gguf 3600   # no AddressSanitizer: 2-3x the executions
 #                                                  # (long campaigns; CI keeps the default)

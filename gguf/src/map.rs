@@ -55,21 +55,32 @@ impl GgufBytes {
         let Storage::Mapped(m) = &self.0 else {
             return;
         };
-        const PAGE: usize = 4096;
+        // Apple Silicon's pages are 16 KiB; elsewhere 4 KiB (a kernel with larger pages refuses
+        // a range that does not start on one, which only means nothing is released).
+        const PAGE: usize = if cfg!(all(target_vendor = "apple", target_arch = "aarch64")) {
+            16384
+        } else {
+            4096
+        };
         let start = offset.div_ceil(PAGE) * PAGE;
         let end = (offset.saturating_add(len)).min(m.len()) / PAGE * PAGE;
-        if start >= end {
-            return;
-        }
         #[cfg(unix)]
-        #[allow(unsafe_code)]
-        // SAFETY: the map is private and read-only and never written, so dropping its pages
-        // loses nothing: the next access reads the same bytes from the file (the file must not
-        // change while open, the contract of `map`). Borrowed slices stay valid addresses.
-        unsafe {
-            let _ =
-                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start);
+        if start < end {
+            #[allow(unsafe_code)]
+            // SAFETY: the map is private and read-only and never written, so dropping its pages
+            // loses nothing: the next access reads the same bytes from the file (the file must
+            // not change while open, the contract of `map`). Borrowed slices stay valid
+            // addresses.
+            unsafe {
+                let _ = m.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    end - start,
+                );
+            }
         }
+        #[cfg(not(unix))]
+        let _ = (m, start, end);
     }
 
     /// The bytes.

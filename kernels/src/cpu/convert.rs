@@ -13,6 +13,7 @@ use half::{bf16, f16};
 /// If `src.len() != dst.len()`.
 pub fn f16_to_f32_row(src: &[f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "f16_to_f32_row: length mismatch");
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     // Attention decodes whole F16 KV planes per token: sixteen values per instruction (the
     // `half` crate converts eight per call) matter there.

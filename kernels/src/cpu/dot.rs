@@ -12,6 +12,8 @@ use super::kquant::{
 };
 use super::lowbit::{BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES};
 use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES};
+#[cfg(target_arch = "aarch64")]
+use super::tile::WeightType;
 
 /// Dot product of two f32 slices (SIMD with FMA where available).
 ///
@@ -31,7 +33,11 @@ pub fn dot_f32_with_isa(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     {
         super::x86::dot_f32(isa, a, b)
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        super::arm::dot_f32(isa, a, b)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = isa;
         super::generic::dot_f32(a, b)
@@ -59,7 +65,17 @@ pub fn vec_dot_q8_0_q8_0_with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
     {
         super::x86::vec_dot_q::<{ super::x86::KIND_Q8_0 }>(isa, x, y)
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        super::arm::vec_dot(
+            isa,
+            WeightType::Q8_0,
+            x,
+            y,
+            super::generic::vec_dot_q8_0_q8_0,
+        )
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = isa;
         super::generic::vec_dot_q8_0_q8_0(x, y)
@@ -90,7 +106,17 @@ pub fn vec_dot_q4_0_q8_0_with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
     {
         super::x86::vec_dot_q::<{ super::x86::KIND_Q4_0 }>(isa, x, y)
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        super::arm::vec_dot(
+            isa,
+            WeightType::Q4_0,
+            x,
+            y,
+            super::generic::vec_dot_q4_0_q8_0,
+        )
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = isa;
         super::generic::vec_dot_q4_0_q8_0(x, y)
@@ -121,7 +147,17 @@ pub fn vec_dot_q5_0_q8_0_with_isa(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
     {
         super::x86::vec_dot_q::<{ super::x86::KIND_Q5_0 }>(isa, x, y)
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        super::arm::vec_dot(
+            isa,
+            WeightType::Q5_0,
+            x,
+            y,
+            super::generic::vec_dot_q5_0_q8_0,
+        )
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = isa;
         super::generic::vec_dot_q5_0_q8_0(x, y)
@@ -139,10 +175,10 @@ fn check_block_lengths(what: &str, x: &[u8], xblk: usize, y: &[u8], yblk: usize)
 }
 
 /// Generates a public weight-row x activation-row dot product (`$act` activations in blocks of
-/// `$act_blk` bytes, through `x86::$x86` or `$generic`) and its `_with_isa` twin.
+/// `$act_blk` bytes, through `x86::$x86`, `arm::vec_dot` for `WeightType::$wt` or `$generic`) and its `_with_isa` twin.
 macro_rules! block_dot {
     ($name:ident, $with_isa:ident, $ty:literal, $blk:ident, $act:literal, $act_blk:ident,
-     $x86:ident, $kind:ident, $generic:expr) => {
+     $x86:ident, $kind:ident, $wt:ident, $generic:expr) => {
         #[doc = concat!("Dot product of a ", $ty, " row with a ", $act, " row of the same element count.")]
         ///
         /// # Panics
@@ -161,7 +197,11 @@ macro_rules! block_dot {
             {
                 super::x86::$x86::<{ super::x86::$kind }>(isa, x, y)
             }
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            {
+                super::arm::vec_dot(isa, WeightType::$wt, x, y, $generic)
+            }
+            #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
             {
                 let _ = isa;
                 $generic(x, y)
@@ -179,6 +219,7 @@ block_dot!(
     BLOCK_Q8_1_BYTES,
     vec_dot_q,
     KIND_Q4_1,
+    Q4_1,
     super::generic::vec_dot_affine_q8_1::<false>
 );
 block_dot!(
@@ -190,6 +231,7 @@ block_dot!(
     BLOCK_Q8_1_BYTES,
     vec_dot_q,
     KIND_Q5_1,
+    Q5_1,
     super::generic::vec_dot_affine_q8_1::<true>
 );
 block_dot!(
@@ -201,6 +243,7 @@ block_dot!(
     BLOCK_Q8_K_BYTES,
     vec_dot_k,
     KQ_Q4_K,
+    Q4_K,
     super::generic::vec_dot_qk_affine_q8_k::<false>
 );
 block_dot!(
@@ -212,6 +255,7 @@ block_dot!(
     BLOCK_Q8_K_BYTES,
     vec_dot_k,
     KQ_Q5_K,
+    Q5_K,
     super::generic::vec_dot_qk_affine_q8_k::<true>
 );
 block_dot!(
@@ -223,6 +267,7 @@ block_dot!(
     BLOCK_Q8_K_BYTES,
     vec_dot_k,
     KQ_Q6_K,
+    Q6_K,
     super::generic::vec_dot_q6_k_q8_k
 );
 block_dot!(
@@ -234,6 +279,7 @@ block_dot!(
     BLOCK_Q8_K_BYTES,
     vec_dot_lb,
     LB_Q2_K,
+    Q2_K,
     super::lowbit::vec_dot_q2_k_q8_k
 );
 block_dot!(
@@ -245,6 +291,7 @@ block_dot!(
     BLOCK_Q8_K_BYTES,
     vec_dot_lb,
     LB_Q3_K,
+    Q3_K,
     super::lowbit::vec_dot_q3_k_q8_k
 );
 block_dot!(
@@ -256,6 +303,7 @@ block_dot!(
     BLOCK_Q8_K_BYTES,
     vec_dot_lb,
     LB_IQ4_XS,
+    IQ4_XS,
     super::iquant::vec_dot_iq4_xs_q8_k
 );
 block_dot!(
@@ -267,6 +315,7 @@ block_dot!(
     BLOCK_Q8_0_BYTES,
     vec_dot_lb,
     LB_IQ4_NL,
+    IQ4_NL,
     super::iquant::vec_dot_iq4_nl_q8_0
 );
 block_dot!(
@@ -278,6 +327,7 @@ block_dot!(
     BLOCK_Q8_0_BYTES,
     vec_dot_lb,
     LB_MXFP4,
+    MXFP4,
     super::iquant::vec_dot_mxfp4_q8_0
 );
 
@@ -302,7 +352,8 @@ mod tests {
 
     fn supported_isas() -> Vec<Isa> {
         Isa::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|isa| {
                 let ok = isa.is_supported();
                 if !ok {

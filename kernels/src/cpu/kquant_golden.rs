@@ -287,7 +287,7 @@ fn vec_dots_agree_with_ggml() {
             .zip(&af)
             .map(|(w, v)| (*w as f64 * *v as f64).abs())
             .sum();
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        for isa in Isa::ALL.iter().copied().filter(|i| i.is_supported()) {
             let got = match name {
                 "q5_0" => vec_dot_q5_0_q8_0_with_isa(isa, &wb, &ab),
                 "q4_K" => vec_dot_q4_k_q8_k_with_isa(isa, &wb, &ab),

@@ -194,7 +194,7 @@ fn vec_dots_agree_with_ggml() {
             .map(|(w, v)| (*w as f64 * *v as f64).abs())
             .sum();
         assert!(mag > 0.0, "{name} w{dw} a{da}: degenerate case");
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        for isa in Isa::ALL.iter().copied().filter(|i| i.is_supported()) {
             let got = dot(isa, &wb, &ab);
             assert!(
                 ((got - want) as f64).abs() <= 1e-5 * mag,

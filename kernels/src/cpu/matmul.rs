@@ -91,7 +91,13 @@ pub fn mul_mat_tile_with_isa(
             isa, wt, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
         )
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        super::arm::mul_mat_tile(
+            isa, wt, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
+        )
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = isa;
         super::generic::mul_mat_tile(
@@ -317,7 +323,7 @@ pub(crate) mod tests {
 
     #[test]
     fn mul_mat_tile_matches_reference() {
-        for isa in Isa::ALL {
+        for &isa in Isa::ALL {
             if !isa.is_supported() {
                 println!("skipping {isa}: not supported by this CPU");
                 continue;
@@ -348,7 +354,7 @@ pub(crate) mod tests {
 
     #[test]
     fn float_k_not_multiple_of_simd_width() {
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        for isa in Isa::ALL.iter().copied().filter(|i| i.is_supported()) {
             for wt in [WeightType::F32, WeightType::F16, WeightType::BF16] {
                 for k in [1usize, 7, 13, 31, 45] {
                     for cols in [1usize, 2, 9] {
@@ -362,7 +368,7 @@ pub(crate) mod tests {
 
     #[test]
     fn large_k_single_column() {
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        for isa in Isa::ALL.iter().copied().filter(|i| i.is_supported()) {
             for wt in WeightType::ALL {
                 let nmse = run_case(isa, wt, 9, 1, 4096, 0, 0, 0);
                 let tol = tolerance(wt);

@@ -30,6 +30,10 @@ pub mod quant;
 pub mod repack;
 pub mod vecmath;
 
+#[cfg(target_arch = "aarch64")]
+mod arm;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod float_gemm;
 mod generic;
 #[cfg(test)]
 mod kquant_golden;

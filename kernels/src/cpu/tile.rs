@@ -1,5 +1,6 @@
-//! The contract every tile kernel shares (the generic one, the x86 ones, the packed ones): the
-//! weight and activation types, their row sizes, the argument checks and the aligned scratch.
+//! The contract every tile kernel shares (the generic one, the x86 and aarch64 ones, the packed
+//! ones): the weight and activation types, their row sizes, the argument checks, the aligned
+//! scratch and the row / column pointers of register tiles.
 //! Kernels depend on it and the dispatchers ([`super::matmul`], [`super::repack`]) on the
 //! kernels, so no kernel reaches back into a dispatcher.
 
@@ -266,4 +267,40 @@ pub(crate) fn scratch_f32(scratch: &mut Vec<u8>, n: usize) -> &mut [f32] {
     }
     let off = scratch.as_ptr().align_offset(64).min(63) & !3;
     bytemuck::cast_slice_mut(&mut scratch[off..off + n * 4])
+}
+
+/// Pointers to rows `r0..r0 + R`, clamped to the last row (the extra rows'
+/// results are discarded).
+pub(crate) fn row_ptrs<const R: usize>(
+    w: &[u8],
+    stride: usize,
+    rows: usize,
+    r0: usize,
+) -> [*const u8; R] {
+    std::array::from_fn(|i| w[(r0 + i).min(rows - 1) * stride..].as_ptr())
+}
+
+/// Pointers to columns `c0..c0 + C` (all must exist).
+pub(crate) fn col_ptrs<const C: usize>(x: &[u8], stride: usize, c0: usize) -> [*const u8; C] {
+    std::array::from_fn(|j| x[(c0 + j) * stride..].as_ptr())
+}
+
+/// Writes `res[i][j]` to `out[(c0 + j) * ldo + r0 + i]` for the rows that exist.
+pub(crate) fn store<const R: usize, const C: usize>(
+    out: &mut [f32],
+    ldo: usize,
+    rows: usize,
+    r0: usize,
+    c0: usize,
+    res: &[[f32; C]; R],
+) {
+    for (i, row) in res.iter().enumerate() {
+        let r = r0 + i;
+        if r >= rows {
+            break;
+        }
+        for (j, v) in row.iter().enumerate() {
+            out[(c0 + j) * ldo + r] = *v;
+        }
+    }
 }

@@ -6,6 +6,7 @@
 //! error ≤ 2e-7 over the f32 range, `scalef` handling the exponent, so large negative inputs give
 //! 0 and large positive ones +∞ as `expf` does). GELU uses `0.5·(1 + tanh u) = 1 / (1 + e^{−2u})`,
 //! the same function as ggml's `ggml_gelu_f32` without the cancellation of `1 − 2/(1 + e^{2u})`.
+//! On aarch64 the same evaluation runs on four NEON lanes.
 #![allow(unsafe_code)]
 
 use super::features::{Isa, active_isa};
@@ -44,6 +45,10 @@ pub fn glu_row(act: Gate, gate: &[f32], up: &[f32], out: &mut [f32]) {
         // SAFETY: AVX-512 is available; the kernel touches the first `n / 16 * 16` elements.
         done = unsafe { x86::glu(act, &gate[..n], &up[..n], &mut out[..n]) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if active_isa() != Isa::Scalar {
+        done = arm::glu(act, &gate[..n], &up[..n], &mut out[..n]);
+    }
     for i in done..n {
         out[i] = match act {
             Gate::Silu => silu(gate[i]),
@@ -59,6 +64,10 @@ pub fn act_row(act: Gate, x: &mut [f32]) {
     if active_isa() == Isa::Avx512 {
         // SAFETY: AVX-512 is available; the kernel touches the first `len / 16 * 16` elements.
         done = unsafe { x86::act(act, x) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if active_isa() != Isa::Scalar {
+        done = arm::act(act, x);
     }
     for v in &mut x[done..] {
         *v = match act {
@@ -76,6 +85,10 @@ pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     if active_isa() == Isa::Avx512 {
         // SAFETY: AVX-512 is available; the kernel touches the first `len / 16 * 16` elements.
         (done, sum) = unsafe { x86::exp_shifted_sum(x, shift) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if active_isa() != Isa::Scalar {
+        (done, sum) = arm::exp_shifted_sum(x, shift);
     }
     for v in &mut x[done..] {
         *v = (*v - shift).exp();
@@ -193,6 +206,115 @@ mod x86 {
             }
         }
         (n, _mm512_reduce_add_ps(acc))
+    }
+}
+
+/// The NEON twins of the AVX-512 kernels (four lanes; NEON is baseline on aarch64, so the
+/// functions are safe). `2^n` is applied as two exact powers of two, as `vscalefps` would.
+#[cfg(target_arch = "aarch64")]
+mod arm {
+    use super::{GELU_COEF_A, Gate, SQRT_2_OVER_PI};
+    use std::arch::aarch64::*;
+
+    /// `e^x` for four lanes; exactly 0 below the smallest normal result (and for −∞).
+    #[inline(always)]
+    fn exp4(x_in: float32x4_t) -> float32x4_t {
+        // SAFETY: register-only baseline NEON.
+        unsafe {
+            let keep = vcgeq_f32(x_in, vdupq_n_f32(-87.336_54));
+            let x = vminq_f32(vmaxq_f32(x_in, vdupq_n_f32(-88.0)), vdupq_n_f32(89.0));
+            let n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(std::f32::consts::LOG2_E)));
+            // r = x − n·ln 2 in two parts (Cody–Waite) so r keeps full precision.
+            let r = vfmsq_f32(x, n, vdupq_n_f32(0.693_145_75));
+            let r = vfmsq_f32(r, n, vdupq_n_f32(1.428_606_8e-6));
+            let mut p = vdupq_n_f32(1.0 / 720.0);
+            for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+                p = vfmaq_f32(vdupq_n_f32(c), p, r);
+            }
+            // n ∈ [−127, 129]: two factors 2^(n/2) keep both exponents normal.
+            let ni = vcvtq_s32_f32(n);
+            let n1 = vshrq_n_s32::<1>(ni);
+            let n2 = vsubq_s32(ni, n1);
+            let bias = vdupq_n_s32(127);
+            let s1 = vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(n1, bias)));
+            let s2 = vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(n2, bias)));
+            let e = vmulq_f32(vmulq_f32(p, s1), s2);
+            let e = vbslq_f32(keep, e, vdupq_n_f32(0.0));
+            // The clamps replaced NaN lanes by a bound: put the NaNs back.
+            vbslq_f32(vceqq_f32(x_in, x_in), e, x_in)
+        }
+    }
+
+    /// `1 / (1 + e^{−z})` for four lanes.
+    #[inline(always)]
+    fn sigmoid4(z: float32x4_t) -> float32x4_t {
+        // SAFETY: register-only baseline NEON.
+        unsafe {
+            let one = vdupq_n_f32(1.0);
+            vdivq_f32(one, vaddq_f32(one, exp4(vnegq_f32(z))))
+        }
+    }
+
+    #[inline(always)]
+    fn act4(act: Gate, x: float32x4_t) -> float32x4_t {
+        // SAFETY: register-only baseline NEON.
+        unsafe {
+            match act {
+                Gate::Silu => vmulq_f32(x, sigmoid4(x)),
+                Gate::Gelu => {
+                    let inner =
+                        vfmaq_f32(vdupq_n_f32(1.0), vmulq_f32(x, x), vdupq_n_f32(GELU_COEF_A));
+                    let u = vmulq_f32(vmulq_f32(x, inner), vdupq_n_f32(2.0 * SQRT_2_OVER_PI));
+                    vmulq_f32(x, sigmoid4(u))
+                }
+            }
+        }
+    }
+
+    /// `out = act(gate) · up` over the first `len / 4 * 4` elements; returns how many.
+    pub(super) fn glu(act: Gate, gate: &[f32], up: &[f32], out: &mut [f32]) -> usize {
+        let n = gate.len().min(up.len()).min(out.len()) / 4 * 4;
+        for i in (0..n).step_by(4) {
+            // SAFETY: i + 4 ≤ n ≤ each slice's length.
+            unsafe {
+                let g = vld1q_f32(gate.as_ptr().add(i));
+                let u = vld1q_f32(up.as_ptr().add(i));
+                vst1q_f32(out.as_mut_ptr().add(i), vmulq_f32(act4(act, g), u));
+            }
+        }
+        n
+    }
+
+    /// `x = act(x)` over the first `len / 4 * 4` elements; returns how many.
+    pub(super) fn act(act: Gate, x: &mut [f32]) -> usize {
+        let n = x.len() / 4 * 4;
+        for i in (0..n).step_by(4) {
+            // SAFETY: i + 4 ≤ n ≤ x.len().
+            unsafe {
+                let p = x.as_mut_ptr().add(i);
+                vst1q_f32(p, act4(act, vld1q_f32(p)));
+            }
+        }
+        n
+    }
+
+    /// `x = e^(x − shift)` over the first `len / 4 * 4` elements; returns how many and their
+    /// sum.
+    pub(super) fn exp_shifted_sum(x: &mut [f32], shift: f32) -> (usize, f32) {
+        let n = x.len() / 4 * 4;
+        // SAFETY: register-only baseline NEON.
+        let (s, mut acc) = unsafe { (vdupq_n_f32(shift), vdupq_n_f32(0.0)) };
+        for i in (0..n).step_by(4) {
+            // SAFETY: i + 4 ≤ n ≤ x.len().
+            unsafe {
+                let p = x.as_mut_ptr().add(i);
+                let e = exp4(vsubq_f32(vld1q_f32(p), s));
+                vst1q_f32(p, e);
+                acc = vaddq_f32(acc, e);
+            }
+        }
+        // SAFETY: register-only baseline NEON.
+        (n, unsafe { vaddvq_f32(acc) })
     }
 }
 

@@ -33,7 +33,7 @@ impl Kernel {
             static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
             *BEST.get_or_init(|| {
                 let isa = tessera_kernels::cpu::active_isa();
-                if isa >= tessera_kernels::cpu::Isa::Avx512
+                if isa == tessera_kernels::cpu::Isa::Avx512
                     && std::arch::is_x86_feature_detected!("avx512f")
                 {
                     Kernel::Avx512

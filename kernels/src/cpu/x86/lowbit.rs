@@ -63,7 +63,7 @@ pub(crate) fn vec_dot_lb<const KIND: u8>(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
         Isa::Avx512 => unsafe { v512::dot::<KIND>(x, y) },
         // SAFETY: AVX2, FMA and F16C are supported (clamped to the detected level).
         Isa::Avx2 => unsafe { v256::dot::<KIND>(x, y) },
-        Isa::Scalar => match KIND {
+        _ => match KIND {
             LB_Q2_K => lowbit::vec_dot_q2_k_q8_k(x, y),
             LB_Q3_K => lowbit::vec_dot_q3_k_q8_k(x, y),
             LB_IQ4_XS => iquant::vec_dot_iq4_xs_q8_k(x, y),

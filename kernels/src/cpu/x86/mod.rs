@@ -15,13 +15,14 @@ pub(crate) use lowbit::{LB_IQ4_NL, LB_IQ4_XS, LB_MXFP4, LB_Q2_K, LB_Q3_K, vec_do
 
 use super::affine::{BLOCK_Q4_1_BYTES, BLOCK_Q5_1_BYTES, BLOCK_Q8_1_BYTES};
 use super::features::Isa;
+use super::float_gemm;
 use super::generic;
 use super::kquant::{
     BLOCK_Q4_K_BYTES, BLOCK_Q5_0_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES, QK_K,
 };
 use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK8_0, block_scale};
 use super::tile::scratch_f32;
-use super::tile::{WeightType, check_tile_args};
+use super::tile::{WeightType, check_tile_args, col_ptrs, row_ptrs, store};
 
 /// Weight type code of the float kernels: f32.
 pub(crate) const WT_F32: u8 = 0;
@@ -114,7 +115,7 @@ pub(crate) fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
             // SAFETY: AVX2 is supported (clamped); both slices hold `n` f32.
             unsafe { avx2::dot_f32(a.as_ptr(), b.as_ptr(), n) }
         }
-        Isa::Scalar => generic::dot_f32(a, b),
+        _ => generic::dot_f32(a, b),
     }
 }
 
@@ -132,44 +133,13 @@ pub(crate) fn vec_dot_q<const KIND: u8>(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
             // SAFETY: AVX2 is supported; `x` and `y` hold `nb` blocks each.
             unsafe { avx2::q_tile::<KIND, 1, 1>(&[x.as_ptr()], &[y.as_ptr()], nb)[0][0] }
         }
-        Isa::Scalar => match KIND {
+        _ => match KIND {
             KIND_Q4_0 => generic::vec_dot_q4_0_q8_0(x, y),
             KIND_Q5_0 => generic::vec_dot_q5_0_q8_0(x, y),
             KIND_Q4_1 => generic::vec_dot_affine_q8_1::<false>(x, y),
             KIND_Q5_1 => generic::vec_dot_affine_q8_1::<true>(x, y),
             _ => generic::vec_dot_q8_0_q8_0(x, y),
         },
-    }
-}
-
-/// Pointers to rows `r0..r0 + R`, clamped to the last row (the extra rows'
-/// results are discarded).
-fn row_ptrs<const R: usize>(w: &[u8], stride: usize, rows: usize, r0: usize) -> [*const u8; R] {
-    std::array::from_fn(|i| w[(r0 + i).min(rows - 1) * stride..].as_ptr())
-}
-
-/// Pointers to columns `c0..c0 + C` (all must exist).
-fn col_ptrs<const C: usize>(x: &[u8], stride: usize, c0: usize) -> [*const u8; C] {
-    std::array::from_fn(|j| x[(c0 + j) * stride..].as_ptr())
-}
-
-/// Writes `res[i][j]` to `out[(c0 + j) * ldo + r0 + i]` for the rows that exist.
-fn store<const R: usize, const C: usize>(
-    out: &mut [f32],
-    ldo: usize,
-    rows: usize,
-    r0: usize,
-    c0: usize,
-    res: &[[f32; C]; R],
-) {
-    for (i, row) in res.iter().enumerate() {
-        let r = r0 + i;
-        if r >= rows {
-            break;
-        }
-        for (j, v) in row.iter().enumerate() {
-            out[(c0 + j) * ldo + r] = *v;
-        }
     }
 }
 
@@ -242,9 +212,22 @@ pub(crate) fn mul_mat_tile(
                 ),
             }
         }
-        WeightType::F32 | WeightType::F16 | WeightType::BF16 if cols >= GEMM_MIN_COLS => gemm_tile(
-            isa, wt, w, w_stride, rows, x, x_stride, cols, k, out, ldo, scratch,
-        ),
+        WeightType::F32 | WeightType::F16 | WeightType::BF16 if cols >= GEMM_MIN_COLS => {
+            float_gemm::gemm_tile(
+                &|wt, src, dst| convert_row(isa, wt, src, dst),
+                wt,
+                w,
+                w_stride,
+                rows,
+                x,
+                x_stride,
+                cols,
+                k,
+                out,
+                ldo,
+                scratch,
+            )
+        }
         WeightType::F32 => {
             float_small::<WT_F32>(isa, w, w_stride, rows, x, x_stride, cols, k, out, ldo)
         }
@@ -551,74 +534,6 @@ fn panel_tile<const WT: u8>(
     }
 }
 
-/// Rows of weights converted per `gemm` call (bounded scratch).
-fn gemm_row_block(k: usize) -> usize {
-    ((2 << 20) / (4 * k.max(1))).clamp(16, 512)
-}
-
-/// Float weights, many columns: weights converted to f32 panels (unless they
-/// are already aligned f32) and multiplied with `gemm`.
-/// Arguments were checked by `check_tile_args`; `isa` is a supported SIMD level.
-#[allow(clippy::too_many_arguments)]
-fn gemm_tile(
-    isa: Isa,
-    wt: WeightType,
-    w: &[u8],
-    w_stride: usize,
-    rows: usize,
-    x: &[u8],
-    x_stride: usize,
-    cols: usize,
-    k: usize,
-    out: &mut [f32],
-    ldo: usize,
-    scratch: &mut Vec<u8>,
-) {
-    let x_direct = x.as_ptr().align_offset(4) == 0 && x_stride.is_multiple_of(4);
-    let w_direct =
-        wt == WeightType::F32 && w.as_ptr().align_offset(4) == 0 && w_stride.is_multiple_of(4);
-    let rb = if w_direct {
-        rows
-    } else {
-        gemm_row_block(k).min(rows)
-    };
-    let x_len = if x_direct { 0 } else { cols * k };
-    let w_len = if w_direct { 0 } else { rb * k };
-    let buf = scratch_f32(scratch, x_len + w_len);
-    let (xbuf, wbuf) = buf.split_at_mut(x_len);
-    let (xs, x_cs): (&[f32], usize) = if x_direct {
-        (
-            bytemuck::cast_slice(&x[..(cols - 1) * x_stride + k * 4]),
-            x_stride / 4,
-        )
-    } else {
-        for c in 0..cols {
-            let src = &x[c * x_stride..c * x_stride + k * 4];
-            for (d, s) in xbuf[c * k..(c + 1) * k].iter_mut().zip(src.chunks_exact(4)) {
-                *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-            }
-        }
-        (&*xbuf, k)
-    };
-    let wrow = wt.row_bytes(k);
-    for r0 in (0..rows).step_by(rb) {
-        let n = rb.min(rows - r0);
-        let (ws, w_rs): (&[f32], usize) = if w_direct {
-            (
-                bytemuck::cast_slice(&w[r0 * w_stride..(r0 + n - 1) * w_stride + k * 4]),
-                w_stride / 4,
-            )
-        } else {
-            for i in 0..n {
-                let src = &w[(r0 + i) * w_stride..(r0 + i) * w_stride + wrow];
-                convert_row(isa, wt, src, &mut wbuf[i * k..(i + 1) * k]);
-            }
-            (&wbuf[..n * k], k)
-        };
-        gemm_f32(n, cols, k, ws, w_rs, xs, x_cs, &mut out[r0..], ldo);
-    }
-}
-
 /// Decodes one float-type weight row into f32.
 fn convert_row(isa: Isa, wt: WeightType, src: &[u8], dst: &mut [f32]) {
     let n = dst.len().min(src.len() / wt.element_bytes().max(1));
@@ -653,59 +568,6 @@ fn convert_row(isa: Isa, wt: WeightType, src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// `dst[c * ldo + r] = sum_i lhs[r * lhs_rs + i] * rhs[c * rhs_cs + i]` for
-/// `r < m`, `c < n`, `i < k`, single-threaded `gemm`.
-///
-/// # Panics
-/// If a slice is too short for the given shape and strides.
-#[allow(clippy::too_many_arguments)]
-fn gemm_f32(
-    m: usize,
-    n: usize,
-    k: usize,
-    lhs: &[f32],
-    lhs_rs: usize,
-    rhs: &[f32],
-    rhs_cs: usize,
-    dst: &mut [f32],
-    ldo: usize,
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(k > 0);
-    assert!(lhs.len() >= (m - 1) * lhs_rs + k && (m == 1 || lhs_rs >= k));
-    assert!(rhs.len() >= (n - 1) * rhs_cs + k && (n == 1 || rhs_cs >= k));
-    assert!(dst.len() >= (n - 1) * ldo + m && (n == 1 || ldo >= m));
-    let to_i = |v: usize| isize::try_from(v).unwrap_or(isize::MAX);
-    // SAFETY: the asserts above keep every element gemm reads or writes
-    // inside the slices; slices of f32 are properly aligned; `dst` is
-    // exclusively borrowed and does not overlap the inputs.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            to_i(ldo),
-            1,
-            false,
-            lhs.as_ptr(),
-            1,
-            to_i(lhs_rs),
-            rhs.as_ptr(),
-            to_i(rhs_cs),
-            1,
-            0.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
-}
-
 /// K-quant kind of the super-block kernels: Q4_K weights.
 pub(crate) const KQ_Q4_K: u8 = 0;
 /// K-quant kind of the super-block kernels: Q5_K weights.
@@ -736,7 +598,7 @@ pub(crate) fn vec_dot_k<const KIND: u8>(isa: Isa, x: &[u8], y: &[u8]) -> f32 {
             // SAFETY: AVX2 is supported; `x` and `y` hold `nb` super-blocks each.
             unsafe { avx2::kq_tile::<KIND, 1>(x.as_ptr(), &[y.as_ptr()], nb)[0] }
         }
-        Isa::Scalar => match KIND {
+        _ => match KIND {
             KQ_Q4_K => generic::vec_dot_qk_affine_q8_k::<false>(x, y),
             KQ_Q5_K => generic::vec_dot_qk_affine_q8_k::<true>(x, y),
             _ => generic::vec_dot_q6_k_q8_k(x, y),
