@@ -167,9 +167,23 @@ fn with_each_mode(
             .select(&format!("{kind}:{n}"))
             .unwrap_or_else(|e| panic!("TESSERA_REFERENCE_BACKEND={kind}: {e}"))
     };
+    // `TESSERA_REFERENCE_MODES=none,layer,tensor,expert` (any subset) runs only those modes: the
+    // arm64 check runs `none` on the CPU models below its top level (scripts/arm64-qemu.sh),
+    // development runs pick what they need. Unset: every mode.
+    let modes_env = std::env::var("TESSERA_REFERENCE_MODES").ok();
+    let wanted = |label: &str| {
+        modes_env.as_deref().is_none_or(|m| {
+            m.split(',')
+                .map(str::trim)
+                .any(|w| !w.is_empty() && label.starts_with(w))
+        })
+    };
     let one = select(1);
     let two = select(2);
     for (label, devs) in [("none", &one), ("layer/2", &two)] {
+        if !wanted(label) {
+            continue;
+        }
         let ld = layer_devices(n_layer, &[], devs.len()).unwrap();
         let session = LlamaSession::new(model, devs, &ld, SchedOptions::default())
             .unwrap_or_else(|e| panic!("{label}: {e}"));
@@ -178,9 +192,8 @@ fn with_each_mode(
             s.borrow_mut().reset()
         });
     }
-    if std::env::var("TESSERA_REFERENCE_MODES").is_ok_and(|m| !m.contains("tensor")) {
-        // Development runs only (CI never sets it): skip the tensor-parallel modes.
-        eprintln!("TESSERA_REFERENCE_MODES: tensor modes skipped");
+    if !wanted("tensor") && !wanted("expert") {
+        eprintln!("TESSERA_REFERENCE_MODES: tensor and expert modes skipped");
         return;
     }
     let three = select(3);
@@ -204,6 +217,9 @@ fn with_each_mode(
         ));
     }
     for (label, devs, ratios, experts) in modes {
+        if !wanted(label) {
+            continue;
+        }
         let meta = model
             .meta_device_with(devs, ratios, experts)
             .unwrap_or_else(|e| panic!("{label}: {e}"));

@@ -64,9 +64,9 @@ pub(crate) fn vec_dot(
             // SAFETY: `x` and `y` hold `nb` blocks each; `sdot` only on a dotprod CPU.
             unsafe {
                 if dot {
-                    neon::q_tile::<$kind, true, 1, 1>(&[x.as_ptr()], &[y.as_ptr()], nb)[0][0]
+                    row_dot::<$kind, true>(x.as_ptr(), y.as_ptr(), nb)
                 } else {
-                    neon::q_tile::<$kind, false, 1, 1>(&[x.as_ptr()], &[y.as_ptr()], nb)[0][0]
+                    row_dot::<$kind, false>(x.as_ptr(), y.as_ptr(), nb)
                 }
             }
         }};
@@ -76,7 +76,7 @@ pub(crate) fn vec_dot(
             let nb = (x.len() / k_block_bytes($kind)).min(y.len() / Q8K_BYTES);
             let mut out = [0f32];
             // SAFETY: `x` and `y` hold `nb` super-blocks each; `sdot` only on a dotprod CPU.
-            unsafe { k_row::<$kind>(dot, x.as_ptr(), &[y.as_ptr()], nb, &mut out) };
+            unsafe { k_row_at::<$kind>(dot, x.as_ptr(), &[y.as_ptr()], nb, &mut out) };
             out[0]
         }};
     }
@@ -98,33 +98,74 @@ pub(crate) fn vec_dot(
     }
 }
 
-/// One weight row of a super-block format against `ys.len()` Q8_K columns over `nb`
-/// super-blocks: each super-block is decoded once and serves every column.
+/// One row of a 32-element format against one column (kept out of line: one call per row, and
+/// one symbol per format and level for disassembly).
 ///
 /// # Safety
-/// `w` must hold `nb` super-blocks and every column `nb` Q8_K super-blocks; `dot` only on a CPU
-/// with the dot-product extension.
-unsafe fn k_row<const KIND: u8>(
-    dot: bool,
+/// As [`neon::q_tile`] with one row and one column.
+#[inline(never)]
+unsafe fn row_dot<const KIND: u8, const DOT: bool>(x: *const u8, y: *const u8, nb: usize) -> f32 {
+    // SAFETY: the caller's guarantees.
+    unsafe { neon::q_tile::<KIND, DOT, 1, 1>(&[x], &[y], nb)[0][0] }
+}
+
+/// One weight row of a super-block format against `ys.len()` Q8_K columns over `nb`
+/// super-blocks: with one column the levels are decoded in registers on the way; with several,
+/// each super-block is decoded once into a buffer that serves every column.
+///
+/// # Safety
+/// `w` must hold `nb` super-blocks and every column `nb` Q8_K super-blocks; with `DOT` the CPU
+/// must have the dot-product extension.
+#[inline(never)]
+unsafe fn k_row<const KIND: u8, const DOT: bool>(
     w: *const u8,
     ys: &[*const u8],
     nb: usize,
     out: &mut [f32],
 ) {
     let mut blk = Decoded::new();
+    if let ([y], [o]) = (ys, &mut *out) {
+        let mut sum = 0f32;
+        for b in 0..nb {
+            // SAFETY: the caller's guarantees.
+            unsafe {
+                let wb = w.add(b * k_block_bytes(KIND));
+                neon::header_k::<KIND>(wb, &mut blk);
+                sum += neon::dot_k_fused::<KIND, DOT>(wb, &blk, y.add(b * Q8K_BYTES));
+            }
+        }
+        *o = sum;
+        return;
+    }
     out.fill(0.0);
     for b in 0..nb {
         // SAFETY: the caller's guarantees.
         unsafe {
             neon::decode_k::<KIND>(w.add(b * k_block_bytes(KIND)), &mut blk);
             for (o, y) in out.iter_mut().zip(ys) {
-                let y = y.add(b * Q8K_BYTES);
-                *o += if dot {
-                    neon::dot_k::<true>(&blk, y)
-                } else {
-                    neon::dot_k::<false>(&blk, y)
-                };
+                *o += neon::dot_k::<DOT>(&blk, y.add(b * Q8K_BYTES));
             }
+        }
+    }
+}
+
+/// [`k_row`] at the level `dot` says.
+///
+/// # Safety
+/// As [`k_row`], with `dot` only on a CPU with the dot-product extension.
+unsafe fn k_row_at<const KIND: u8>(
+    dot: bool,
+    w: *const u8,
+    ys: &[*const u8],
+    nb: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the caller's guarantees.
+    unsafe {
+        if dot {
+            k_row::<KIND, true>(w, ys, nb, out)
+        } else {
+            k_row::<KIND, false>(w, ys, nb, out)
         }
     }
 }
@@ -260,7 +301,8 @@ fn float_small(t: &Tile, wt: WeightType, out: &mut [f32], ldo: usize, scratch: &
 }
 
 /// A 32-element format: four rows per pass for one column (GEMV), 2×2 `smmla` tiles with i8mm,
-/// else 2×2 register tiles.
+/// else 2×2 register tiles. Out of line: one call per tile, one symbol per format.
+#[inline(never)]
 fn quant_tile<const KIND: u8>(t: &Tile, l: Isa, out: &mut [f32], ldo: usize) {
     let nb = t.k / 32;
     let (w, ws, rows, x, xs) = (t.w, t.w_stride, t.rows, t.x, t.x_stride);
@@ -302,6 +344,8 @@ fn quant_tile<const KIND: u8>(t: &Tile, l: Isa, out: &mut [f32], ldo: usize) {
 }
 
 /// A super-block format: each weight row decoded once per super-block for up to eight columns.
+/// Out of line: one call per tile, one symbol per format.
+#[inline(never)]
 fn kquant_tile<const KIND: u8>(t: &Tile, l: Isa, out: &mut [f32], ldo: usize) {
     let nb = t.k / 256;
     let mut res = [0f32; 8];
@@ -313,7 +357,7 @@ fn kquant_tile<const KIND: u8>(t: &Tile, l: Isa, out: &mut [f32], ldo: usize) {
                 std::array::from_fn(|j| t.x[(c0 + j.min(n - 1)) * t.x_stride..].as_ptr());
             // SAFETY: row `r` holds `nb` super-blocks and every column `nb` Q8_K super-blocks
             // (check_tile_args); `sdot` only on a dotprod CPU.
-            unsafe { k_row::<KIND>(l >= Isa::Dotprod, wp, &ys[..n], nb, &mut res[..n]) };
+            unsafe { k_row_at::<KIND>(l >= Isa::Dotprod, wp, &ys[..n], nb, &mut res[..n]) };
             for (j, v) in res[..n].iter().enumerate() {
                 out[(c0 + j) * ldo + r] = *v;
             }

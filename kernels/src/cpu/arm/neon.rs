@@ -14,9 +14,8 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::super::generic::f16_bits_to_f32;
 use super::super::iquant::{KVALUES_IQ4NL, KVALUES_MXFP4, e8m0_to_f32_half, iq4xs_scale};
-use super::super::kquant::scale_min_k4;
+use super::super::kquant::kq_scales_mins;
 use super::super::lowbit::q3k_scale;
 
 /// 32-element formats: Q8_0 weights.
@@ -64,16 +63,28 @@ const fn act_qs(kind: u8) -> usize {
 /// Bit `i % 8` of each byte lane `i`: with `cmtst` it spreads a byte's bits over eight lanes.
 const BIT_LANES: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
 
-/// The f16 at `p` (unaligned, little-endian).
+/// The f16 at `p` (unaligned, little-endian), converted by the FPU: `ldr h` and `fcvt` are
+/// Armv8.0 (no FEAT_FP16 needed), two instructions where the integer conversion takes a dozen
+/// (each block has two such scales, so it showed in the instruction counts).
 ///
 /// # Safety
 /// `p` must point at two readable bytes.
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
-    // SAFETY: the caller guarantees two readable bytes.
-    f16_bits_to_f32(u16::from_le_bytes(unsafe {
-        p.cast::<[u8; 2]>().read_unaligned()
-    }))
+    let out: f32;
+    // SAFETY: the caller guarantees two readable bytes; unaligned SIMD loads are allowed on
+    // normal memory.
+    unsafe {
+        asm!(
+            "ldr {h:h}, [{p}]",
+            "fcvt {o:s}, {h:h}",
+            p = in(reg) p,
+            h = out(vreg) _,
+            o = lateout(vreg) out,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+    }
+    out
 }
 
 /// `acc + a·b` per group of four bytes (`sdot`).
@@ -380,18 +391,77 @@ impl Decoded {
     }
 }
 
-/// Decodes the super-block at `b` into `out`.
+/// Fills `out`'s scales, minimums and factors from the super-block at `b` (not its levels).
 ///
 /// # Safety
 /// `b` must point at a whole super-block of the format.
 #[inline(always)]
-pub(crate) unsafe fn decode_k<const KIND: u8>(b: *const u8, out: &mut Decoded) {
-    let lv = out.levels.as_mut_ptr();
-    // SAFETY: loads stay inside the super-block the caller guarantees; stores inside the 256
-    // levels (offsets below 256 − 16).
+pub(crate) unsafe fn header_k<const KIND: u8>(b: *const u8, out: &mut Decoded) {
+    // SAFETY: every read stays inside the super-block the caller guarantees.
     unsafe {
         let bytes = std::slice::from_raw_parts(b, k_block_bytes(KIND));
+        out.mins = [0; 16];
+        out.dmin = 0.0;
+        match KIND {
+            K_Q4_K | K_Q5_K => {
+                let (sc, mn) = kq_scales_mins(b.add(4).cast::<[u8; 12]>().read_unaligned());
+                let (sc, mn) = (sc.to_le_bytes(), mn.to_le_bytes());
+                for j in 0..8 {
+                    out.scales[2 * j] = i32::from(sc[j]);
+                    out.scales[2 * j + 1] = i32::from(sc[j]);
+                    out.mins[2 * j] = i32::from(mn[j]);
+                    out.mins[2 * j + 1] = i32::from(mn[j]);
+                }
+                out.d = f16_at(b);
+                out.dmin = f16_at(b.add(2));
+            }
+            K_Q6_K => {
+                for (g, &sc) in bytes[192..208].iter().enumerate() {
+                    out.scales[g] = i32::from(sc as i8);
+                }
+                out.d = f16_at(b.add(208));
+            }
+            K_Q2_K => {
+                for (g, &sc) in bytes[..16].iter().enumerate() {
+                    out.scales[g] = i32::from(sc & 0xF);
+                    out.mins[g] = i32::from(sc >> 4);
+                }
+                out.d = f16_at(b.add(80));
+                out.dmin = f16_at(b.add(82));
+            }
+            K_Q3_K => {
+                for g in 0..16 {
+                    out.scales[g] = i32::from(q3k_scale(&bytes[96..108], g)) - 32;
+                }
+                out.d = f16_at(b.add(108));
+            }
+            _ => {
+                for g in 0..8 {
+                    let s = iq4xs_scale(bytes, g) - 32;
+                    out.scales[2 * g] = s;
+                    out.scales[2 * g + 1] = s;
+                }
+                out.d = f16_at(b);
+            }
+        }
+    }
+}
+
+/// The levels of elements `32j..32j + 32` of the super-block at `b`, as two vectors of 16,
+/// decoded in registers.
+///
+/// # Safety
+/// `b` must point at a whole super-block of the format; `j < 8`.
+#[inline(always)]
+unsafe fn chunk_k<const KIND: u8>(b: *const u8, j: usize) -> (int8x16_t, int8x16_t) {
+    // SAFETY: every load stays inside the super-block the caller guarantees.
+    unsafe {
         let m4 = vdupq_n_u8(0x0F);
+        // Elements 128h + 32t + l of the 2-bit and 6-bit formats.
+        let (h, t) = (j / 4, j % 4);
+        let shift = vdupq_n_s8(-2 * t as i8);
+        let pair =
+            |q0: uint8x16_t, q1: uint8x16_t| (vreinterpretq_s8_u8(q0), vreinterpretq_s8_u8(q1));
         match KIND {
             K_Q4_K | K_Q5_K => {
                 let (qh, qs) = if KIND == K_Q5_K {
@@ -399,116 +469,145 @@ pub(crate) unsafe fn decode_k<const KIND: u8>(b: *const u8, out: &mut Decoded) {
                 } else {
                     (b, b.add(16))
                 };
-                for c in 0..4 {
-                    for half in 0..2 {
-                        let q = vld1q_u8(qs.add(32 * c + 16 * half));
-                        let mut lo = vandq_u8(q, m4);
-                        let mut hi = vshrq_n_u8::<4>(q);
-                        if KIND == K_Q5_K {
-                            let h = vld1q_u8(qh.add(16 * half));
-                            let five = vdupq_n_u8(0x10);
-                            let bit_lo = vdupq_n_u8(1 << (2 * c));
-                            let bit_hi = vdupq_n_u8(1 << (2 * c + 1));
-                            lo = vorrq_u8(lo, vandq_u8(vtstq_u8(h, bit_lo), five));
-                            hi = vorrq_u8(hi, vandq_u8(vtstq_u8(h, bit_hi), five));
-                        }
-                        vst1q_s8(lv.add(64 * c + 16 * half), vreinterpretq_s8_u8(lo));
-                        vst1q_s8(lv.add(64 * c + 32 + 16 * half), vreinterpretq_s8_u8(hi));
-                    }
+                let (c, high) = (j / 2, j % 2 == 1);
+                let (q0, q1) = (vld1q_u8(qs.add(32 * c)), vld1q_u8(qs.add(32 * c + 16)));
+                let (mut l0, mut l1) = if high {
+                    (vshrq_n_u8::<4>(q0), vshrq_n_u8::<4>(q1))
+                } else {
+                    (vandq_u8(q0, m4), vandq_u8(q1, m4))
+                };
+                if KIND == K_Q5_K {
+                    let bit = vdupq_n_u8(1 << j);
+                    let five = vdupq_n_u8(0x10);
+                    l0 = vorrq_u8(l0, vandq_u8(vtstq_u8(vld1q_u8(qh), bit), five));
+                    l1 = vorrq_u8(l1, vandq_u8(vtstq_u8(vld1q_u8(qh.add(16)), bit), five));
                 }
-                for j in 0..8 {
-                    let (s, m) = scale_min_k4(j, &bytes[4..16]);
-                    out.scales[2 * j] = i32::from(s);
-                    out.scales[2 * j + 1] = i32::from(s);
-                    out.mins[2 * j] = i32::from(m);
-                    out.mins[2 * j + 1] = i32::from(m);
-                }
-                out.d = f16_at(b);
-                out.dmin = f16_at(b.add(2));
+                pair(l0, l1)
             }
             K_Q6_K => {
-                let (ql, qh) = (b, b.add(128));
-                for h in 0..2 {
-                    for t in 0..4 {
-                        for half in 0..2 {
-                            let l = vld1q_u8(ql.add(64 * h + 32 * (t & 1) + 16 * half));
-                            let low = if t < 2 {
-                                vandq_u8(l, m4)
-                            } else {
-                                vshrq_n_u8::<4>(l)
-                            };
-                            let hb = vld1q_u8(qh.add(32 * h + 16 * half));
-                            let high =
-                                vandq_u8(vshlq_u8(hb, vdupq_n_s8(-2 * t as i8)), vdupq_n_u8(3));
-                            let q = vorrq_u8(low, vshlq_n_u8::<4>(high));
-                            let q = vsubq_s8(vreinterpretq_s8_u8(q), vdupq_n_s8(32));
-                            vst1q_s8(lv.add(128 * h + 32 * t + 16 * half), q);
-                        }
-                    }
-                }
-                for g in 0..16 {
-                    out.scales[g] = i32::from(bytes[192 + g] as i8);
-                }
-                out.mins = [0; 16];
-                out.d = f16_at(b.add(208));
-                out.dmin = 0.0;
+                let (ql, qh) = (b.add(64 * h + 32 * (t & 1)), b.add(128 + 32 * h));
+                let (a0, a1) = (vld1q_u8(ql), vld1q_u8(ql.add(16)));
+                let (low0, low1) = if t < 2 {
+                    (vandq_u8(a0, m4), vandq_u8(a1, m4))
+                } else {
+                    (vshrq_n_u8::<4>(a0), vshrq_n_u8::<4>(a1))
+                };
+                let three = vdupq_n_u8(3);
+                let h0 = vandq_u8(vshlq_u8(vld1q_u8(qh), shift), three);
+                let h1 = vandq_u8(vshlq_u8(vld1q_u8(qh.add(16)), shift), three);
+                let q0 = vreinterpretq_s8_u8(vorrq_u8(low0, vshlq_n_u8::<4>(h0)));
+                let q1 = vreinterpretq_s8_u8(vorrq_u8(low1, vshlq_n_u8::<4>(h1)));
+                (vsubq_s8(q0, vdupq_n_s8(32)), vsubq_s8(q1, vdupq_n_s8(32)))
             }
             K_Q2_K | K_Q3_K => {
-                let qs = if KIND == K_Q2_K { b.add(16) } else { b.add(32) };
+                let qs = b.add(if KIND == K_Q2_K { 16 } else { 32 } + 32 * h);
                 let three = vdupq_n_u8(3);
-                for h in 0..2 {
-                    for t in 0..4 {
-                        for half in 0..2 {
-                            let v = vld1q_u8(qs.add(32 * h + 16 * half));
-                            let q = vandq_u8(vshlq_u8(v, vdupq_n_s8(-2 * t as i8)), three);
-                            let q = if KIND == K_Q3_K {
-                                // Minus 4 where the element's bit in the high mask is clear.
-                                let hm = vld1q_u8(b.add(16 * half));
-                                let set = vtstq_u8(hm, vdupq_n_u8(1 << (4 * h + t)));
-                                let q = vsubq_s8(vreinterpretq_s8_u8(q), vdupq_n_s8(4));
-                                vaddq_s8(q, vreinterpretq_s8_u8(vandq_u8(set, vdupq_n_u8(4))))
-                            } else {
-                                vreinterpretq_s8_u8(q)
-                            };
-                            vst1q_s8(lv.add(128 * h + 32 * t + 16 * half), q);
-                        }
-                    }
-                }
+                let q0 = vandq_u8(vshlq_u8(vld1q_u8(qs), shift), three);
+                let q1 = vandq_u8(vshlq_u8(vld1q_u8(qs.add(16)), shift), three);
                 if KIND == K_Q2_K {
-                    for (g, &sc) in bytes[..16].iter().enumerate() {
-                        out.scales[g] = i32::from(sc & 0xF);
-                        out.mins[g] = i32::from(sc >> 4);
-                    }
-                    out.d = f16_at(b.add(80));
-                    out.dmin = f16_at(b.add(82));
+                    pair(q0, q1)
                 } else {
-                    for g in 0..16 {
-                        out.scales[g] = i32::from(q3k_scale(&bytes[96..108], g)) - 32;
-                    }
-                    out.mins = [0; 16];
-                    out.d = f16_at(b.add(108));
-                    out.dmin = 0.0;
+                    // Minus 4 where the element's bit in the high mask is clear.
+                    let bit = vdupq_n_u8(1 << j);
+                    let four = vdupq_n_u8(4);
+                    let minus = |q: uint8x16_t, hm: uint8x16_t| {
+                        let q = vsubq_s8(vreinterpretq_s8_u8(q), vdupq_n_s8(4));
+                        vaddq_s8(q, vreinterpretq_s8_u8(vandq_u8(vtstq_u8(hm, bit), four)))
+                    };
+                    (minus(q0, vld1q_u8(b)), minus(q1, vld1q_u8(b.add(16))))
                 }
             }
             _ => {
                 let t = vld1q_s8(KVALUES_IQ4NL.as_ptr());
-                for g in 0..8 {
-                    let q = vld1q_u8(b.add(8 + 16 * g));
-                    vst1q_s8(lv.add(32 * g), vqtbl1q_s8(t, vandq_u8(q, m4)));
-                    vst1q_s8(lv.add(32 * g + 16), vqtbl1q_s8(t, vshrq_n_u8::<4>(q)));
-                    let s = iq4xs_scale(bytes, g) - 32;
-                    out.scales[2 * g] = s;
-                    out.scales[2 * g + 1] = s;
-                }
-                out.mins = [0; 16];
-                out.d = f16_at(b);
-                out.dmin = 0.0;
+                let q = vld1q_u8(b.add(8 + 16 * j));
+                (
+                    vqtbl1q_s8(t, vandq_u8(q, m4)),
+                    vqtbl1q_s8(t, vshrq_n_u8::<4>(q)),
+                )
             }
         }
     }
 }
 
-/// The dot of a decoded super-block with the Q8_K super-block at `y`.
+/// Expands `$body` eight times with `$j` bound to the constants 0..8, so that the shifts and
+/// offsets of each 32-element chunk of a super-block become immediates (LLVM leaves some of
+/// these loops rolled, at about twice the instructions).
+macro_rules! for_each_chunk {
+    ($j:ident => $body:block) => {{
+        {
+            const $j: usize = 0;
+            $body
+        }
+        {
+            const $j: usize = 1;
+            $body
+        }
+        {
+            const $j: usize = 2;
+            $body
+        }
+        {
+            const $j: usize = 3;
+            $body
+        }
+        {
+            const $j: usize = 4;
+            $body
+        }
+        {
+            const $j: usize = 5;
+            $body
+        }
+        {
+            const $j: usize = 6;
+            $body
+        }
+        {
+            const $j: usize = 7;
+            $body
+        }
+    }};
+}
+
+/// Decodes the super-block at `b` into `out`: header and levels.
+///
+/// # Safety
+/// `b` must point at a whole super-block of the format.
+#[inline(always)]
+pub(crate) unsafe fn decode_k<const KIND: u8>(b: *const u8, out: &mut Decoded) {
+    // SAFETY: `chunk_k` reads inside the super-block; the stores stay inside the 256 levels.
+    unsafe {
+        header_k::<KIND>(b, out);
+        let lv = out.levels.as_mut_ptr();
+        for_each_chunk!(J => {
+            let (l0, l1) = chunk_k::<KIND>(b, J);
+            vst1q_s8(lv.add(32 * J), l0);
+            vst1q_s8(lv.add(32 * J + 16), l1);
+        });
+    }
+}
+
+/// `dy·(d·isum − dmin·Σ_g mins[g]·s_g)` for the Q8_K block at `y` (its group sums `s_g`).
+///
+/// # Safety
+/// `y` must point at a whole Q8_K super-block.
+#[inline(always)]
+unsafe fn finish_k(blk: &Decoded, y: *const u8, isum: i32) -> f32 {
+    // SAFETY: the reads stay inside the Q8_K block.
+    unsafe {
+        let dy = f32::from_le_bytes(y.cast::<[u8; 4]>().read_unaligned());
+        let mut imin = 0i32;
+        if blk.dmin != 0.0 {
+            let sums = y.add(260).cast::<[u8; 32]>().read_unaligned();
+            for g in 0..16 {
+                imin += blk.mins[g] * i32::from(i16::from_le_bytes([sums[2 * g], sums[2 * g + 1]]));
+            }
+        }
+        blk.d * dy * isum as f32 - blk.dmin * dy * imin as f32
+    }
+}
+
+/// The dot of a decoded super-block (levels and header) with the Q8_K super-block at `y`.
 ///
 /// # Safety
 /// `y` must point at a whole Q8_K super-block; with `DOT` the CPU must have the dot-product
@@ -517,7 +616,6 @@ pub(crate) unsafe fn decode_k<const KIND: u8>(b: *const u8, out: &mut Decoded) {
 pub(crate) unsafe fn dot_k<const DOT: bool>(blk: &Decoded, y: *const u8) -> f32 {
     // SAFETY: the loads stay inside the decoded block and the Q8_K block.
     unsafe {
-        let dy = f32::from_le_bytes(y.cast::<[u8; 4]>().read_unaligned());
         let q = y.add(4).cast::<i8>();
         let mut acc = vdupq_n_s32(0);
         for g in 0..16 {
@@ -528,15 +626,34 @@ pub(crate) unsafe fn dot_k<const DOT: bool>(blk: &Decoded, y: *const u8) -> f32 
             );
             acc = vmlaq_n_s32(acc, p, blk.scales[g]);
         }
-        let isum = vaddvq_s32(acc);
-        let mut imin = 0i32;
-        if blk.dmin != 0.0 {
-            let sums = y.add(260).cast::<[u8; 32]>().read_unaligned();
-            for g in 0..16 {
-                imin += blk.mins[g] * i32::from(i16::from_le_bytes([sums[2 * g], sums[2 * g + 1]]));
-            }
-        }
-        blk.d * dy * isum as f32 - blk.dmin * dy * imin as f32
+        finish_k(blk, y, vaddvq_s32(acc))
+    }
+}
+
+/// The dot of the super-block at `b` (its header already in `hdr`) with the Q8_K super-block at
+/// `y`, the levels decoded in registers on the way (one column: nothing to reuse them for).
+///
+/// # Safety
+/// `b` must point at a whole super-block of the format and `y` at a whole Q8_K super-block; with
+/// `DOT` the CPU must have the dot-product extension.
+#[inline(always)]
+pub(crate) unsafe fn dot_k_fused<const KIND: u8, const DOT: bool>(
+    b: *const u8,
+    hdr: &Decoded,
+    y: *const u8,
+) -> f32 {
+    // SAFETY: the loads stay inside both super-blocks.
+    unsafe {
+        let q = y.add(4).cast::<i8>();
+        let mut acc = vdupq_n_s32(0);
+        for_each_chunk!(J => {
+            let (l0, l1) = chunk_k::<KIND>(b, J);
+            let p0 = dot16::<DOT>(vdupq_n_s32(0), l0, vld1q_s8(q.add(32 * J)));
+            let p1 = dot16::<DOT>(vdupq_n_s32(0), l1, vld1q_s8(q.add(32 * J + 16)));
+            acc = vmlaq_n_s32(acc, p0, hdr.scales[2 * J]);
+            acc = vmlaq_n_s32(acc, p1, hdr.scales[2 * J + 1]);
+        });
+        finish_k(hdr, y, vaddvq_s32(acc))
     }
 }
 

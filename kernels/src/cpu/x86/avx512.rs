@@ -18,9 +18,9 @@ use std::arch::x86_64::*;
 use super::{
     KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KQ_Q5_K, KQ_Q6_K, WT_F16, WT_F32, kind_act_bytes,
     kind_act_qs_at, kind_affine, kind_block_bytes, kind_offset, kind_qh_at, kind_qs_at,
-    kq_block_bytes, kq_scales_mins,
+    kq_block_bytes,
 };
-use crate::cpu::kquant::{BLOCK_Q8_K_BYTES, QK_K};
+use crate::cpu::kquant::{BLOCK_Q8_K_BYTES, QK_K, kq_scales_mins};
 
 /// Loads 16 weights of type `WT` starting at element `i` as f32.
 ///

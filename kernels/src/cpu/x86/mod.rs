@@ -658,24 +658,3 @@ fn kquant_tile<const KIND: u8>(
         }
     }
 }
-
-/// The eight 6-bit scales and eight 6-bit mins of a Q4_K / Q5_K super-block (its 12 packed
-/// bytes), as two little-endian byte vectors `(scales, mins)` (ggml's `utmp` unpacking, the
-/// vector form of [`crate::cpu::kquant::scale_min_k4`]).
-#[inline]
-pub(crate) fn kq_scales_mins(b: [u8; 12]) -> (u64, u64) {
-    const KM1: u32 = 0x3f3f_3f3f;
-    const KM2: u32 = 0x0f0f_0f0f;
-    const KM3: u32 = 0x0303_0303;
-    let u0 = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    let u1 = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-    let u2 = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
-    let s_lo = u0 & KM1;
-    let s_hi = (u2 & KM2) | (((u0 >> 6) & KM3) << 4);
-    let m_lo = u1 & KM1;
-    let m_hi = ((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4);
-    (
-        u64::from(s_lo) | (u64::from(s_hi) << 32),
-        u64::from(m_lo) | (u64::from(m_hi) << 32),
-    )
-}
