@@ -7,7 +7,8 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use tessera::meta::ratio::{parse_ratios, split_lengths};
-use tessera::meta::{LlamaSplitPolicy, MetaDevice};
+use tessera::meta::MetaDevice;
+use tessera_model::LlamaSplitPolicy;
 use tessera::sched::layer_devices;
 
 #[derive(Arbitrary, Debug)]

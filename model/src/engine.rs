@@ -1,18 +1,23 @@
-//! [`Session`]: one way to run a model in any split mode, chosen when it is opened.
+//! [`Session`]: a model loaded on devices in any split mode, evaluated step by step through its
+//! KV caches.
 //!
-//! Each mode still runs on its own engine underneath: `none` and `layer` through the scheduler
-//! ([`LlamaSession`]), `tensor` and `expert` through the meta device ([`TpSession`]). This type
-//! is the single surface engines and the command line program against, so neither has to carry
-//! the choice around.
+//! Every mode runs the same way: the [`Scheduler`] places each op on a device and copies what
+//! crosses devices. A tensor-parallel group is one [`MetaDevice`] among the scheduler's
+//! devices, which splits the ops it receives over its own devices and inserts the
+//! all-reduces; so `none`, `layer`, `tensor` and `expert` differ only in the device list the
+//! scheduler gets, and a layer split over several tensor-parallel groups
+//! ([`SessionOptions::with_groups`]) needs nothing more.
 
-use crate::{LlamaModel, LlamaSession, Outputs, TpSession};
+use crate::ExpertSplit;
+use crate::llama::Step;
+use crate::{LlamaModel, Outputs};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use tessera::comm::DistComm;
-use tessera::meta::ExpertSplit;
-use tessera::sched::{SchedOptions, layer_devices};
-use tessera::{BackendOptions, Device, Error, Result};
+use tessera::meta::MetaDevice;
+use tessera::sched::{SchedOptions, Scheduler, layer_devices};
+use tessera::{Bindings, Device, Error, Result, TensorBuffer};
 
 /// How a model is spread over its devices.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -93,7 +98,7 @@ impl FromStr for SplitMode {
 
 /// How to open a [`Session`]. `SessionOptions::default()` is the whole model on one device with
 /// the devices' default thread counts.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct SessionOptions {
     /// The split mode.
@@ -105,6 +110,10 @@ pub struct SessionOptions {
     /// The processes of a distributed job (`tensor` and `expert` only): every rank opens its
     /// session with its own devices and the same model, and the meta device spans all ranks.
     pub comm: Option<Arc<dyn DistComm>>,
+    /// Tensor-parallel groups for `tensor` and `expert` (default 1): the devices are cut into
+    /// this many consecutive groups of equal size, each group splits every layer it holds, and
+    /// the layers are split between the groups in proportion to their summed ratios.
+    pub groups: usize,
 }
 
 impl fmt::Debug for SessionOptions {
@@ -114,7 +123,20 @@ impl fmt::Debug for SessionOptions {
             .field("ratios", &self.ratios)
             .field("threads", &self.threads)
             .field("comm", &self.comm.as_ref().map(|c| (c.rank(), c.size())))
+            .field("groups", &self.groups)
             .finish()
+    }
+}
+
+impl Default for SessionOptions {
+    fn default() -> SessionOptions {
+        SessionOptions {
+            split_mode: SplitMode::None,
+            ratios: Vec::new(),
+            threads: None,
+            comm: None,
+            groups: 1,
+        }
     }
 }
 
@@ -125,6 +147,13 @@ impl SessionOptions {
             split_mode,
             ..SessionOptions::default()
         }
+    }
+
+    /// These options with `groups` tensor-parallel groups in a layer split (see
+    /// [`SessionOptions::groups`]).
+    pub fn with_groups(mut self, groups: usize) -> SessionOptions {
+        self.groups = groups;
+        self
     }
 
     /// These options with `ratios`.
@@ -146,9 +175,11 @@ impl SessionOptions {
     }
 }
 
-enum Engine<'m> {
-    Sched(Box<LlamaSession<'m>>),
-    Tp(Box<TpSession<'m>>),
+/// A tensor-parallel group of a session: its meta device and its index among the scheduler's
+/// devices.
+pub(crate) struct Group {
+    pub(crate) device: usize,
+    pub(crate) meta: MetaDevice,
 }
 
 /// A model loaded on devices in one split mode, evaluating tokens against its KV cache.
@@ -165,26 +196,43 @@ enum Engine<'m> {
 /// let logits = session.eval_last(&[next])?;
 /// # let _ = logits; Ok(()) }
 /// ```
-pub struct Session<'m> {
-    engine: Engine<'m>,
+pub struct Session {
+    /// The model as loaded: where a tensor-parallel group holds the output projection, a tied
+    /// output gets its own copy ([`LlamaModel::untie_output`]) so that it splits over the
+    /// vocabulary while the embedding stays whole for GET_ROWS.
+    model: LlamaModel,
     mode: SplitMode,
+    sched: Scheduler,
+    groups: Vec<Group>,
+    weights: Bindings,
+    buffers: Vec<TensorBuffer>,
+    n_past: usize,
+    /// The step graph the scheduler planned last: reused while it fits (decode steps within one
+    /// [`crate::KV_PAD`] span), so a token costs no graph build, plan or allocation.
+    planned: Option<(Outputs, Step)>,
+    /// Logit bytes read back, reused across steps.
+    read_buf: Vec<u8>,
+    plans: usize,
+    /// See [`Session::set_check_finite`].
+    check_finite: bool,
 }
 
-impl<'m> Session<'m> {
+impl Session {
     /// Loads `model` on `devices` as `opts` says: `none` uses the first device, `layer` assigns
     /// consecutive layers by the ratios, `tensor` and `expert` split every layer over all the
-    /// devices (and over the ranks of `opts.comm`). `none` ignores the ratios and the devices
+    /// devices (and over the ranks of `opts.comm`), or over each of `opts.groups` groups of
+    /// them with the layers split between the groups. `none` ignores the ratios and the devices
     /// after the first, so one set of options serves every mode.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for no devices, bad ratios or a distributed job outside
-    /// `tensor` and `expert`; split-policy errors naming the tensor; allocation and upload
-    /// errors naming the device.
+    /// [`Error::InvalidArgument`] for no devices, bad ratios, devices that do not form the
+    /// groups, or a distributed job outside `tensor` and `expert`; split-policy errors naming
+    /// the tensor; allocation and upload errors naming the device.
     pub fn open(
-        model: &'m LlamaModel,
+        model: &LlamaModel,
         devices: &[Arc<dyn Device>],
         opts: &SessionOptions,
-    ) -> Result<Session<'m>> {
+    ) -> Result<Session> {
         Self::open_with_progress(model, devices, opts, |_, _| {})
     }
 
@@ -193,11 +241,11 @@ impl<'m> Session<'m> {
     /// # Errors
     /// As [`Session::open`].
     pub fn open_with_progress(
-        model: &'m LlamaModel,
+        model: &LlamaModel,
         devices: &[Arc<dyn Device>],
         opts: &SessionOptions,
         progress: impl FnMut(usize, usize),
-    ) -> Result<Session<'m>> {
+    ) -> Result<Session> {
         let mode = opts.split_mode;
         if devices.is_empty() {
             return Err(Error::InvalidArgument(format!(
@@ -210,28 +258,18 @@ impl<'m> Session<'m> {
                  expert, not {mode}"
             )));
         }
-        let engine = if mode.is_tensor_parallel() {
-            let meta = match &opts.comm {
-                Some(comm) => model.distributed_meta_device(
-                    devices,
-                    comm.clone(),
-                    &opts.ratios,
-                    mode.expert_split(),
-                )?,
-                None => model.meta_device_with(devices, &opts.ratios, mode.expert_split())?,
-            };
-            let backend_opts = match opts.threads {
-                Some(t) => BackendOptions::with_threads(t),
-                None => BackendOptions::default(),
-            };
-            Engine::Tp(Box::new(TpSession::new(
-                model,
-                meta,
-                &backend_opts,
-                progress,
-            )?))
-        } else {
-            let n_layer = model.config().n_layer;
+        let sched_opts = SchedOptions {
+            n_threads: opts.threads,
+            ..SchedOptions::default()
+        };
+        let n_layer = model.config().n_layer;
+        if !mode.is_tensor_parallel() {
+            if opts.groups != 1 {
+                return Err(Error::InvalidArgument(format!(
+                    "{} tensor-parallel groups need split mode tensor or expert, not {mode}",
+                    opts.groups
+                )));
+            }
             let (devices, layer_device) = match mode {
                 SplitMode::Layer => (
                     devices,
@@ -239,19 +277,148 @@ impl<'m> Session<'m> {
                 ),
                 _ => (&devices[..1], vec![0; n_layer]),
             };
-            let sched_opts = SchedOptions {
-                n_threads: opts.threads,
-                ..SchedOptions::default()
-            };
-            Engine::Sched(Box::new(LlamaSession::with_progress(
+            let mut s = Self::on_devices_with_progress(
                 model,
                 devices,
                 &layer_device,
                 sched_opts,
                 progress,
-            )?))
+            )?;
+            s.mode = mode;
+            return Ok(s);
+        }
+        let metas = group_metas(model, devices, opts)?;
+        let group_ratios: Vec<f32> = if opts.ratios.is_empty() || opts.comm.is_some() {
+            Vec::new()
+        } else {
+            let per = devices.len() / metas.len();
+            opts.ratios.chunks(per).map(|c| c.iter().sum()).collect()
         };
-        Ok(Session { engine, mode })
+        let layer_device = layer_devices(n_layer, &group_ratios, metas.len())?;
+        Self::build(model, metas, &layer_device, sched_opts, mode, progress)
+    }
+
+    /// The model on plain devices: block `i` on `devices[layer_device[i]]` (see
+    /// [`LlamaModel::param_devices`]), with a scheduler over the same devices; the split mode
+    /// reads `layer` when more than one device holds layers, else `none`.
+    ///
+    /// # Errors
+    /// As [`LlamaModel::alloc_weights`] and [`Scheduler::new`].
+    pub fn on_devices(
+        model: &LlamaModel,
+        devices: &[Arc<dyn Device>],
+        layer_device: &[usize],
+        opts: SchedOptions,
+    ) -> Result<Session> {
+        Self::on_devices_with_progress(model, devices, layer_device, opts, |_, _| {})
+    }
+
+    /// [`Session::on_devices`], calling `progress(done, total)` after each uploaded tensor.
+    ///
+    /// # Errors
+    /// As [`Session::on_devices`].
+    pub fn on_devices_with_progress(
+        model: &LlamaModel,
+        devices: &[Arc<dyn Device>],
+        layer_device: &[usize],
+        opts: SchedOptions,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Session> {
+        let layered = layer_device
+            .iter()
+            .any(|&d| Some(&d) != layer_device.first());
+        let mode = if layered {
+            SplitMode::Layer
+        } else {
+            SplitMode::None
+        };
+        let devices: Vec<Arc<dyn Device>> = devices.to_vec();
+        let mut s = Self::load(model, devices, Vec::new(), layer_device, opts, progress)?;
+        s.mode = mode;
+        Ok(s)
+    }
+
+    /// The whole model split tensor-parallel by `meta` (whose policy is the model's,
+    /// [`LlamaModel::meta_device_with`]), with `threads` per device stream (`None`: each
+    /// device's default). Reports split mode `tensor`.
+    ///
+    /// # Errors
+    /// As [`Session::open`].
+    pub fn on_meta(
+        model: &LlamaModel,
+        meta: MetaDevice,
+        threads: Option<usize>,
+    ) -> Result<Session> {
+        let opts = SchedOptions {
+            n_threads: threads,
+            ..SchedOptions::default()
+        };
+        let layer_device = vec![0; model.config().n_layer];
+        Self::build(
+            model,
+            vec![meta],
+            &layer_device,
+            opts,
+            SplitMode::Tensor,
+            |_, _| {},
+        )
+    }
+
+    /// The model over tensor-parallel groups: block `i` on `metas[layer_device[i]]`.
+    fn build(
+        model: &LlamaModel,
+        metas: Vec<MetaDevice>,
+        layer_device: &[usize],
+        opts: SchedOptions,
+        mode: SplitMode,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Session> {
+        let devices: Vec<Arc<dyn Device>> = metas
+            .iter()
+            .map(|m| Arc::new(m.clone()) as Arc<dyn Device>)
+            .collect();
+        let groups = metas
+            .into_iter()
+            .enumerate()
+            .map(|(device, meta)| Group { device, meta })
+            .collect();
+        let mut s = Self::load(model, devices, groups, layer_device, opts, progress)?;
+        s.mode = mode;
+        Ok(s)
+    }
+
+    fn load(
+        model: &LlamaModel,
+        devices: Vec<Arc<dyn Device>>,
+        groups: Vec<Group>,
+        layer_device: &[usize],
+        opts: SchedOptions,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Session> {
+        let output_on_group = layer_device
+            .last()
+            .is_some_and(|d| groups.iter().any(|g| g.device == *d));
+        let model = if output_on_group {
+            model.untie_output()?
+        } else {
+            model.clone()
+        };
+        let (buffers, weights) =
+            model.alloc_weights_with_progress(&devices, layer_device, progress)?;
+        let sched = Scheduler::new(&devices, opts)?;
+        Ok(Session {
+            model,
+            mode: SplitMode::None,
+            sched,
+            groups,
+            weights,
+            buffers,
+            n_past: 0,
+            planned: None,
+            read_buf: Vec::new(),
+            plans: 0,
+            check_finite: false,
+        })
     }
 
     /// The split mode it was opened with.
@@ -259,40 +426,57 @@ impl<'m> Session<'m> {
         self.mode
     }
 
+    /// The model as loaded (with an untied output where a tensor-parallel group holds it).
+    pub fn model(&self) -> &LlamaModel {
+        &self.model
+    }
+
+    /// The scheduler's devices: the plain devices, or one meta device per tensor-parallel
+    /// group.
+    pub fn devices(&self) -> Vec<Arc<dyn Device>> {
+        self.sched.devices()
+    }
+
+    /// The weight and cache buffers, one per device that holds parameters (two for a meta
+    /// device: its weights, then its caches).
+    pub fn buffers(&self) -> &[TensorBuffer] {
+        &self.buffers
+    }
+
     /// Cache rows filled so far.
     pub fn n_past(&self) -> usize {
-        match &self.engine {
-            Engine::Sched(s) => s.n_past(),
-            Engine::Tp(s) => s.n_past(),
-        }
+        self.n_past
     }
 
-    /// Forgets every evaluated token (the cache is overwritten from position 0).
+    /// Forgets every evaluated token. The caches are not cleared: a step only reads rows it or
+    /// an earlier step of the sequence wrote.
     pub fn reset(&mut self) {
-        match &mut self.engine {
-            Engine::Sched(s) => s.reset(),
-            Engine::Tp(s) => s.reset(),
-        }
+        self.n_past = 0;
     }
 
-    /// With `on`, every step runs with every op checked for NaN and infinity, and an error
-    /// names the first op that produced one (see [`LlamaSession::set_check_finite`]).
+    /// With `on`, every step runs with every node kept ([`tessera::Graph::with_all_outputs`])
+    /// and checked in execution order, and fails with [`Error::Compute`] naming the first op
+    /// whose value holds a NaN or infinity, before any logits are returned. This also catches
+    /// a NaN that never reaches the logits (quantizing activations to Q8_0 turns NaN into 0).
+    /// It costs the memory of every intermediate and a read of each; off by default.
     pub fn set_check_finite(&mut self, on: bool) {
-        match &mut self.engine {
-            Engine::Sched(s) => s.set_check_finite(on),
-            Engine::Tp(s) => s.set_check_finite(on),
+        if on != self.check_finite {
+            self.planned = None;
         }
+        self.check_finite = on;
     }
 
-    /// Every position's logits, `n_vocab` per token.
+    /// Every position's logits, `n_vocab` per token; the caches then hold `tokens` too.
     ///
     /// # Errors
-    /// Tokens out of the vocabulary, a full cache, compute errors naming the device.
+    /// [`Error::InvalidArgument`] if `tokens` is empty, does not fit the context, or holds a token
+    /// outside the vocabulary; scheduler and device errors naming the device.
     pub fn eval(&mut self, tokens: &[i32]) -> Result<Vec<f32>> {
         self.eval_outputs(tokens, Outputs::All)
     }
 
-    /// The last token's `n_vocab` logits, computed for that position only.
+    /// The last token's `n_vocab` logits; the output norm and projection run for that position
+    /// alone.
     ///
     /// # Errors
     /// As [`Session::eval`].
@@ -300,7 +484,8 @@ impl<'m> Session<'m> {
         self.eval_outputs(tokens, Outputs::Last)
     }
 
-    /// The logits of the positions `outputs` names.
+    /// The logits of the positions `outputs` names, `n_vocab` per position; the caches then hold
+    /// every token.
     ///
     /// # Errors
     /// As [`Session::eval`].
@@ -310,7 +495,8 @@ impl<'m> Session<'m> {
         Ok(logits)
     }
 
-    /// [`Session::eval_outputs`] into a reused vector: a warm decode loop allocates nothing.
+    /// [`Session::eval_outputs`] into `logits` (resized; its allocation is reused, so a warm
+    /// decode loop allocates nothing per token).
     ///
     /// # Errors
     /// As [`Session::eval`].
@@ -320,35 +506,188 @@ impl<'m> Session<'m> {
         outputs: Outputs,
         logits: &mut Vec<f32>,
     ) -> Result<()> {
-        match &mut self.engine {
-            Engine::Sched(s) => s.eval_outputs_into(tokens, outputs, logits),
-            Engine::Tp(s) => s.eval_outputs_into(tokens, outputs, logits),
+        if tokens.is_empty() {
+            return Err(Error::InvalidArgument("no tokens to evaluate".into()));
         }
+        let reusable = self.planned.as_ref().is_some_and(|(o, step)| {
+            *o == outputs && self.model.step_fits(step, tokens.len(), self.n_past)
+        });
+        if !reusable {
+            let mut step = self.model.build_step(tokens.len(), self.n_past, outputs)?;
+            if self.check_finite {
+                step.graph = step.graph.with_all_outputs();
+            }
+            // A failed plan must not leave a stale step marked as planned.
+            self.planned = None;
+            self.sched.alloc_graph(&step.graph, &self.weights)?;
+            self.planned = Some((outputs, step));
+            self.plans += 1;
+        }
+        let Some((_, step)) = self.planned.as_ref() else {
+            return Err(Error::InvalidArgument("no step graph planned".into()));
+        };
+        let inputs = self.model.step_inputs(step, tokens, self.n_past)?;
+        for (id, bytes) in &inputs {
+            self.sched.set_input(*id, bytes)?;
+        }
+        self.sched.compute()?;
+        self.sched.synchronize()?;
+        if self.check_finite {
+            let sched = &self.sched;
+            let found = super::finite::first_non_finite_node(&step.graph, |id, t| {
+                let mut buf = vec![0u8; t.nbytes()];
+                sched.get(id, &mut buf)?;
+                Ok(buf)
+            })?;
+            if let Some(found) = found {
+                let devices: Vec<String> = sched
+                    .devices()
+                    .iter()
+                    .map(|d| d.name().to_string())
+                    .collect();
+                return Err(super::finite::non_finite_error(
+                    devices.join(","),
+                    &step.graph,
+                    &found,
+                    tokens.len(),
+                    self.n_past,
+                ));
+            }
+        }
+        let n = step.graph.tensors()[step.logits.index()].nbytes();
+        self.read_buf.resize(n, 0);
+        self.sched.get(step.logits, &mut self.read_buf)?;
+        super::f32s_into(&self.read_buf, logits);
+        self.n_past += tokens.len();
+        Ok(())
     }
 
-    /// The scheduler's session, for `none` and `layer` (plans and per-device memory).
-    pub fn layered(&self) -> Option<&LlamaSession<'m>> {
-        match &self.engine {
-            Engine::Sched(s) => Some(s),
-            Engine::Tp(_) => None,
-        }
+    /// Compute buffers the scheduler has allocated so far (a re-run of a planned shape adds
+    /// none).
+    pub fn scheduler_allocations(&self) -> usize {
+        self.sched.allocation_count()
     }
 
-    /// The meta device's session, for `tensor` and `expert` (the split, all-reduces, memory per
-    /// device).
-    pub fn tensor_parallel(&self) -> Option<&TpSession<'m>> {
-        match &self.engine {
-            Engine::Tp(s) => Some(s),
-            Engine::Sched(_) => None,
-        }
+    /// Step graphs built and planned so far: decoding plans once per [`crate::KV_PAD`] tokens,
+    /// not once per token.
+    pub fn plans(&self) -> usize {
+        self.plans
+    }
+
+    /// Compute-memory figures of an `n_tokens` prompt graph with `outputs` planned into one buffer
+    /// of the first device's type: the planned peak, the sum of all intermediate tensors, and the
+    /// liveness lower bound (what a perfect allocator would need).
+    ///
+    /// # Errors
+    /// As [`LlamaModel::build_step`] and [`tessera::alloc::plan`].
+    pub fn plan_stats(
+        &self,
+        n_tokens: usize,
+        outputs: Outputs,
+    ) -> Result<tessera::alloc::PlanStats> {
+        let step = self.model.build_step(n_tokens, 0, outputs)?;
+        let buft = self.sched.devices()[0].buffer_type();
+        Ok(
+            tessera::alloc::plan(&step.graph, &self.weights, buft.alignment(), &|t| {
+                buft.alloc_size(t)
+            })?
+            .stats,
+        )
+    }
+
+    /// Bytes of compute memory the scheduler planned per device for the last graph (for a meta
+    /// device: what its parts deliver to other devices; its own devices' compute memory is in
+    /// [`crate::TensorParallel::backend`]).
+    pub fn compute_bytes(&self) -> Vec<usize> {
+        self.sched.compute_bytes()
+    }
+
+    /// The first tensor-parallel group (the only one unless opened with
+    /// [`SessionOptions::with_groups`]), for `tensor` and `expert`: its meta device, stream,
+    /// all-reduces and memory per device.
+    pub fn tensor_parallel(&self) -> Option<crate::TensorParallel<'_>> {
+        self.tensor_parallel_groups().into_iter().next()
+    }
+
+    /// Every tensor-parallel group, in layer order.
+    pub fn tensor_parallel_groups(&self) -> Vec<crate::TensorParallel<'_>> {
+        self.groups
+            .iter()
+            .filter_map(|g| {
+                let backend = self
+                    .sched
+                    .backend(g.device)?
+                    .as_any()?
+                    .downcast_ref::<tessera::meta::MetaBackend>()?;
+                Some(crate::TensorParallel::new(g, backend, &self.buffers))
+            })
+            .collect()
     }
 }
 
-impl fmt::Debug for Session<'_> {
+/// The meta devices of `opts.groups` consecutive groups of `devices` (one spanning every rank of
+/// `opts.comm` in a distributed job), each splitting the model's weights by its ratios.
+fn group_metas(
+    model: &LlamaModel,
+    devices: &[Arc<dyn Device>],
+    opts: &SessionOptions,
+) -> Result<Vec<MetaDevice>> {
+    let mode = opts.split_mode;
+    let g = opts.groups;
+    if let Some(comm) = &opts.comm {
+        if g != 1 {
+            return Err(Error::InvalidArgument(format!(
+                "a distributed job is one tensor-parallel group over every rank, not {g}"
+            )));
+        }
+        return Ok(vec![model.distributed_meta_device(
+            devices,
+            comm.clone(),
+            &opts.ratios,
+            mode.expert_split(),
+        )?]);
+    }
+    if g == 0 || !devices.len().is_multiple_of(g) {
+        return Err(Error::InvalidArgument(format!(
+            "{} devices do not form {g} tensor-parallel groups of equal size",
+            devices.len()
+        )));
+    }
+    if !opts.ratios.is_empty() && opts.ratios.len() != devices.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{} split ratios for {} devices",
+            opts.ratios.len(),
+            devices.len()
+        )));
+    }
+    let per = devices.len() / g;
+    (0..g)
+        .map(|k| {
+            let ratios = opts.ratios.get(k * per..(k + 1) * per).unwrap_or(&[]);
+            model.meta_device_with(
+                &devices[k * per..(k + 1) * per],
+                ratios,
+                mode.expert_split(),
+            )
+        })
+        .collect()
+}
+
+impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Session")
             .field("split_mode", &self.mode)
-            .field("n_past", &self.n_past())
+            .field("devices", &self.sched)
+            .field("n_past", &self.n_past)
             .finish()
+    }
+}
+
+#[cfg(test)]
+impl Session {
+    /// The tensor-parallel report of a session the test opened on a meta device.
+    pub(crate) fn tp(&self) -> crate::TensorParallel<'_> {
+        self.tensor_parallel()
+            .expect("the test opened this session on a meta device")
     }
 }

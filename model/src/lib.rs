@@ -6,9 +6,10 @@
 //!   SwiGLU or GeGLU feed-forward, mixture-of-experts blocks), loaded from a GGUF file
 //!   ([`LlamaModel::from_gguf`]) or made with deterministic synthetic weights, so benchmarks and
 //!   tests need no model file. Its tensors are named as in GGUF.
-//! - [`Session`] runs it on devices in any [`SplitMode`]: whole, split by layers (through the
-//!   [`tessera::sched::Scheduler`], [`LlamaSession`] underneath) or tensor- or expert-parallel
-//!   (through the meta device [`tessera::meta`], [`TpSession`] underneath).
+//! - [`Session`] runs it on devices in any [`SplitMode`]: whole, split by layers, tensor- or
+//!   expert-parallel, or a layer split over tensor-parallel groups. The
+//!   [`tessera::sched::Scheduler`] places every op; a tensor-parallel group is one meta device
+//!   ([`tessera::meta`]) among its devices ([`TensorParallel`] reports on it).
 //! - [`sampling`] picks the next token with llama.cpp's sampler chain; [`tokenizer`] (the
 //!   `tessera-tokenizer` crate) turns text into tokens and back, with chat templates.
 //!
@@ -40,7 +41,7 @@ mod llama;
 mod moe;
 pub mod reference;
 pub mod sampling;
-mod session;
+mod split_policy;
 #[cfg(all(test, feature = "cpu"))]
 mod tests;
 #[cfg(all(test, feature = "cpu"))]
@@ -70,12 +71,10 @@ pub use gguf_io::{ARCHITECTURE, llama_keys};
 pub use llama::{
     KV_PAD, LayerTensors, LlamaModel, MoeTensors, Outputs, Placement, Step, WeightSource,
 };
-pub use session::LlamaSession;
-/// How a meta device splits expert stacks (re-exported for [`LlamaModel::meta_device_with`]).
-pub use tessera::meta::ExpertSplit;
+pub use split_policy::{ExpertSplit, LlamaSplitPolicy};
 pub use tessera_tokenizer::synthetic_vocab;
 pub use tokenizer::{Token, Tokenizer, TokenizerError};
-pub use tp::TpSession;
+pub use tp::TensorParallel;
 
 /// Normalised mean squared error `Σ(a−b)² / Σb²` of `a` against the reference `b` (∞ if the
 /// lengths differ, 0 for two empty slices).

@@ -3,11 +3,12 @@
 
 use super::config::LlamaConfig;
 use super::weights::SplitMix;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use tessera::meta::{MetaBuffer, MetaBufferType};
 use tessera::{
-    Bindings, DType, Device, DeviceType, Error, Graph, Result, TensorBuffer, TensorFlags, TensorId,
-    encode_f32,
+    Bindings, BufferType, DType, Device, DeviceType, Error, Graph, Result, TensorBuffer,
+    TensorFlags, TensorId, encode_f32,
 };
 use tessera::{Context, TensorDesc};
 
@@ -851,18 +852,24 @@ impl LlamaModel {
             if !placed.iter().any(|&(_, pd)| pd == d) {
                 continue;
             }
+            let mine = |t: &TensorDesc| by_name.get(t.name()) == Some(&d);
+            let weight_type = dev.weight_buffer_type();
+            if let Some(meta) = weight_type.as_any().downcast_ref::<MetaBufferType>() {
+                for buf in self.alloc_split(dev.as_ref(), meta, &mine, &mut || {
+                    done += 1;
+                    progress(done, total);
+                })? {
+                    bindings.extend(buf.bindings());
+                    buffers.push(buf);
+                }
+                continue;
+            }
             // Weights are read only by MUL_MAT and GET_ROWS, so they may take the device's
             // faster weight layout; the KV caches in the same buffer are plain tensors.
-            let buf = dev
-                .weight_buffer_type()
-                .alloc_tensors_where(&self.ctx, |t| by_name.get(t.name()) == Some(&d))?;
+            let buf = weight_type.alloc_tensors_where(&self.ctx, mine)?;
             for &(id, _) in placed.iter().filter(|&&(_, pd)| pd == d) {
                 if self.is_cache(id) {
-                    let slot = buf.bindings().slot(id).ok_or_else(|| Error::NotAllocated {
-                        tensor: self.ctx.label(id),
-                    })?;
-                    let len = self.ctx.tensors()[id.index()].nbytes();
-                    buf.buffer().memset(slot.offset, len, 0)?;
+                    zero_tensor(&buf, id, &self.ctx)?;
                 } else {
                     self.upload(id, &buf)?;
                 }
@@ -874,4 +881,73 @@ impl LlamaModel {
         }
         Ok((buffers, bindings))
     }
+
+    /// Allocates the parameters `mine` selects on a meta device (weights in `weights`, its
+    /// weight buffer type; caches in its plain one, since graphs write them), uploads the
+    /// weights and zeroes the caches, calling `tick` after each tensor.
+    fn alloc_split(
+        &self,
+        dev: &dyn Device,
+        weights: &MetaBufferType,
+        mine: &dyn Fn(&TensorDesc) -> bool,
+        tick: &mut dyn FnMut(),
+    ) -> Result<[TensorBuffer; 2]> {
+        let name = |id: TensorId| self.ctx.tensors()[id.index()].name().to_string();
+        let caches: HashSet<String> = self
+            .params()
+            .filter(|&(id, _)| self.is_cache(id))
+            .map(|(id, _)| name(id))
+            .collect();
+        // An untied output is a copy of the embedding: where the embedding is kept once for
+        // all devices, each device's vocabulary slice of the output is a window into it.
+        let copies: Vec<(String, String)> = self
+            .params()
+            .filter_map(|(id, _)| self.copy_of(id).map(|of| (name(id), name(of))))
+            .collect();
+        let copy_refs: Vec<(&str, &str)> = copies
+            .iter()
+            .map(|(c, o)| (c.as_str(), o.as_str()))
+            .collect();
+        let wbuf = (&weights.clone().with_copies(&copy_refs) as &dyn BufferType)
+            .alloc_tensors_where(&self.ctx, |t| mine(t) && !caches.contains(t.name()))?;
+        let cbuf = dev
+            .buffer_type()
+            .alloc_tensors_where(&self.ctx, |t| mine(t) && caches.contains(t.name()))?;
+        let placement = |id: TensorId| {
+            let slot = wbuf.bindings().slot(id)?;
+            wbuf.buffer()
+                .as_any()
+                .downcast_ref::<MetaBuffer>()?
+                .placement_at(slot.offset)
+                .map(|p| (p.window_of.is_some(), p.state.is_mirrored()))
+        };
+        for (id, _) in self
+            .params()
+            .filter(|(id, _)| mine(&self.ctx.tensors()[id.index()]))
+        {
+            if self.is_cache(id) {
+                zero_tensor(&cbuf, id, &self.ctx)?;
+            } else {
+                match placement(id) {
+                    // A window into its original, written with it.
+                    Some((true, _)) => {}
+                    // The same rows everywhere: in pieces, each released from the file once
+                    // copied.
+                    Some((false, true)) => self.upload(id, &wbuf)?,
+                    _ => self.with_weight_bytes(id, |bytes| wbuf.set(id, bytes))?,
+                }
+            }
+            tick();
+        }
+        Ok([wbuf, cbuf])
+    }
+}
+
+/// Writes zeros over tensor `id` of `buf` (a fresh KV cache).
+fn zero_tensor(buf: &TensorBuffer, id: TensorId, ctx: &Context) -> Result<()> {
+    let slot = buf.bindings().slot(id).ok_or_else(|| Error::NotAllocated {
+        tensor: ctx.label(id),
+    })?;
+    buf.buffer()
+        .memset(slot.offset, ctx.tensors()[id.index()].nbytes(), 0)
 }

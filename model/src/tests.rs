@@ -12,9 +12,9 @@ fn one_cpu() -> Vec<Arc<dyn Device>> {
     registry().select("cpu:1").unwrap()
 }
 
-fn session<'m>(model: &'m LlamaModel, devices: &[Arc<dyn Device>]) -> LlamaSession<'m> {
+fn session(model: &LlamaModel, devices: &[Arc<dyn Device>]) -> Session {
     let ld = layer_devices(model.config().n_layer, &[], devices.len()).unwrap();
-    LlamaSession::new(model, devices, &ld, SchedOptions::default()).unwrap()
+    Session::on_devices(model, devices, &ld, SchedOptions::default()).unwrap()
 }
 
 #[test]

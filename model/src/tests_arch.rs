@@ -4,7 +4,7 @@
 use super::*;
 use std::sync::Arc;
 use tessera::sched::{SchedOptions, layer_devices};
-use tessera::{BackendOptions, DType, registry};
+use tessera::{DType, registry};
 
 const SEED: u64 = 0xa7c4;
 const PROMPT: [i32; 9] = [1, 17, 200, 3, 255, 9, 64, 128, 31];
@@ -18,10 +18,10 @@ fn model(arch: Arch, dtype: DType) -> LlamaModel {
     LlamaModel::new(config, SEED).unwrap()
 }
 
-fn session<'m>(m: &'m LlamaModel, spec: &str) -> LlamaSession<'m> {
+fn session(m: &LlamaModel, spec: &str) -> Session {
     let devs = registry().select(spec).unwrap();
     let ld = layer_devices(m.config().n_layer, &[], devs.len()).unwrap();
-    LlamaSession::new(m, &devs, &ld, SchedOptions::default()).unwrap()
+    Session::on_devices(m, &devs, &ld, SchedOptions::default()).unwrap()
 }
 
 #[test]
@@ -86,7 +86,7 @@ fn layer_and_tensor_splits_match_one_device_for_every_arch() {
             let mut tps = ["cpu:2", "cpu:3"].map(|spec| {
                 let devs = registry().select(spec).unwrap();
                 let meta = m.meta_device(&devs, &[]).unwrap();
-                TpSession::new(&m, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap()
+                Session::on_meta(&m, meta, Some(1)).unwrap()
             });
             for chunk in [&PROMPT[..], &[7], &[8]] {
                 let want = single.eval(chunk).unwrap();
@@ -117,7 +117,7 @@ fn single_kv_head_models_split_queries_and_mirror_kv() {
     assert!(meta.split_state(cache).unwrap().is_mirrored());
     let wq = &m.context().tensors()[m.layers()[0].wq.index()];
     assert_eq!(meta.split_state(wq).unwrap().split_axis(), Some(1));
-    let mut tp = TpSession::new(&m, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap();
+    let mut tp = Session::on_meta(&m, meta, Some(1)).unwrap();
     for chunk in [&PROMPT[..], &[7]] {
         let e = nmse(&tp.eval(chunk).unwrap(), &single.eval(chunk).unwrap());
         assert!(e <= 1e-6, "nmse {e:e}");
@@ -281,7 +281,7 @@ fn k_quant_weights_split_by_whole_super_blocks() {
             st.local_lens().iter().all(|l| l % dtype.block_size() == 0),
             "{dtype}: {st}"
         );
-        let mut tp = TpSession::new(&m, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap();
+        let mut tp = Session::on_meta(&m, meta, Some(1)).unwrap();
         for chunk in [&PROMPT[..], &[7]] {
             let e = nmse(&tp.eval(chunk).unwrap(), &single.eval(chunk).unwrap());
             assert!(e <= 1e-4, "{dtype}: nmse {e:e}");

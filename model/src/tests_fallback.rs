@@ -67,7 +67,7 @@ fn a_device_lacking_an_op_runs_its_slice_on_the_host_cpu() {
     let model = LlamaModel::new(LlamaConfig::tiny(), 0xfa11).unwrap();
     let cpu = registry().select("cpu:1").unwrap();
     let ld = layer_devices(model.config().n_layer, &[], 1).unwrap();
-    let mut reference = LlamaSession::new(&model, &cpu, &ld, SchedOptions::default()).unwrap();
+    let mut reference = Session::on_devices(&model, &cpu, &ld, SchedOptions::default()).unwrap();
     let devs = registry().select("cpu:2").unwrap();
     for refuses in [OpKind::RmsNorm, OpKind::Rope] {
         let picky: Arc<dyn Device> = Arc::new(Picky {
@@ -75,8 +75,7 @@ fn a_device_lacking_an_op_runs_its_slice_on_the_host_cpu() {
             refuses,
         });
         let meta = model.meta_device(&[picky, devs[1].clone()], &[]).unwrap();
-        let mut s =
-            TpSession::new(&model, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap();
+        let mut s = Session::on_meta(&model, meta, Some(1)).unwrap();
         reference.reset();
         for chunk in [&PROMPT[..], &[7], &[8]] {
             let want = reference.eval(chunk).unwrap();
@@ -84,12 +83,12 @@ fn a_device_lacking_an_op_runs_its_slice_on_the_host_cpu() {
             let e = nmse(&got, &want);
             assert!(e <= 1e-6, "{refuses:?}: nmse {e:e}");
         }
-        let fb = s.backend().fallbacks();
-        assert_eq!(fb.len(), 1, "{refuses:?} {fb:?} {}", s.describe());
+        let fb = s.tp().backend().fallbacks();
+        assert_eq!(fb.len(), 1, "{refuses:?} {fb:?} {}", s.tp().describe());
         assert_eq!(fb[0].0, devs[0].name());
         let (op, n) = &fb[0].1[0];
         assert!(*n >= model.config().n_layer, "{fb:?}");
-        let d = s.describe();
+        let d = s.tp().describe();
         assert!(
             d.contains(&format!(
                 "on the host CPU instead: {}: {op} ×{n}",
@@ -114,7 +113,7 @@ fn the_heaviest_op_falls_back_with_quantized_weights_and_uneven_ratios() {
     .unwrap();
     let cpu = registry().select("cpu:1").unwrap();
     let ld = layer_devices(model.config().n_layer, &[], 1).unwrap();
-    let mut reference = LlamaSession::new(&model, &cpu, &ld, SchedOptions::default()).unwrap();
+    let mut reference = Session::on_devices(&model, &cpu, &ld, SchedOptions::default()).unwrap();
     let devs = registry().select("cpu:2").unwrap();
     let picky: Arc<dyn Device> = Arc::new(Picky {
         inner: devs[1].clone(),
@@ -123,10 +122,10 @@ fn the_heaviest_op_falls_back_with_quantized_weights_and_uneven_ratios() {
     let meta = model
         .meta_device(&[devs[0].clone(), picky], &[3.0, 1.0])
         .unwrap();
-    let mut s = TpSession::new(&model, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap();
+    let mut s = Session::on_meta(&model, meta, Some(1)).unwrap();
     let e = nmse(&s.eval(&PROMPT).unwrap(), &reference.eval(&PROMPT).unwrap());
     assert!(e <= 1e-5, "nmse {e:e}");
-    let fb = s.backend().fallbacks();
+    let fb = s.tp().backend().fallbacks();
     assert_eq!(fb[0].0, devs[1].name());
     assert_eq!(fb[0].1[0].0, "MUL_MAT");
 }

@@ -6,8 +6,8 @@
 use super::*;
 use std::sync::Arc;
 use tessera::gguf::{GgufFile, ReadOptions};
+use tessera::registry;
 use tessera::sched::{SchedOptions, layer_devices};
-use tessera::{BackendOptions, registry};
 
 /// The tiny model with the first Q8_0 block scale of `tensor` set to an f16 NaN (or +inf).
 pub(crate) fn poisoned_model(tensor: &str, value: u16) -> LlamaModel {
@@ -37,7 +37,7 @@ fn nan_weight_is_named_on_one_device_and_split_by_layer() {
     for devs in ["cpu:1", "cpu:2"] {
         let devices = registry().select(devs).unwrap();
         let ld = layer_devices(model.config().n_layer, &[], devices.len()).unwrap();
-        let mut s = LlamaSession::new(&model, &devices, &ld, SchedOptions::default()).unwrap();
+        let mut s = Session::on_devices(&model, &devices, &ld, SchedOptions::default()).unwrap();
         // Unchecked, the step runs: the NaN is squashed to 0 where layer 1's FFN output is
         // quantized for ffn_down, so the logits stay finite and nothing says so.
         let logits = s.eval_last(&[1, 2, 3]).unwrap();
@@ -56,7 +56,7 @@ fn inf_weight_is_named_through_the_meta_device() {
     let model = poisoned_model("blk.1.ffn_up.weight", F16_INF);
     let devices = registry().select("cpu:3").unwrap();
     let meta = model.meta_device(&devices, &[2.0, 1.0, 1.0]).unwrap();
-    let mut s = TpSession::new(&model, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap();
+    let mut s = Session::on_meta(&model, meta, Some(1)).unwrap();
     let logits = s.eval_last(&[1, 2, 3]).unwrap();
     assert!(first_non_finite(&logits).is_some());
     s.reset();
@@ -69,8 +69,8 @@ fn finite_model_passes_the_check_unchanged() {
     let model = LlamaModel::new(LlamaConfig::tiny(), 0xf1).unwrap();
     let devices = registry().select("cpu:1").unwrap();
     let ld = layer_devices(model.config().n_layer, &[], 1).unwrap();
-    let mut plain = LlamaSession::new(&model, &devices, &ld, SchedOptions::default()).unwrap();
-    let mut checked = LlamaSession::new(&model, &devices, &ld, SchedOptions::default()).unwrap();
+    let mut plain = Session::on_devices(&model, &devices, &ld, SchedOptions::default()).unwrap();
+    let mut checked = Session::on_devices(&model, &devices, &ld, SchedOptions::default()).unwrap();
     checked.set_check_finite(true);
     for chunk in [&[1, 2, 3][..], &[4], &[5]] {
         assert_eq!(plain.eval(chunk).unwrap(), checked.eval(chunk).unwrap());

@@ -136,7 +136,7 @@ fn moe_logits_do_not_depend_on_the_packed_weight_layout() {
     assert!(e < 1e-10, "packed vs plain NMSE {e:e}");
     // And a session (weights packed, tokens one at a time) agrees at the last position.
     let devs = registry().select("cpu:1").unwrap();
-    let mut s = LlamaSession::new(&model, &devs, &[0, 0], SchedOptions::default()).unwrap();
+    let mut s = Session::on_devices(&model, &devs, &[0, 0], SchedOptions::default()).unwrap();
     let last = s.eval(&tokens).unwrap();
     let n_vocab = model.config().n_vocab;
     let e = nmse(

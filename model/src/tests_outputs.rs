@@ -35,14 +35,13 @@ fn models() -> Vec<(String, LlamaModel)> {
 
 /// `none` on cpu:1, `layer` over cpu:2, and `tensor` and `expert` over cpu:2: every mode through
 /// the one [`Session`] type.
-fn sessions(model: &LlamaModel) -> Vec<(&'static str, Session<'_>)> {
+fn sessions(model: &LlamaModel) -> Vec<(&'static str, Session)> {
     let one = registry().select("cpu:1").unwrap();
     let two = registry().select("cpu:2").unwrap();
     let open = |mode: SplitMode, devs: &[std::sync::Arc<dyn tessera::Device>]| {
         let opts = SessionOptions::new(mode).with_threads(Some(1));
         let s = Session::open(model, devs, &opts).unwrap();
         assert_eq!(s.split_mode(), mode);
-        assert_eq!(s.layered().is_some(), !mode.is_tensor_parallel());
         assert_eq!(s.tensor_parallel().is_some(), mode.is_tensor_parallel());
         s
     };

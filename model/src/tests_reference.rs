@@ -15,11 +15,11 @@
 
 use super::reference::{ReferenceModel, reference_models};
 use super::*;
+use crate::ExpertSplit;
 use std::sync::Arc;
 use tessera::gguf::GgufFile;
-use tessera::meta::ExpertSplit;
+use tessera::registry;
 use tessera::sched::{SchedOptions, layer_devices};
-use tessera::{BackendOptions, registry};
 
 /// F32 models: largest NMSE against llama.cpp at any position. llama.cpp's attention rounds Q
 /// and the softmax weights to f16 (with flash attention on or off), Tessera keeps them in f32:
@@ -185,7 +185,7 @@ fn with_each_mode(
             continue;
         }
         let ld = layer_devices(n_layer, &[], devs.len()).unwrap();
-        let session = LlamaSession::new(model, devs, &ld, SchedOptions::default())
+        let session = Session::on_devices(model, devs, &ld, SchedOptions::default())
             .unwrap_or_else(|e| panic!("{label}: {e}"));
         let s = std::cell::RefCell::new(session);
         f(label, &mut |t| s.borrow_mut().eval(t).unwrap(), &mut || {
@@ -223,8 +223,7 @@ fn with_each_mode(
         let meta = model
             .meta_device_with(devs, ratios, experts)
             .unwrap_or_else(|e| panic!("{label}: {e}"));
-        let tp = TpSession::new(model, meta, &BackendOptions::default(), |_, _| {})
-            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let tp = Session::on_meta(model, meta, None).unwrap_or_else(|e| panic!("{label}: {e}"));
         let s = std::cell::RefCell::new(tp);
         f(label, &mut |t| s.borrow_mut().eval(t).unwrap(), &mut || {
             s.borrow_mut().reset()
@@ -238,9 +237,9 @@ fn with_each_mode(
 /// A split mixture-of-experts model does one all-reduce per expert block, of `n_embd·T` values
 /// on its output `ffn_moe_out.{il}` (the weighted sum over the chosen experts), not of the
 /// `n_embd·n_used·T` expert outputs; under `expert` the describe line names the EP layers.
-fn check_moe_reduces(label: &str, s: &TpSession<'_>, c: &LlamaConfig, experts: ExpertSplit) {
-    let reduces = s.backend().reduces();
-    let d = s.describe();
+fn check_moe_reduces(label: &str, s: &Session, c: &LlamaConfig, experts: ExpertSplit) {
+    let reduces = s.tp().backend().reduces();
+    let d = s.tp().describe();
     // The last step decoded one token.
     let n_embd = c.n_embd;
     for il in 0..c.n_layer {

@@ -5,7 +5,7 @@ use super::*;
 use std::sync::Arc;
 use tessera::meta::{CommPath, SplitKind};
 use tessera::sched::{SchedOptions, layer_devices};
-use tessera::{BackendOptions, DType, Device, registry};
+use tessera::{DType, Device, registry};
 
 const SEED: u64 = 0x7e55;
 const PROMPT: [i32; 6] = [1, 17, 200, 3, 255, 9];
@@ -20,7 +20,7 @@ fn config(dtype: DType) -> LlamaConfig {
 fn reference(model: &LlamaModel) -> Vec<Vec<f32>> {
     let devs = registry().select("cpu:1").unwrap();
     let ld = layer_devices(model.config().n_layer, &[], 1).unwrap();
-    let mut s = LlamaSession::new(model, &devs, &ld, SchedOptions::default()).unwrap();
+    let mut s = Session::on_devices(model, &devs, &ld, SchedOptions::default()).unwrap();
     [&PROMPT[..], &[7], &[8]]
         .iter()
         .map(|chunk| s.eval(chunk).unwrap())
@@ -32,10 +32,10 @@ fn tp_run<R>(
     model: &LlamaModel,
     devs: &[Arc<dyn Device>],
     ratios: &[f32],
-    f: impl FnOnce(&TpSession<'_>) -> R,
+    f: impl FnOnce(&Session) -> R,
 ) -> (Vec<Vec<f32>>, R) {
     let meta = model.meta_device(devs, ratios).unwrap();
-    let mut s = TpSession::new(model, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap();
+    let mut s = Session::on_meta(model, meta, Some(1)).unwrap();
     let out = [&PROMPT[..], &[7], &[8]]
         .iter()
         .map(|chunk| s.eval(chunk).unwrap())
@@ -49,7 +49,10 @@ fn check(dtype: DType, spec: &str, ratios: &[f32], tol: f64) {
     let want = reference(&model);
     let devs = registry().select(spec).unwrap();
     let (got, (path, st)) = tp_run(&model, &devs, ratios, |s| {
-        (s.backend().comm_path().clone(), s.backend().stats())
+        (
+            s.tp().backend().comm_path().clone(),
+            s.tp().backend().stats(),
+        )
     });
     for (step, (g, w)) in got.iter().zip(&want).enumerate() {
         let e = nmse(g, w);
@@ -108,19 +111,88 @@ fn generic_all_reduce_path_matches_too() {
             .meta_device(&devs, &[])
             .unwrap()
             .with_vendor_comm(false);
-        let mut s =
-            TpSession::new(&model, meta, &BackendOptions::with_threads(1), |_, _| {}).unwrap();
-        assert_eq!(s.backend().comm_path(), &CommPath::Generic);
+        let mut s = Session::on_meta(&model, meta, Some(1)).unwrap();
+        assert_eq!(s.tp().backend().comm_path(), &CommPath::Generic);
         for (chunk, w) in [&PROMPT[..], &[7], &[8]].iter().zip(&want) {
             let e = nmse(&s.eval(chunk).unwrap(), w);
             assert!(e <= 1e-6, "{spec}: nmse {e:e}");
         }
-        assert_eq!(s.backend().stats().vendor_reduces, 0);
+        assert_eq!(s.tp().backend().stats().vendor_reduces, 0);
         assert_eq!(
-            s.backend().stats().generic_reduces,
+            s.tp().backend().stats().generic_reduces,
             3 * 2 * model.config().n_layer
         );
     }
+}
+
+#[test]
+fn a_layer_split_over_two_tensor_parallel_groups_matches_single_device() {
+    // The scheduler hands each group's layers to its meta device and copies the hidden state
+    // from one group to the next: layer split and tensor split compose.
+    for (dtype, ratios) in [
+        (DType::F32, &[][..]),
+        (DType::Q8_0, &[1.0, 2.0, 1.0, 1.0][..]),
+    ] {
+        let model = LlamaModel::new(
+            LlamaConfig {
+                n_layer: 4,
+                ..config(dtype)
+            },
+            SEED,
+        )
+        .unwrap();
+        let want = reference(&model);
+        let devs = registry().select("cpu:4").unwrap();
+        let opts = SessionOptions::new(SplitMode::Tensor)
+            .with_groups(2)
+            .with_ratios(ratios)
+            .with_threads(Some(1));
+        let mut s = Session::open(&model, &devs, &opts).unwrap();
+        assert_eq!(s.devices().len(), 2, "one meta device per group");
+        for (step, chunk) in [&PROMPT[..], &[7], &[8]].iter().enumerate() {
+            let e = nmse(&s.eval(chunk).unwrap(), &want[step]);
+            assert!(
+                e <= 1e-6,
+                "{dtype} ratios {ratios:?} step {step}: nmse {e:e}"
+            );
+        }
+        let groups = s.tensor_parallel_groups();
+        assert_eq!(groups.len(), 2);
+        let layers: Vec<usize> = groups
+            .iter()
+            .map(|g| {
+                let st = g.backend().stats();
+                // Two reduces per layer and step, three steps.
+                (st.vendor_reduces + st.generic_reduces) / (3 * 2)
+            })
+            .collect();
+        assert_eq!(layers.iter().sum::<usize>(), 4, "{layers:?}");
+        assert!(layers.iter().all(|&l| l > 0), "{layers:?}");
+        // Each group holds only its own layers' weights and caches.
+        let all = model.weight_bytes_total() + model.cache_bytes_total();
+        for g in &groups {
+            let held: usize = g.weight_bytes_per_device().iter().sum();
+            assert!(
+                held > 0 && held < all,
+                "{} holds {held} of {all} bytes",
+                g.meta().name()
+            );
+        }
+        let names: Vec<String> = groups.iter().map(|g| g.meta().name().to_string()).collect();
+        assert_eq!(names, ["META(CPU0,CPU1)", "META(CPU2,CPU3)"]);
+    }
+    // Devices that do not form the groups are refused by name.
+    let model = LlamaModel::new(config(DType::F32), SEED).unwrap();
+    let devs = registry().select("cpu:3").unwrap();
+    let opts = SessionOptions::new(SplitMode::Tensor).with_groups(2);
+    let err = Session::open(&model, &devs, &opts).unwrap_err().to_string();
+    assert!(
+        err.contains("3 devices do not form 2 tensor-parallel groups"),
+        "{err}"
+    );
+    let opts = SessionOptions::new(SplitMode::Layer).with_groups(2);
+    let err = Session::open(&model, &devs, &opts).unwrap_err().to_string();
+    assert!(err.contains("need split mode tensor or expert"), "{err}");
 }
 
 #[test]
@@ -130,11 +202,12 @@ fn weights_are_truly_split_and_compute_memory_is_a_share() {
     let wq = model.layers()[0].wq;
     let (_, (per_dev, st, compute)) = tp_run(&model, &devs, &[], |s| {
         (
-            s.weight_bytes_per_device(),
-            s.meta()
+            s.tp().weight_bytes_per_device(),
+            s.tp()
+                .meta()
                 .split_state(&model.context().tensors()[wq.index()])
                 .unwrap(),
-            s.backend().compute_bytes().to_vec(),
+            s.tp().backend().compute_bytes().to_vec(),
         )
     });
     let full = model.weight_bytes_total() + model.cache_bytes_total();
@@ -159,7 +232,7 @@ fn weights_are_truly_split_and_compute_memory_is_a_share() {
     let single = {
         let d = registry().select("cpu:1").unwrap();
         let ld = layer_devices(model.config().n_layer, &[], 1).unwrap();
-        let mut ls = LlamaSession::new(&model, &d, &ld, SchedOptions::default()).unwrap();
+        let mut ls = Session::on_devices(&model, &d, &ld, SchedOptions::default()).unwrap();
         ls.eval(&[8]).unwrap();
         ls.compute_bytes()[0]
     };
@@ -191,7 +264,7 @@ fn sycl_devices_match_single_cpu_device() {
         let mut single: Option<Vec<Vec<f32>>> = None;
         for spec in ["sycl:1", "sycl:2"] {
             let devs = registry().select(spec).unwrap();
-            let (got, path) = tp_run(&model, &devs, &[], |s| s.backend().comm_path().clone());
+            let (got, path) = tp_run(&model, &devs, &[], |s| s.tp().backend().comm_path().clone());
             for (step, (g, w)) in got.iter().zip(&cpu).enumerate() {
                 let e = nmse(g, w);
                 assert!(
@@ -231,7 +304,7 @@ fn a_tied_output_splits_as_windows_into_the_single_embedding() {
         let want = reference(&model);
         let devs = registry().select("cpu:2").unwrap();
         let (got, (copies, per_dev)) = tp_run(&model, &devs, &[], |s| {
-            (s.shared_copies(), s.weight_bytes_per_device())
+            (s.tp().shared_copies(), s.tp().weight_bytes_per_device())
         });
         assert_eq!(
             copies,
@@ -257,7 +330,7 @@ fn a_tied_output_whose_slices_miss_the_row_groups_gets_memory_of_its_own() {
     let model = LlamaModel::new(c, SEED).unwrap();
     let want = reference(&model);
     let devs = registry().select("cpu:2").unwrap();
-    let (got, copies) = tp_run(&model, &devs, &[1.0, 2.0], |s| s.shared_copies());
+    let (got, copies) = tp_run(&model, &devs, &[1.0, 2.0], |s| s.tp().shared_copies());
     assert!(copies.is_empty(), "{copies:?}");
     for (g, w) in got.iter().zip(&want) {
         let e = nmse(g, w);
@@ -272,7 +345,7 @@ fn dist_run(
     per_rank: &[usize],
     ratios: &[f32],
     wire: tessera::comm::Wire,
-    experts: tessera::meta::ExpertSplit,
+    experts: crate::ExpertSplit,
 ) -> Vec<(Vec<Vec<f32>>, tessera::meta::MetaStats)> {
     let all = registry()
         .select(&format!("cpu:{}", per_rank.iter().sum::<usize>()))
@@ -292,14 +365,12 @@ fn dist_run(
                         .distributed_meta_device(&local, Arc::new(g), ratios, experts)
                         .unwrap()
                         .with_wire(wire);
-                    let mut s =
-                        TpSession::new(model, meta, &BackendOptions::with_threads(1), |_, _| {})
-                            .unwrap();
+                    let mut s = Session::on_meta(model, meta, Some(1)).unwrap();
                     let out: Vec<Vec<f32>> = [&PROMPT[..], &[7], &[8]]
                         .iter()
                         .map(|chunk| s.eval(chunk).unwrap())
                         .collect();
-                    (out, s.backend().stats())
+                    (out, s.tp().backend().stats())
                 })
             })
             .collect();
@@ -322,7 +393,7 @@ fn ranks_as_threads_match_single_device_and_each_other() {
                 per_rank,
                 ratios,
                 tessera::comm::Wire::F32,
-                tessera::meta::ExpertSplit::Tensor,
+                crate::ExpertSplit::Tensor,
             );
             for (r, (got, st)) in ranks.iter().enumerate() {
                 for (step, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -352,7 +423,7 @@ fn ranks_with_a_bf16_wire_stay_close() {
         &[1, 1],
         &[],
         tessera::comm::Wire::Bf16,
-        tessera::meta::ExpertSplit::Tensor,
+        crate::ExpertSplit::Tensor,
     );
     for (got, _) in &ranks {
         for (g, w) in got.iter().zip(&want) {
@@ -372,9 +443,9 @@ fn ranks_split_experts_whole_and_match_single_device() {
     let model = LlamaModel::new(config, SEED).unwrap();
     let want = reference(&model);
     for (per_rank, experts) in [
-        (&[1usize, 1][..], tessera::meta::ExpertSplit::Expert),
-        (&[2, 1][..], tessera::meta::ExpertSplit::Expert),
-        (&[1, 1][..], tessera::meta::ExpertSplit::Tensor),
+        (&[1usize, 1][..], crate::ExpertSplit::Expert),
+        (&[2, 1][..], crate::ExpertSplit::Expert),
+        (&[1, 1][..], crate::ExpertSplit::Tensor),
     ] {
         let ranks = dist_run(&model, per_rank, &[], tessera::comm::Wire::F32, experts);
         for (r, (got, st)) in ranks.iter().enumerate() {

@@ -69,7 +69,8 @@ pub fn context(s: &str) -> Result<usize, String> {
     }
 }
 
-/// A count that must be at least 1 (`soak --requests`, `--max-prompt`, `--max-gen`).
+/// A count that must be at least 1 (`soak --requests`, `--max-prompt`, `--max-gen`,
+/// `--tp-groups`).
 pub fn count(s: &str) -> Result<usize, String> {
     match number::<usize>(s, "a count")? {
         0 => Err("must be at least 1".into()),

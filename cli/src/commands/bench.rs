@@ -8,7 +8,9 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Instant;
 use tessera::Device;
-use tessera_model::{LlamaModel, Outputs, Session, SplitMode, TpSession, argmax, nmse};
+use tessera_model::{
+    LlamaModel, Outputs, Session, SessionOptions, SplitMode, TensorParallel, argmax, nmse,
+};
 
 /// Seed of the synthetic weights and of the prompt.
 const SEED: u64 = 0x11a3a;
@@ -25,6 +27,10 @@ pub struct BenchArgs {
     /// Split ratios of the layer and tensor modes, one per device (default: even).
     #[arg(long, value_delimiter = ',', value_parser = super::args::ratio)]
     pub ratios: Vec<f32>,
+    /// For tensor and expert: cut the devices into this many equal groups, each splitting its
+    /// layers tensor-parallel, with the layers split between the groups.
+    #[arg(long, default_value_t = 1, value_parser = super::args::count)]
+    pub tp_groups: usize,
     /// Devices: comma-separated names, or KIND:N (default: CPU for none, cpu:2 for layer and
     /// tensor).
     #[arg(long)]
@@ -88,7 +94,7 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 
 /// Runs the pp test: `prompt` in one graph from an empty cache, with logits for the last token
 /// only (what generation samples from, as llama-bench). Returns tokens/s and those logits.
-fn run_pp(s: &mut Session<'_>, prompt: &[i32]) -> anyhow::Result<(f64, Vec<f32>)> {
+fn run_pp(s: &mut Session, prompt: &[i32]) -> anyhow::Result<(f64, Vec<f32>)> {
     s.reset();
     let t0 = Instant::now();
     let logits = s.eval_last(prompt)?;
@@ -102,11 +108,7 @@ const COMPARED_STEPS: usize = 4;
 
 /// Runs the tg test: `n` single-token greedy steps from an empty cache, starting at BOS. Returns
 /// tokens/s, the first [`COMPARED_STEPS`] steps' logits if `keep` (else none) and the tokens fed.
-fn run_tg(
-    s: &mut Session<'_>,
-    n: usize,
-    keep: bool,
-) -> anyhow::Result<(f64, Vec<Vec<f32>>, Vec<i32>)> {
+fn run_tg(s: &mut Session, n: usize, keep: bool) -> anyhow::Result<(f64, Vec<Vec<f32>>, Vec<i32>)> {
     s.reset();
     let mut steps = Vec::with_capacity(if keep { n.min(COMPARED_STEPS) } else { 0 });
     let (mut tok, mut fed) = (BOS, Vec::with_capacity(n));
@@ -136,14 +138,16 @@ fn run_mode(
     let devices = devices_for(mode, args.devices.as_deref())?;
     let names = device_names(&devices);
     let tty = std::io::stderr().is_terminal() && job.is_root();
-    let mut session = open_session(
-        model,
-        mode,
-        &devices,
-        &args.ratios,
-        args.threads,
-        job.comm(),
-    )?;
+    let opts = SessionOptions::new(mode)
+        .with_ratios(&args.ratios)
+        .with_threads(args.threads)
+        .with_comm(job.comm())
+        .with_groups(if mode.is_tensor_parallel() {
+            args.tp_groups
+        } else {
+            1
+        });
+    let mut session = open_session(model, &devices, opts)?;
     if let (Some(comm), Some(s)) = (job.comm(), session.tensor_parallel()) {
         report_ranks(comm.as_ref(), s)?;
     }
@@ -159,8 +163,9 @@ fn run_mode(
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        match (session.layered(), session.tensor_parallel()) {
-            (Some(s), _) => {
+        match session.tensor_parallel() {
+            None => {
+                let s = &session;
                 let st = s.plan_stats(prompt.len(), Outputs::Last)?;
                 eprintln!(
                     "compute memory of the pp{} graph: peak {:.2} MiB in one buffer vs {:.2} MiB for all {} intermediates \
@@ -173,7 +178,7 @@ fn run_mode(
                     mib(&s.compute_bytes())
                 );
             }
-            (None, Some(s)) => eprintln!(
+            Some(s) => eprintln!(
                 "{} split over {names}: weights and caches per device [{}] MiB; compute memory \
                  of the pp{} graph per device [{}] MiB; {}",
                 mode.name(),
@@ -182,7 +187,6 @@ fn run_mode(
                 mib(s.backend().compute_bytes()),
                 s.describe()
             ),
-            (None, None) => {}
         }
     }
     if args.n_gen > 0 {
@@ -275,7 +279,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 
 /// Each rank's memory after loading, printed by rank 0: what the rank's devices hold of the
 /// weights and caches, and the process's resident memory (a collective: every rank calls it).
-fn report_ranks(comm: &dyn tessera::comm::DistComm, s: &TpSession<'_>) -> anyhow::Result<()> {
+fn report_ranks(comm: &dyn tessera::comm::DistComm, s: TensorParallel<'_>) -> anyhow::Result<()> {
     let local: usize = s
         .weight_bytes_per_device()
         .iter()

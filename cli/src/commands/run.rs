@@ -10,7 +10,7 @@ use std::time::Instant;
 use tessera::gguf::GgufFile;
 use tessera_model::sampling::{Sampler, SamplerConfig};
 use tessera_model::tokenizer::{ChatTemplate, user_turn};
-use tessera_model::{LlamaModel, SplitMode, Tokenizer};
+use tessera_model::{LlamaModel, SessionOptions, SplitMode, Tokenizer};
 
 /// Arguments of `tessera run`.
 #[derive(Clone, Debug, clap::Args)]
@@ -34,6 +34,10 @@ pub struct RunArgs {
     /// Split ratios of the layer and tensor modes, one per device.
     #[arg(long, value_delimiter = ',', value_parser = super::args::ratio)]
     pub ratios: Vec<f32>,
+    /// With tensor or expert: cut the devices into this many equal groups, each splitting
+    /// its layers tensor-parallel, with the layers split between the groups.
+    #[arg(long, default_value_t = 1, value_parser = super::args::count)]
+    pub tp_groups: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// Context (KV cache rows); default: prompt + generated tokens, within the model's context.
@@ -254,14 +258,12 @@ fn run_job(args: &RunArgs, job: &super::dist::Job) -> anyhow::Result<()> {
         );
     }
     let devices = devices_for(args.split_mode, args.devices.as_deref())?;
-    let mut session = open_session(
-        &model,
-        args.split_mode,
-        &devices,
-        &args.ratios,
-        args.threads,
-        job.comm(),
-    )?;
+    let opts = SessionOptions::new(args.split_mode)
+        .with_ratios(&args.ratios)
+        .with_threads(args.threads)
+        .with_comm(job.comm())
+        .with_groups(args.tp_groups);
+    let mut session = open_session(&model, &devices, opts)?;
     session.set_check_finite(args.check_finite);
     if root {
         eprintln!("loaded in {:.2} s", t_load.elapsed().as_secs_f64());
@@ -423,6 +425,7 @@ mod tests {
             split_mode: SplitMode::None,
             devices: None,
             ratios: Vec::new(),
+            tp_groups: 1,
             sampling: SamplingArgs {
                 temp: 0.7,
                 seed: 1,

@@ -38,19 +38,17 @@ pub(crate) fn devices_for(
     })
 }
 
-/// Loads `model` on `devices` in split `mode` with a progress line on a terminal, and reports
+/// Loads `model` on `devices` as `opts` says, with a progress line on a terminal, and reports
 /// the load on stderr (rank 0 only under `--dist`).
 ///
 /// # Errors
 /// Split, allocation and upload errors, naming the devices.
-pub(crate) fn open_session<'m>(
-    model: &'m LlamaModel,
-    mode: SplitMode,
+pub(crate) fn open_session(
+    model: &LlamaModel,
     devices: &[Arc<dyn Device>],
-    ratios: &[f32],
-    threads: Option<usize>,
-    comm: Option<Arc<dyn tessera::comm::DistComm>>,
-) -> anyhow::Result<Session<'m>> {
+    opts: SessionOptions,
+) -> anyhow::Result<Session> {
+    let (mode, threads, comm) = (opts.split_mode, opts.threads, opts.comm.clone());
     let names = device_names(devices);
     // `-t` is per device: more threads than cores in all makes the device streams fight over
     // them (tensor split over cpu:2 with -t 2 on 2 cores runs several times slower).
@@ -81,10 +79,6 @@ pub(crate) fn open_session<'m>(
             ));
         }
     };
-    let opts = SessionOptions::new(mode)
-        .with_ratios(ratios)
-        .with_threads(threads)
-        .with_comm(comm);
     let session = Session::open_with_progress(model, devices, &opts, progress)
         .with_context(|| format!("loading the model ({mode} split) on {names}"))?;
     if !loud {

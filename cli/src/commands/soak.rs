@@ -5,7 +5,7 @@
 use super::session::{ModelPreset, device_names, devices_for, open_session};
 use anyhow::Context as _;
 use std::time::Instant;
-use tessera_model::{LlamaModel, Outputs, Session, SplitMode, argmax};
+use tessera_model::{LlamaModel, Outputs, Session, SessionOptions, SplitMode, argmax};
 
 /// Arguments of `tessera soak`.
 #[derive(Clone, Debug, clap::Args)]
@@ -121,7 +121,7 @@ struct Outcome {
     logits: Vec<f32>,
 }
 
-fn serve(s: &mut Session<'_>, r: &Request, logits: &mut Vec<f32>) -> anyhow::Result<Outcome> {
+fn serve(s: &mut Session, r: &Request, logits: &mut Vec<f32>) -> anyhow::Result<Outcome> {
     s.reset();
     s.eval_outputs_into(&r.prompt, Outputs::Last, logits)?;
     let mut tokens = Vec::with_capacity(r.n_gen);
@@ -191,7 +191,13 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
             &args.ratios
         };
         let before_load = sample()?;
-        let mut session = open_session(&model, mode, &devices, ratios, args.threads, None)?;
+        let mut session = open_session(
+            &model,
+            &devices,
+            SessionOptions::new(mode)
+                .with_ratios(ratios)
+                .with_threads(args.threads),
+        )?;
         let loaded = sample()?;
         let mut logits = Vec::new();
         let mut kept = Vec::new();
@@ -219,7 +225,13 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
         let mut max_diff = 0f32;
         let mut token_mismatches = 0usize;
         for (i, out) in &kept {
-            let mut fresh = open_session(&model, mode, &devices, ratios, args.threads, None)?;
+            let mut fresh = open_session(
+                &model,
+                &devices,
+                SessionOptions::new(mode)
+                    .with_ratios(ratios)
+                    .with_threads(args.threads),
+            )?;
             let again = serve(&mut fresh, &reqs[*i], &mut logits)?;
             if again.tokens != out.tokens {
                 token_mismatches += 1;

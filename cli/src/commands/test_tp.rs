@@ -7,12 +7,10 @@
 
 use anyhow::Context as _;
 use std::sync::Arc;
-use tessera::meta::ExpertSplit;
 use tessera::sched::{SchedOptions, layer_devices};
-use tessera::{BackendOptions, DType, Device, registry};
-use tessera_model::{
-    Arch, LlamaConfig, LlamaModel, LlamaSession, Outputs, SplitMode, TpSession, nmse,
-};
+use tessera::{DType, Device, registry};
+use tessera_model::ExpertSplit;
+use tessera_model::{Arch, LlamaConfig, LlamaModel, Outputs, Session, SplitMode, nmse};
 
 const SEED: u64 = 0x7e57;
 const PROMPT: [i32; 12] = [1, 17, 200, 3, 255, 9, 64, 128, 31, 32, 33, 7];
@@ -118,7 +116,7 @@ pub fn run(
         };
         let model = LlamaModel::new(config, SEED)?;
         let ld = layer_devices(model.config().n_layer, &[], 1)?;
-        let mut unsplit = LlamaSession::new(
+        let mut unsplit = Session::on_devices(
             &model,
             std::slice::from_ref(&first),
             &ld,
@@ -128,7 +126,7 @@ pub fn run(
             None
         } else {
             let cpu = registry().select("cpu:1")?;
-            Some(LlamaSession::new(
+            Some(Session::on_devices(
                 &model,
                 &cpu,
                 &ld,
@@ -141,9 +139,8 @@ pub fn run(
         }
         .context("making the meta device")?
         .with_vendor_comm(!generic);
-        let mut tp = TpSession::new(&model, meta, &BackendOptions::default(), |_, _| {})
-            .context("splitting the model")?;
-        path = tp.backend().comm_path().to_string();
+        let mut tp = Session::on_meta(&model, meta, None).context("splitting the model")?;
+        path = tp_report(&tp)?.backend().comm_path().to_string();
         let prompt_all = format!("prompt logits ({} tokens)", PROMPT.len());
         let steps: [(String, &[i32], Outputs); 4] = [
             (prompt_all, &PROMPT, Outputs::All),
@@ -203,13 +200,14 @@ pub fn run(
                 );
             }
         }
-        described = tp.describe();
-        let per_dev: Vec<String> = tp
+        let report = tp_report(&tp)?;
+        described = report.describe();
+        let per_dev: Vec<String> = report
             .weight_bytes_per_device()
             .iter()
             .map(|b| format!("{:.1}", *b as f64 / 1024.0))
             .collect();
-        let st = tp.backend().stats();
+        let st = report.backend().stats();
         say!(
             "  {:<5} weights+caches per device [{}] KiB; {} all-reduces{}",
             dtype.to_string(),
@@ -237,4 +235,10 @@ pub fn run(
     }
     say!("{}", if ok { "PASS" } else { "FAIL" });
     Ok(ok)
+}
+
+/// The tensor-parallel report of a session opened on a meta device.
+fn tp_report(s: &Session) -> anyhow::Result<tessera_model::TensorParallel<'_>> {
+    s.tensor_parallel()
+        .context("the session has no tensor-parallel group")
 }

@@ -111,6 +111,16 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn host_buffer_type(&self) -> Option<Arc<dyn BufferType>> {
         None
     }
+    /// Optional. For a device whose streams plan their own compute memory (a meta device
+    /// splits every intermediate over its devices, so no single buffer of one type can hold
+    /// them): plain memory its streams read graph inputs from and deliver graph outputs into. A
+    /// scheduler then binds only what crosses into or out of the device's part of a graph, in
+    /// buffers of this type, and leaves every other tensor of that part unbound for the stream
+    /// to place. Default `None`: the scheduler plans the device's compute memory in buffers of
+    /// [`Device::buffer_type`].
+    fn io_buffer_type(&self) -> Option<Arc<dyn BufferType>> {
+        None
+    }
     /// Whether the device can run node `node` of `tensors` (a graph's or context's descriptors).
     fn supports_op(&self, tensors: &[TensorDesc], node: TensorId) -> Support;
     /// Whether the device's streams can read and write buffers of `buft`.

@@ -77,6 +77,11 @@ pub trait Backend: Send + fmt::Debug {
     }
     /// Downcast support.
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// Optional. Shared downcast support, for reading a concrete stream's reports while it sits
+    /// behind `dyn Backend` (a scheduler's streams). Default `None`.
+    fn as_any(&self) -> Option<&dyn Any> {
+        None
+    }
 }
 
 /// A vendor's event object.

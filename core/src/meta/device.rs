@@ -3,7 +3,6 @@
 use super::buffer::MetaBufferType;
 use super::exec::MetaBackend;
 use super::inner::{DistPart, MetaInner, SplitLayout, SplitPolicy};
-use super::policy::LlamaSplitPolicy;
 use super::split::SplitState;
 use crate::backend::{
     Backend, BackendOptions, Buffer, BufferType, Device, DeviceCaps, DeviceType, MemoryInfo,
@@ -14,38 +13,28 @@ use crate::error::{Error, Result};
 use crate::tensor::{TensorDesc, TensorId};
 use std::sync::Arc;
 
-impl SplitPolicy for LlamaSplitPolicy {
-    fn split_state(&self, desc: &TensorDesc, layout: &SplitLayout) -> Result<SplitState> {
-        if self.n_devices == layout.n_devices && self.ratios == layout.ratios {
-            return self.state_for(desc.name(), desc);
-        }
-        self.for_layout(layout).state_for(desc.name(), desc)
-    }
-
-    fn describe(&self, layout: &SplitLayout) -> String {
-        self.for_layout(layout).describe_experts()
-    }
-}
-
-impl LlamaSplitPolicy {
-    fn for_layout(&self, layout: &SplitLayout) -> LlamaSplitPolicy {
-        let mut p = self.clone();
-        p.n_devices = layout.n_devices;
-        p.ratios = layout.ratios.clone();
-        p
-    }
-}
-
 /// A device made of N devices (any vendors): static tensors are split across them by a
 /// [`SplitPolicy`], compute tensors by propagation, and each graph runs as per-device sub-graphs
 /// joined by all-reduces. See `docs/src/meta-device.md`.
 ///
+/// A policy is any [`SplitPolicy`], a closure included; language models bring their own
+/// (`tessera_model::LlamaSplitPolicy` splits llama-family weights as llama.cpp does).
+///
 /// ```no_run
-/// # use tessera_core::{DeviceRegistry, meta::{MetaDevice, LlamaSplitPolicy}, Device};
+/// # use tessera_core::{DeviceRegistry, Device, TensorDesc};
+/// # use tessera_core::meta::{MetaDevice, SplitLayout, SplitState, split_lengths};
 /// # fn main() -> tessera_core::Result<()> {
 /// let reg = DeviceRegistry::global();
 /// let devs = reg.select("cpu:2")?;
-/// let policy = LlamaSplitPolicy::new(2, 8, 2, 64, 512, 1536, 4);
+/// // Weights named `w_up` split their output rows (axis 1) by the ratios; the rest is mirrored.
+/// let policy = |t: &TensorDesc, layout: &SplitLayout| -> tessera_core::Result<SplitState> {
+///     if t.name() == "w_up" {
+///         let lens = split_lengths(t.ne()[1], layout.n_devices, &layout.ratios, 1, 0)?;
+///         SplitState::axis_lens(1, lens)
+///     } else {
+///         Ok(SplitState::mirrored())
+///     }
+/// };
 /// let meta = MetaDevice::new(&devs, policy)?.with_ratios(&[3.0, 1.0])?;
 /// let backend = meta.init_backend(&Default::default())?;
 /// # Ok(()) }
@@ -399,10 +388,27 @@ impl Device for MetaDevice {
     fn weight_buffer_type(&self) -> Arc<dyn BufferType> {
         Arc::new(MetaBufferType::weights(self.inner.clone()))
     }
+    fn io_buffer_type(&self) -> Option<Arc<dyn BufferType>> {
+        // Graph inputs in plain memory are mirrored to every device (copied in where a device
+        // cannot read them) and bound outputs are gathered into it (meta-device.md §7); the
+        // first local device's memory is what a single-process caller reads fastest.
+        self.local_devices().first().map(|d| d.buffer_type())
+    }
     fn supports_op(&self, tensors: &[TensorDesc], node: TensorId) -> Support {
+        // A device lacking the op has its slice run on the host CPU instead (meta-device.md
+        // §16), so the op is refused only when the CPU cannot run it either.
+        let mut host_cpu_ok = None;
         for d in &self.inner.devices {
             if let Support::No(why) = d.supports_op(tensors, node) {
-                return Support::No(format!("{}: {why}", d.name()));
+                let cpu = *host_cpu_ok.get_or_insert_with(|| {
+                    super::exec::host_cpu().is_some_and(|c| c.supports_op(tensors, node).is_yes())
+                });
+                if !cpu {
+                    return Support::No(format!(
+                        "{}: {why}; the host CPU cannot run it either",
+                        d.name()
+                    ));
+                }
             }
         }
         Support::Yes

@@ -66,6 +66,9 @@ pub struct MetaStats {
     pub dist_reduces: usize,
 }
 
+/// Plans a meta stream keeps for reuse.
+const MAX_CACHED_PLANS: usize = 4;
+
 /// A leaf living in a meta buffer: its state and its binding.
 type MetaLeaf = (SplitState, Arc<dyn Buffer>, usize);
 
@@ -147,8 +150,10 @@ pub struct MetaBackend {
     staging: Vec<Option<Arc<dyn Buffer>>>,
     compute_bytes: Vec<usize>,
     last: Option<LastRun>,
-    /// The last plan, reused for the next compute of the same graph and bindings.
-    cached: Option<Arc<MetaPlan>>,
+    /// The latest plans, oldest first, each reused for the next compute of its graph and
+    /// bindings (a scheduler may hand the device several parts of one graph, with other
+    /// devices' parts between them).
+    cached: Vec<Arc<MetaPlan>>,
     stats: MetaStats,
     /// Per device: the host CPU stream running the ops it cannot (made when first needed).
     host: Vec<Option<HostFallback>>,
@@ -222,7 +227,7 @@ impl MetaBackend {
             staging: vec![None; n],
             compute_bytes: vec![0; n],
             last: None,
-            cached: None,
+            cached: Vec::new(),
             stats: MetaStats::default(),
             host: (0..n).map(|_| None).collect(),
             opts: opts.clone(),
@@ -834,7 +839,7 @@ impl MetaBackend {
 }
 
 /// The host CPU device fallbacks run on.
-fn host_cpu() -> Option<Arc<dyn crate::backend::Device>> {
+pub(super) fn host_cpu() -> Option<Arc<dyn crate::backend::Device>> {
     DeviceRegistry::global()
         .select("cpu:1")
         .ok()
@@ -883,6 +888,10 @@ impl Backend for MetaBackend {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+
+    fn as_any(&self) -> Option<&dyn Any> {
+        Some(self)
+    }
 }
 
 impl MetaBackend {
@@ -894,13 +903,14 @@ impl MetaBackend {
             self.sync_streams()?;
             self.finish_pending()?;
         }
-        let plan = match &self.cached {
-            Some(p) if p.serves(graph, bindings) => p.clone(),
-            _ => {
-                // A failed plan must not leave the previous one to be reused for this graph.
-                self.cached = None;
+        let plan = match self.cached.iter().position(|p| p.serves(graph, bindings)) {
+            Some(i) => self.cached[i].clone(),
+            None => {
                 let p = Arc::new(self.plan(graph, bindings)?);
-                self.cached = Some(p.clone());
+                if self.cached.len() == MAX_CACHED_PLANS {
+                    self.cached.remove(0);
+                }
+                self.cached.push(p.clone());
                 p
             }
         };

@@ -28,7 +28,7 @@ fn fail(graph: &Graph, id: TensorId, j: usize, why: impl std::fmt::Display) -> E
 /// [`Error::InvalidOp`] naming the tensor when its slice cannot be expressed as a strided view of
 /// the device's memory (a view that starts inside a split piece, or strides that do not follow the
 /// root's dims).
-pub(crate) fn local_tensors(
+pub fn local_tensors(
     graph: &Graph,
     states: &[Option<NodeStates>],
     j: usize,

@@ -1,5 +1,6 @@
 //! Planning foundation of the tensor-parallel meta device (design: `docs/src/meta-device.md`): split
-//! states, uneven split lengths, the llama-family split policy, and the propagation pass that
+//! states, uneven split lengths, the [`SplitPolicy`] trait that gives stored tensors their states
+//! (the llama-family policy is `tessera_model::LlamaSplitPolicy`), and the propagation pass that
 //! assigns a state to every tensor of a graph and places the all-reduces.
 //!
 //! Invariants:
@@ -29,7 +30,6 @@ mod exec;
 mod fallback;
 mod inner;
 mod local;
-pub mod policy;
 mod propagate;
 pub mod ratio;
 mod remap;
@@ -38,17 +38,13 @@ mod rules;
 pub mod split;
 
 #[cfg(test)]
-mod tests_moe;
-#[cfg(test)]
-mod tests_propagate;
-#[cfg(test)]
 mod tests_split;
 
 pub use buffer::{COPY_ROW_ALIGN, MetaBuffer, MetaBufferType, Placement};
 pub use device::MetaDevice;
 pub use exec::{CommPath, MetaBackend, MetaStats};
 pub use inner::{SplitLayout, SplitPolicy};
-pub use policy::{ExpertSplit, LlamaSplitPolicy};
+pub use local::local_tensors;
 pub use propagate::{NodeStates, propagate, reduce_points};
 pub use ratio::split_lengths;
 pub use split::{

@@ -81,7 +81,8 @@ pub(crate) fn root(tensors: &[TensorDesc], mut id: TensorId) -> TensorId {
     id
 }
 
-fn pure_view(t: &TensorDesc) -> bool {
+/// A view op (a leaf is not one): computes nothing, its storage is the viewed tensor's.
+pub(crate) fn pure_view(t: &TensorDesc) -> bool {
     t.op.kind().is_view() && t.op.kind() != OpKind::None
 }
 

@@ -132,6 +132,12 @@ impl Scheduler {
         self.streams.iter().map(|s| s.device.clone()).collect()
     }
 
+    /// The stream of device `device` (for its reports, e.g. a meta stream's all-reduces through
+    /// [`Backend::as_any`]), if the index is in range.
+    pub fn backend(&self, device: usize) -> Option<&dyn Backend> {
+        self.streams.get(device).map(|s| s.backend.as_ref())
+    }
+
     /// Runs node `node` on device `device` in every later plan (it must support the op).
     ///
     /// # Errors

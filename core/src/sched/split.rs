@@ -1,9 +1,9 @@
 //! Planning (splits, copies, memory) and running of a scheduled graph.
 
-use super::assign::{Assignment, assign, owner, root};
+use super::assign::{Assignment, assign, owner, pure_view, root};
 use super::{Scheduler, Stream};
 use crate::alloc::plan as plan_memory;
-use crate::backend::{Bindings, Buffer, Event};
+use crate::backend::{Bindings, Buffer, BufferType, Event};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, label_of};
 use crate::ops::{Op, OpKind};
@@ -78,6 +78,23 @@ fn computes(t: &TensorDesc) -> bool {
     !t.op.kind().is_view()
 }
 
+/// `nodes` (one split's computing nodes) with the pure views they read, directly or through
+/// other views, in graph order. A device that plans its own memory gets these as nodes: a view
+/// left as a leaf would have to be bound, and its storage belongs to the tensor it views.
+fn with_views(tensors: &[TensorDesc], order: &[TensorId], nodes: &[TensorId]) -> Vec<TensorId> {
+    let mut keep: HashSet<TensorId> = nodes.iter().copied().collect();
+    let mut todo: Vec<TensorId> = nodes.to_vec();
+    while let Some(n) = todo.pop() {
+        let t = &tensors[n.index()];
+        for r in t.srcs().chain(t.view.map(|v| v.src)) {
+            if pure_view(&tensors[r.index()]) && keep.insert(r) {
+                todo.push(r);
+            }
+        }
+    }
+    order.iter().copied().filter(|n| keep.contains(n)).collect()
+}
+
 fn aligned(x: usize, a: usize) -> usize {
     x.div_ceil(a.max(1)) * a.max(1)
 }
@@ -85,6 +102,10 @@ fn aligned(x: usize, a: usize) -> usize {
 pub(crate) fn plan(sched: &mut Scheduler, graph: &Graph, weights: &Bindings) -> Result<Planned> {
     let devices: Vec<_> = sched.streams.iter().map(|s| s.device.clone()).collect();
     let n_dev = devices.len();
+    // Devices planning their own compute memory (meta devices): only what crosses their
+    // splits' borders is bound here, in their plain io memory.
+    let io: Vec<Option<Arc<dyn BufferType>>> = devices.iter().map(|d| d.io_buffer_type()).collect();
+    let memory_type = |d: usize| io[d].clone().unwrap_or_else(|| devices[d].buffer_type());
     let assigned = assign(graph, weights, &devices, &sched.user)?;
     let orig = graph.tensors();
     let compute: Vec<TensorId> = graph
@@ -247,21 +268,55 @@ pub(crate) fn plan(sched: &mut Scheduler, graph: &Graph, weights: &Bindings) -> 
         }
         out
     };
+    // What a self-planning device's splits must deliver into bound memory: nodes another split
+    // reads (in place or through a copy) and the graph's outputs. Everything else stays the
+    // device's own business.
+    let mut exported: HashSet<TensorId> = HashSet::new();
+    for (si, (_, nodes)) in split_nodes.iter().enumerate() {
+        for &n in nodes {
+            let t = &orig[n.index()];
+            for s in t.srcs().chain(t.view.map(|v| v.src)) {
+                let r = root(orig, s);
+                if split_of.get(&r).is_some_and(|&w| w != si) {
+                    exported.insert(r);
+                }
+            }
+        }
+    }
+    let outputs: HashSet<TensorId> = graph.outputs().iter().copied().collect();
+    for &n in &compute {
+        if outputs.contains(&n) || orig[n.index()].flags.output {
+            exported.insert(n);
+        }
+    }
+    exported.retain(|n| assigned.get(n).is_some_and(|a| io[a.device].is_some()));
     let splits: Vec<Split> = split_nodes
         .iter()
         .zip(copies_of)
         .zip(waits_of)
-        .map(|(((d, nodes), copies), waits)| Split {
-            device: *d,
-            nodes: nodes.len(),
-            graph: Graph::from_parts(
-                tensors.clone(),
-                nodes.clone(),
-                referenced(nodes),
-                Vec::new(),
-            ),
-            copies,
-            waits,
+        .map(|(((d, nodes), copies), waits)| {
+            let (graph_nodes, outputs) = if io[*d].is_some() {
+                let outputs = nodes
+                    .iter()
+                    .copied()
+                    .filter(|n| exported.contains(n))
+                    .collect();
+                (with_views(&tensors, graph.nodes(), nodes), outputs)
+            } else {
+                (nodes.clone(), Vec::new())
+            };
+            Split {
+                device: *d,
+                nodes: nodes.len(),
+                graph: Graph::from_parts(
+                    tensors.clone(),
+                    graph_nodes.clone(),
+                    referenced(&graph_nodes),
+                    outputs,
+                ),
+                copies,
+                waits,
+            }
         })
         .collect();
 
@@ -270,6 +325,20 @@ pub(crate) fn plan(sched: &mut Scheduler, graph: &Graph, weights: &Bindings) -> 
     let mut compute_offsets: Vec<Vec<(TensorId, usize)>> = Vec::new();
     let mut peaks = Vec::new();
     for (d, dev) in devices.iter().enumerate() {
+        if let Some(io) = &io[d] {
+            // The device's streams plan their splits' memory; bind only what they deliver.
+            let (mut offsets, mut size) = (Vec::new(), 0usize);
+            for &n in compute.iter().filter(|n| exported.contains(n)) {
+                if assigned[&n].device == d {
+                    let off = aligned(size, io.alignment());
+                    size = off + io.alloc_size(&tensors[n.index()]);
+                    offsets.push((n, off));
+                }
+            }
+            peaks.push(size);
+            compute_offsets.push(offsets);
+            continue;
+        }
         // View nodes compute nothing, but the planner must see them as nodes: a read through a
         // view is a read of its base at that point. Left out, they become leaves, and every
         // base a view reads would live to the end of the graph (ten times the memory on a
@@ -312,7 +381,7 @@ pub(crate) fn plan(sched: &mut Scheduler, graph: &Graph, weights: &Bindings) -> 
     let mut slot_ids: Vec<(&TensorId, &usize)> = slot_home.iter().collect();
     slot_ids.sort();
     for (&id, &d) in slot_ids {
-        let buft = devices[d].buffer_type();
+        let buft = memory_type(d);
         let off = aligned(slot_sizes[d], buft.alignment());
         slot_sizes[d] = off + buft.alloc_size(&tensors[id.index()]);
         slot_offsets[d].push((id, off));
@@ -320,8 +389,8 @@ pub(crate) fn plan(sched: &mut Scheduler, graph: &Graph, weights: &Bindings) -> 
 
     // Buffers, reused when large enough.
     for d in 0..n_dev {
+        let buft = memory_type(d);
         let s: &mut Stream = &mut sched.streams[d];
-        let buft = s.device.buffer_type();
         if peaks[d] > 0 && s.compute_buf.as_ref().is_none_or(|b| b.size() < peaks[d]) {
             tracing::debug!(
                 device = s.device.name(),

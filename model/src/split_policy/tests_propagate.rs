@@ -2,12 +2,13 @@
 //! dataflow table of meta-device.md §13.
 
 use super::*;
-use crate::dtype::DType;
-use crate::error::Error;
-use crate::graph::{Context, Graph};
-use crate::ops::{RopeMode, RopeParams};
-use crate::tensor::{TensorDesc, TensorId};
 use std::collections::HashMap;
+use tessera::DType;
+use tessera::Error;
+use tessera::meta::*;
+use tessera::ops::{RopeMode, RopeParams};
+use tessera::tensor::{TensorDesc, TensorId};
+use tessera::{Context, Graph};
 
 const T: usize = 4;
 const N_CTX: usize = 16;
@@ -260,7 +261,7 @@ fn llama_block(p: &LlamaSplitPolicy, fused: bool) -> Block {
         let w = leaf(&mut c, &ws, "blk.0.ffn_gate_up.weight");
         let gu = c.mul_mat(w, cur).unwrap();
         name(&mut c, gu, "gate_up");
-        c.glu(gu, crate::ops::GluOp::Swiglu, false).unwrap()
+        c.glu(gu, tessera::ops::GluOp::Swiglu, false).unwrap()
     } else {
         let wg = leaf(&mut c, &ws, "blk.0.ffn_gate.weight");
         let wu = leaf(&mut c, &ws, "blk.0.ffn_up.weight");
@@ -280,7 +281,7 @@ fn llama_block(p: &LlamaSplitPolicy, fused: bool) -> Block {
     Block { ctx: c, graph, ids }
 }
 
-fn run(p: &LlamaSplitPolicy, b: &Block) -> crate::error::Result<Vec<Option<NodeStates>>> {
+fn run(p: &LlamaSplitPolicy, b: &Block) -> tessera::Result<Vec<Option<NodeStates>>> {
     let cb = |id: TensorId| {
         let d = b.ctx.tensor(id).ok()?;
         let n = d.name();
@@ -362,7 +363,7 @@ fn fused_qkv_and_gate_up_propagate_through_segments() {
     }
 }
 
-fn expect_cannot_split(r: crate::error::Result<Vec<Option<NodeStates>>>, op: &str, state: &str) {
+fn expect_cannot_split(r: tessera::Result<Vec<Option<NodeStates>>>, op: &str, state: &str) {
     match r {
         Err(Error::InvalidOp {
             op: o,
@@ -384,7 +385,7 @@ fn expect_cannot_split(r: crate::error::Result<Vec<Option<NodeStates>>>, op: &st
 fn a0_then(
     lens: Vec<usize>,
     f: impl Fn(&mut Context, TensorId) -> TensorId,
-) -> crate::error::Result<Vec<Option<NodeStates>>> {
+) -> tessera::Result<Vec<Option<NodeStates>>> {
     let m: usize = lens.iter().sum();
     let mut c = Context::new();
     let w = c.new_named("w", DType::F32, [16, m]).unwrap();
@@ -510,7 +511,7 @@ fn partial_flows_through_linear_ops_only() {
     // A static PARTIAL leaf cannot be reduced: a non-linear use of it is an error.
     let mut c4 = Context::new();
     let b = c4.new_named("bias", DType::F32, [16]).unwrap();
-    let e = c4.unary(b, crate::ops::UnaryOp::Exp).unwrap();
+    let e = c4.unary(b, tessera::ops::UnaryOp::Exp).unwrap();
     let g4 = c4.build_forward(e).unwrap();
     assert!(propagate(&g4, &|id| (id == b).then(SplitState::partial)).is_err());
 }

@@ -5,11 +5,12 @@
 //! per block, on its `n_embd·T` output.
 
 use super::*;
-use crate::dtype::DType;
-use crate::graph::{Context, Graph};
-use crate::ops::GluOp;
-use crate::tensor::TensorId;
 use std::collections::HashMap;
+use tessera::DType;
+use tessera::meta::*;
+use tessera::ops::GluOp;
+use tessera::tensor::TensorId;
+use tessera::{Context, Graph};
 
 const N_EMBD: usize = 64;
 const N_FF_EXP: usize = 64;
@@ -112,7 +113,7 @@ fn moe_block(n_expert: usize, n_used: usize, biases: bool, wtype: DType) -> Moe 
 fn policy(n: usize, ratios: &[f32], experts: ExpertSplit, m: &Moe) -> LlamaSplitPolicy {
     let mut p = LlamaSplitPolicy::new(n, 4, 4, 16, N_EMBD, N_FF_EXP, 1).with_expert_split(experts);
     p.ratios = ratios.to_vec();
-    let named: Vec<(String, crate::tensor::TensorDesc)> = m
+    let named: Vec<(String, TensorDesc)> = m
         .ctx
         .tensors()
         .iter()
@@ -128,7 +129,7 @@ fn state_of(p: &LlamaSplitPolicy, m: &Moe, name: &str) -> SplitState {
     p.state_for(name, d).unwrap()
 }
 
-fn run(p: &LlamaSplitPolicy, m: &Moe) -> crate::error::Result<Vec<Option<NodeStates>>> {
+fn run(p: &LlamaSplitPolicy, m: &Moe) -> tessera::Result<Vec<Option<NodeStates>>> {
     let cb = |id: TensorId| {
         let d = m.ctx.tensor(id).ok()?;
         d.name()
@@ -208,14 +209,14 @@ fn zero_length_slices_keep_the_block_linear() {
         assert_eq!(s.local_len(1), 0, "{experts:?}: {s}");
         let st = run(&p, &m).unwrap();
         assert_eq!(reduce_points(&m.graph, &st), vec![m.ids["out"]]);
-        let j1 = super::local::local_tensors(&m.graph, &st, 1).unwrap();
+        let j1 = local_tensors(&m.graph, &st, 1).unwrap();
         let down = &j1[m.ids["down"].index()];
         // The down output keeps its full shape (a zero addend), so the reduce may sum it.
         assert_eq!(down.ne(), m.graph.tensor(m.ids["down"]).unwrap().ne());
         if experts == ExpertSplit::Expert {
             assert_eq!(
                 *down.op(),
-                crate::ops::Op::MulMatId {
+                tessera::ops::Op::MulMatId {
                     first_expert: Some(s.local_len(0))
                 }
             );
@@ -232,11 +233,11 @@ fn expert_split_gives_each_device_its_own_expert_range() {
     assert_eq!(lens.iter().sum::<usize>(), 8);
     let mut first = 0;
     for (j, &l) in lens.iter().enumerate() {
-        let local = super::local::local_tensors(&m.graph, &st, j).unwrap();
+        let local = local_tensors(&m.graph, &st, j).unwrap();
         for k in ["up", "down"] {
             assert_eq!(
                 *local[m.ids[k].index()].op(),
-                crate::ops::Op::MulMatId {
+                tessera::ops::Op::MulMatId {
                     first_expert: Some(first)
                 },
                 "device {j} {k}"
@@ -247,10 +248,10 @@ fn expert_split_gives_each_device_its_own_expert_range() {
     // The tensor split leaves the op in its plain form.
     let p = policy(3, &[5.0, 1.0, 3.0], ExpertSplit::Tensor, &m);
     let st = run(&p, &m).unwrap();
-    let local = super::local::local_tensors(&m.graph, &st, 1).unwrap();
+    let local = local_tensors(&m.graph, &st, 1).unwrap();
     assert_eq!(
         *local[m.ids["up"].index()].op(),
-        crate::ops::Op::MulMatId { first_expert: None }
+        tessera::ops::Op::MulMatId { first_expert: None }
     );
 }
 

@@ -14,10 +14,15 @@
 //! `lcm(head_dim, blck)`); upstream falls to `head_dim` granularity for K/V and asserts. A fused
 //! `attn_qkv` cannot be split that way and is an error under MQA.
 
-use crate::error::{Error, Result};
-use crate::meta::ratio::split_lengths;
-use crate::meta::split::{Segment, SplitState, slice_desc};
-use crate::tensor::TensorDesc;
+use tessera::meta::{Segment, SplitLayout, SplitPolicy, SplitState, slice_desc, split_lengths};
+use tessera::{Error, Result, TensorDesc};
+
+#[cfg(test)]
+mod tests_experts;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_moe_block;
+#[cfg(test)]
+mod tests_propagate;
 
 /// How the expert stacks of mixture-of-experts layers are split (`--split-mode tensor` or
 /// `expert`).
@@ -426,7 +431,7 @@ impl LlamaSplitPolicy {
             }
             // Added to every device's partial expert outputs: the value on one device, zeros
             // on the others, so the block stays linear up to its one all-reduce.
-            (true, "ffn_down_exps.bias") if desc.dtype() == crate::dtype::DType::F32 => {
+            (true, "ffn_down_exps.bias") if desc.dtype() == tessera::DType::F32 => {
                 Ok(SplitState::partial())
             }
             (true, "cache_k" | "cache_v") if !mqa => self.split(name, 0, ne[0], g_kv, rot),
@@ -474,4 +479,28 @@ fn ranges(ls: &[usize]) -> String {
         i = j + 1;
     }
     format!("layers {}", out.join(","))
+}
+
+impl SplitPolicy for LlamaSplitPolicy {
+    fn split_state(&self, desc: &TensorDesc, layout: &SplitLayout) -> Result<SplitState> {
+        if self.n_devices == layout.n_devices && self.ratios == layout.ratios {
+            return self.state_for(desc.name(), desc);
+        }
+        self.for_layout(layout).state_for(desc.name(), desc)
+    }
+
+    fn describe(&self, layout: &SplitLayout) -> String {
+        self.for_layout(layout).describe_experts()
+    }
+}
+
+impl LlamaSplitPolicy {
+    /// This policy for a meta device's actual layout (a distributed one learns its device
+    /// count from the ranks; ratios come with the device).
+    fn for_layout(&self, layout: &SplitLayout) -> LlamaSplitPolicy {
+        let mut p = self.clone();
+        p.n_devices = layout.n_devices;
+        p.ratios = layout.ratios.clone();
+        p
+    }
 }
