@@ -362,7 +362,7 @@ pub fn mul_mat_tile_packed(
         }
         #[cfg(target_arch = "aarch64")]
         if super::arm::packed::mul_mat_tile_packed(
-            isa, layout, wt, w, rows, x, x_stride, cols, k, out, ldo,
+            isa, layout, wt, w, rows, x, x_stride, cols, k, out, ldo, scratch,
         ) {
             return;
         }

@@ -380,7 +380,7 @@ pub(crate) unsafe fn mm_tile<const KIND: u8>(
 
 /// The two-lane vector `[a, b]`.
 #[inline(always)]
-pub(crate) fn pair_f32(a: f32, b: f32) -> float32x2_t {
+fn pair_f32(a: f32, b: f32) -> float32x2_t {
     // SAFETY: register-only baseline NEON.
     unsafe { vset_lane_f32::<1>(b, vdup_n_f32(a)) }
 }

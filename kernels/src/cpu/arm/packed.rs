@@ -5,8 +5,10 @@
 //! * [`PackLayout::Rows4x4`]: `sdot` by element, each vector (four bytes of four rows) against
 //!   one four-byte lane of an activation vector, so one activation load serves four `sdot`s;
 //! * [`PackLayout::Rows4x8`]: with i8mm, `smmla` for two rows × two columns of eight bytes per
-//!   instruction; one column at a time, `sdot` against eight activation bytes in both halves,
-//!   each row's two partial lanes added pairwise once per block.
+//!   instruction, the activation columns interleaved in pairs once per tile (as ggml's
+//!   `block_q8_0x4`) so the block loop only loads them; one column at a time, `sdot` against
+//!   eight activation bytes in both halves, each row's two partial lanes added pairwise once per
+//!   block.
 //!
 //! Q4_0's nibbles are stored in two's complement ([`PackLayout::quant_xor`]): `shl #4` and a
 //! `0xF0` mask give `16 · level`, and the conversion to f32 divides by 16 for free (`scvtf` with
@@ -17,9 +19,10 @@
 use std::arch::aarch64::*;
 
 use super::neon::{
-    B_IQ4_NL, B_Q4_0, B_Q8_0, block_bytes, f16_at, f16x4_at, pair_f32, sdot, sdot_lane, smmla,
+    B_IQ4_NL, B_Q4_0, B_Q8_0, block_bytes, f16_at, f16x4_at, sdot, sdot_lane, smmla,
 };
 use crate::cpu::features::Isa;
+use crate::cpu::generic::f16_bits_to_f32;
 use crate::cpu::iquant::KVALUES_IQ4NL;
 use crate::cpu::pack_layout::PackLayout;
 use crate::cpu::tile::WeightType;
@@ -35,6 +38,12 @@ const Q4K_GROUP: usize = ROWS * 144;
 /// Columns one `sdot` kernel call handles: the block's levels are decoded once for all of them
 /// (more would spill the 32 vector registers).
 const MAX_COLS: usize = 4;
+/// Column pairs one `smmla` kernel call handles.
+const MAX_PAIRS: usize = 2;
+/// Bytes per block of an interleaved column pair: the two columns' quants in eight-byte pieces
+/// (`a[0..8]`, `b[0..8]`, `a[8..16]`, …, the order `smmla` multiplies them in), then the scales
+/// `[da, db, da, db]` as f32.
+const PAIR_BLOCK: usize = 80;
 
 /// How a 32-element kernel pairs the levels with the activations.
 const PATH_LANE: u8 = 0;
@@ -68,6 +77,7 @@ pub(crate) fn mul_mat_tile_packed(
     k: usize,
     out: &mut [f32],
     ldo: usize,
+    scratch: &mut Vec<u8>,
 ) -> bool {
     if !matches!(isa, Isa::Dotprod | Isa::I8mm) || !layout.packs(wt) {
         return false;
@@ -83,15 +93,23 @@ pub(crate) fn mul_mat_tile_packed(
     let mm = layout == PackLayout::Rows4x8 && isa == Isa::I8mm;
     match (layout, wt) {
         (PackLayout::Rows4x4, WeightType::Q4_K) => tile_q4k(&t, out, ldo),
-        (PackLayout::Rows4x4, WeightType::Q8_0) => tile32::<B_Q8_0, PATH_LANE>(&t, false, out, ldo),
-        (PackLayout::Rows4x4, WeightType::Q4_0) => tile32::<B_Q4_0, PATH_LANE>(&t, false, out, ldo),
-        (PackLayout::Rows4x4, WeightType::IQ4_NL) => {
-            tile32::<B_IQ4_NL, PATH_LANE>(&t, false, out, ldo)
+        (PackLayout::Rows4x4, WeightType::Q8_0) => {
+            tile32::<B_Q8_0, PATH_LANE>(&t, false, out, ldo, scratch)
         }
-        (PackLayout::Rows4x8, WeightType::Q8_0) => tile32::<B_Q8_0, PATH_HALVES>(&t, mm, out, ldo),
-        (PackLayout::Rows4x8, WeightType::Q4_0) => tile32::<B_Q4_0, PATH_HALVES>(&t, mm, out, ldo),
+        (PackLayout::Rows4x4, WeightType::Q4_0) => {
+            tile32::<B_Q4_0, PATH_LANE>(&t, false, out, ldo, scratch)
+        }
+        (PackLayout::Rows4x4, WeightType::IQ4_NL) => {
+            tile32::<B_IQ4_NL, PATH_LANE>(&t, false, out, ldo, scratch)
+        }
+        (PackLayout::Rows4x8, WeightType::Q8_0) => {
+            tile32::<B_Q8_0, PATH_HALVES>(&t, mm, out, ldo, scratch)
+        }
+        (PackLayout::Rows4x8, WeightType::Q4_0) => {
+            tile32::<B_Q4_0, PATH_HALVES>(&t, mm, out, ldo, scratch)
+        }
         (PackLayout::Rows4x8, WeightType::IQ4_NL) => {
-            tile32::<B_IQ4_NL, PATH_HALVES>(&t, mm, out, ldo)
+            tile32::<B_IQ4_NL, PATH_HALVES>(&t, mm, out, ldo, scratch)
         }
         _ => return false,
     }
@@ -120,40 +138,84 @@ fn out_ptrs<const C: usize>(out: &mut [f32], ldo: usize, g: usize, c0: usize) ->
     std::array::from_fn(|j| out[(c0 + j) * ldo + ROWS * g..][..ROWS].as_mut_ptr())
 }
 
-/// A 32-element type over groups of four rows: column pairs through `smmla` when `mm`, the rest
-/// (all columns without it) through `sdot`, up to [`MAX_COLS`] per pass.
-fn tile32<const KIND: u8, const PATH: u8>(t: &Tile, mm: bool, out: &mut [f32], ldo: usize) {
+/// The activation columns `0..2 · pairs` interleaved in pairs (see [`PAIR_BLOCK`]), pair after
+/// pair, `nb` blocks each, into `dst`.
+fn interleave_pairs(t: &Tile, pairs: usize, nb: usize, dst: &mut [u8]) {
+    let col = |c: usize| &t.x[c * t.x_stride..][..nb * ACT];
+    for p in 0..pairs {
+        let (a, b) = (col(2 * p), col(2 * p + 1));
+        for blk in 0..nb {
+            let (ya, yb) = (&a[blk * ACT..][..ACT], &b[blk * ACT..][..ACT]);
+            let o = &mut dst[(p * nb + blk) * PAIR_BLOCK..][..PAIR_BLOCK];
+            for j in 0..4 {
+                o[16 * j..16 * j + 8].copy_from_slice(&ya[2 + 8 * j..10 + 8 * j]);
+                o[16 * j + 8..16 * j + 16].copy_from_slice(&yb[2 + 8 * j..10 + 8 * j]);
+            }
+            let scale = |y: &[u8]| f16_bits_to_f32(u16::from_le_bytes([y[0], y[1]])).to_le_bytes();
+            let (da, db) = (scale(ya), scale(yb));
+            for (i, d) in [da, db, da, db].iter().enumerate() {
+                o[64 + 4 * i..68 + 4 * i].copy_from_slice(d);
+            }
+        }
+    }
+}
+
+/// A 32-element type over groups of four rows: column pairs through `smmla` when `mm` (their
+/// activations interleaved once for all groups), the rest (all columns without it) through
+/// `sdot`, up to [`MAX_COLS`] per pass.
+fn tile32<const KIND: u8, const PATH: u8>(
+    t: &Tile,
+    mm: bool,
+    out: &mut [f32],
+    ldo: usize,
+    scratch: &mut Vec<u8>,
+) {
     let nb = t.k / 32;
     let gbytes = nb * ROWS * block_bytes(KIND);
+    let pairs = if mm { t.cols / 2 } else { 0 };
+    if pairs > 0 {
+        let need = pairs * nb * PAIR_BLOCK;
+        if scratch.len() < need {
+            scratch.resize(need, 0);
+        }
+        interleave_pairs(t, pairs, nb, scratch);
+    }
     for g in 0..t.rows / ROWS {
         let wg = t.w[g * gbytes..(g + 1) * gbytes].as_ptr();
-        let mut c0 = 0;
-        while mm && t.cols - c0 >= 2 {
-            let n = if t.cols - c0 >= 4 { 4 } else { 2 };
-            macro_rules! pairs {
-                ($c:literal) => {{
-                    let xp: [*const u8; $c] = std::array::from_fn(|j| t.col(c0 + j, nb * ACT));
-                    let op = out_ptrs::<$c>(out, ldo, g, c0);
+        let mut p0 = 0;
+        while p0 < pairs {
+            let n = (pairs - p0).min(MAX_PAIRS);
+            macro_rules! call_mm {
+                ($p:literal) => {{
+                    let xp: [*const u8; $p] = std::array::from_fn(|j| {
+                        scratch[(p0 + j) * nb * PAIR_BLOCK..][..nb * PAIR_BLOCK].as_ptr()
+                    });
+                    let op: [[*mut f32; 2]; $p] = std::array::from_fn(|j| {
+                        let c = 2 * (p0 + j);
+                        [
+                            out[c * ldo + ROWS * g..][..ROWS].as_mut_ptr(),
+                            out[(c + 1) * ldo + ROWS * g..][..ROWS].as_mut_ptr(),
+                        ]
+                    });
                     // SAFETY: the CPU has i8mm (the caller's `mm`); the group holds `nb` packed
-                    // blocks, each column `nb` activation blocks, each output four floats (the
+                    // blocks, each pair `nb` interleaved blocks, each output four floats (the
                     // slices above are bounds-checked).
-                    unsafe { group_mm::<KIND, $c>(wg, nb, &xp, &op) }
+                    unsafe { group_mm::<KIND, $p>(wg, nb, &xp, &op) }
                 }};
             }
-            if n == 4 {
-                pairs!(4)
-            } else {
-                pairs!(2)
-            }
-            c0 += n;
+            with_cols!(n; 1; 2; call_mm);
+            p0 += n;
         }
+        let mut c0 = 2 * pairs;
         while c0 < t.cols {
             let n = (t.cols - c0).min(MAX_COLS);
             macro_rules! call {
                 ($c:literal) => {{
                     let xp: [*const u8; $c] = std::array::from_fn(|j| t.col(c0 + j, nb * ACT));
                     let op = out_ptrs::<$c>(out, ldo, g, c0);
-                    // SAFETY: the CPU has dotprod (checked by the dispatcher); pointers as above.
+                    // SAFETY: the CPU has dotprod (checked by the dispatcher); the group holds
+                    // `nb` packed blocks, each column `nb` activation blocks, each output four
+                    // floats (the slices above are bounds-checked).
                     unsafe { group_sdot::<KIND, PATH, $c>(wg, nb, &xp, &op) }
                 }};
             }
@@ -171,7 +233,8 @@ struct Levels {
 }
 
 /// The levels of the quants at `q` of a group block: Q8_0 as stored, Q4_0 as `16 · level`,
-/// IQ4_NL through the 16-entry `tbl` (`table`).
+/// IQ4_NL through the 16-entry `tbl` (`table`). Loaded 64 bytes per `ld1` (four registers), as
+/// the group block keeps them contiguous.
 ///
 /// # Safety
 /// `q` must point at a group block's quants (128 bytes for Q8_0, 64 for the nibble kinds).
@@ -180,12 +243,14 @@ unsafe fn levels<const KIND: u8>(q: *const u8, table: int8x16_t) -> Levels {
     // SAFETY: the loads stay inside the quants the caller guarantees.
     unsafe {
         if KIND == B_Q8_0 {
+            let (lo, hi) = (vld1q_s8_x4(q.cast()), vld1q_s8_x4(q.add(64).cast()));
             return Levels {
-                lo: std::array::from_fn(|i| vld1q_s8(q.add(16 * i).cast())),
-                hi: std::array::from_fn(|i| vld1q_s8(q.add(64 + 16 * i).cast())),
+                lo: [lo.0, lo.1, lo.2, lo.3],
+                hi: [hi.0, hi.1, hi.2, hi.3],
             };
         }
-        let v: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(q.add(16 * i)));
+        let v = vld1q_u8_x4(q);
+        let v = [v.0, v.1, v.2, v.3];
         if KIND == B_Q4_0 {
             let high = vdupq_n_u8(0xF0);
             Levels {
@@ -291,8 +356,8 @@ unsafe fn group_sdot<const KIND: u8, const PATH: u8, const C: usize>(
             let l = levels::<KIND>(blk.add(2 * ROWS), table);
             for c in 0..C {
                 let y = x[c].add(b * ACT);
-                let (a0, a1) = (vld1q_s8(y.add(2).cast()), vld1q_s8(y.add(18).cast()));
-                let s = block_dot::<PATH>(&l, a0, a1);
+                let a = vld1q_s8_x2(y.add(2).cast());
+                let s = block_dot::<PATH>(&l, a.0, a.1);
                 acc[c] = vfmaq_f32(acc[c], to_f32::<KIND>(s), vmulq_n_f32(dw, f16_at(y)));
             }
         }
@@ -302,62 +367,49 @@ unsafe fn group_sdot<const KIND: u8, const PATH: u8, const C: usize>(
     }
 }
 
-/// Four packed rows ([`PackLayout::Rows4x8`]) times `C` columns (an even count, taken in
-/// pairs) with `smmla`: each instruction multiplies eight bytes of two rows with eight bytes of
-/// two columns.
+/// Four packed rows ([`PackLayout::Rows4x8`]) times `P` interleaved column pairs with
+/// `smmla`: each instruction multiplies eight bytes of two rows with eight bytes of two columns.
+/// `out[p]` gets the pair's two columns.
 ///
 /// # Safety
-/// The CPU must have i8mm; `w`, `x` and `out` as for [`group_sdot`]; `C` must be even.
+/// The CPU must have i8mm; `w` must hold `nb` packed group blocks of `KIND`, every `x[p]` `nb`
+/// interleaved pair blocks ([`PAIR_BLOCK`]) and every `out[p][i]` four writable floats.
 #[inline(never)]
-unsafe fn group_mm<const KIND: u8, const C: usize>(
+unsafe fn group_mm<const KIND: u8, const P: usize>(
     w: *const u8,
     nb: usize,
-    x: &[*const u8; C],
-    out: &[*mut f32; C],
+    x: &[*const u8; P],
+    out: &[[*mut f32; 2]; P],
 ) {
     let gb = ROWS * block_bytes(KIND);
-    // The eight-byte halves of two columns side by side: ([a.lo, b.lo], [a.hi, b.hi]).
-    #[inline(always)]
-    fn pairs(a: int8x16_t, b: int8x16_t) -> (int8x16_t, int8x16_t) {
-        // SAFETY: register-only baseline NEON.
-        unsafe {
-            let (a, b) = (vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(b));
-            (
-                vreinterpretq_s8_s64(vzip1q_s64(a, b)),
-                vreinterpretq_s8_s64(vzip2q_s64(a, b)),
-            )
-        }
-    }
     // SAFETY: every read stays inside the blocks the caller guarantees; i8mm as guaranteed.
     unsafe {
         let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
-        // Pair p: `acc[2p]` has lanes (row 0, column 2p), (row 0, 2p + 1), (row 1, 2p),
-        // (row 1, 2p + 1); `acc[2p + 1]` the same for rows 2 and 3.
-        let mut acc = [vdupq_n_f32(0.0); C];
+        // Pair p: lanes (row 0, column a), (row 0, b), (row 1, a), (row 1, b) in `acc[p][0]`,
+        // the same for rows 2 and 3 in `acc[p][1]`.
+        let mut acc = [[vdupq_n_f32(0.0); 2]; P];
         for b in 0..nb {
             let blk = w.add(b * gb);
             let dw = f16x4_at(blk);
             let (d01, d23) = (vzip1q_f32(dw, dw), vzip2q_f32(dw, dw));
             let l = levels::<KIND>(blk.add(2 * ROWS), table);
-            for p in 0..C / 2 {
-                let (y, z) = (x[2 * p].add(b * ACT), x[2 * p + 1].add(b * ACT));
-                let (p0, p1) = pairs(vld1q_s8(y.add(2).cast()), vld1q_s8(z.add(2).cast()));
-                let (p2, p3) = pairs(vld1q_s8(y.add(18).cast()), vld1q_s8(z.add(18).cast()));
+            for p in 0..P {
+                let y = x[p].add(b * PAIR_BLOCK);
+                let q = vld1q_s8_x4(y.cast());
+                let da = vld1q_f32(y.add(64).cast());
                 let zero = vdupq_n_s32(0);
-                let h0 = smmla(smmla(zero, l.lo[0], p0), l.lo[2], p1);
-                let h0 = smmla(smmla(h0, l.hi[0], p2), l.hi[2], p3);
-                let h1 = smmla(smmla(zero, l.lo[1], p0), l.lo[3], p1);
-                let h1 = smmla(smmla(h1, l.hi[1], p2), l.hi[3], p3);
-                let dyz = pair_f32(f16_at(y), f16_at(z));
-                let da = vcombine_f32(dyz, dyz);
-                acc[2 * p] = vfmaq_f32(acc[2 * p], to_f32::<KIND>(h0), vmulq_f32(d01, da));
-                acc[2 * p + 1] = vfmaq_f32(acc[2 * p + 1], to_f32::<KIND>(h1), vmulq_f32(d23, da));
+                let h0 = smmla(smmla(zero, l.lo[0], q.0), l.lo[2], q.1);
+                let h0 = smmla(smmla(h0, l.hi[0], q.2), l.hi[2], q.3);
+                let h1 = smmla(smmla(zero, l.lo[1], q.0), l.lo[3], q.1);
+                let h1 = smmla(smmla(h1, l.hi[1], q.2), l.hi[3], q.3);
+                acc[p][0] = vfmaq_f32(acc[p][0], to_f32::<KIND>(h0), vmulq_f32(d01, da));
+                acc[p][1] = vfmaq_f32(acc[p][1], to_f32::<KIND>(h1), vmulq_f32(d23, da));
             }
         }
-        for p in 0..C / 2 {
-            let (a, b) = (acc[2 * p], acc[2 * p + 1]);
-            vst1q_f32(out[2 * p], vuzp1q_f32(a, b));
-            vst1q_f32(out[2 * p + 1], vuzp2q_f32(a, b));
+        for p in 0..P {
+            let [a, b] = acc[p];
+            vst1q_f32(out[p][0], vuzp1q_f32(a, b));
+            vst1q_f32(out[p][1], vuzp2q_f32(a, b));
         }
     }
 }
@@ -405,7 +457,11 @@ unsafe fn q4k_subblock<const H: bool, const C: usize>(
     unsafe {
         // Chunk 8p + m of each row (bytes 32p + 4m..32p + 4m + 4): elements 4m..4m + 4 of the
         // sub-block.
-        let v: [uint8x16_t; 8] = std::array::from_fn(|m| vld1q_u8(q.add(128 * p + 16 * m)));
+        let (v0, v1) = (
+            vld1q_u8_x4(q.add(128 * p)),
+            vld1q_u8_x4(q.add(128 * p + 64)),
+        );
+        let v = [v0.0, v0.1, v0.2, v0.3, v1.0, v1.1, v1.2, v1.3];
         let lv = if H {
             v.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)))
         } else {
@@ -415,9 +471,8 @@ unsafe fn q4k_subblock<const H: bool, const C: usize>(
         let (first, second) = ([lv[0], lv[1], lv[2], lv[3]], [lv[4], lv[5], lv[6], lv[7]]);
         let at = 64 * p + if H { 32 } else { 0 };
         for c in 0..C {
-            let a = y[c].add(at);
-            let (a0, a1) = (vld1q_s8(a.cast()), vld1q_s8(a.add(16).cast()));
-            let s = sdot_lanes(sdot_lanes(vdupq_n_s32(0), &first, a0), &second, a1);
+            let a = vld1q_s8_x2(y[c].add(at).cast());
+            let s = sdot_lanes(sdot_lanes(vdupq_n_s32(0), &first, a.0), &second, a.1);
             isum[c] = vmlaq_s32(isum[c], s, scale);
         }
     }
