@@ -97,11 +97,11 @@ run_level() {
   qemu-aarch64 -cpu "$cpu" "$CONFORMANCE" -q
   if [ "$QUICK" = 0 ]; then
     if [ "$level" = i8mm ]; then
-      echo "   reference suite (synthetic and real models), modes: $TOP_MODES"
-      TESSERA_REFERENCE_MODES=$TOP_MODES qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_reference tests_real
+      echo "   reference suite (synthetic and real models), modes: $TOP_MODES; MoE packed against plain"
+      TESSERA_REFERENCE_MODES=$TOP_MODES qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_reference tests_real tests_moe
     else
-      echo "   real models, unsplit"
-      TESSERA_REFERENCE_MODES=none qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_real
+      echo "   real models, unsplit; MoE packed against plain"
+      TESSERA_REFERENCE_MODES=none qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_real tests_moe
     fi
   fi
 }
