@@ -192,6 +192,30 @@ fn word(s: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([s[at], s[at + 1], s[at + 2], s[at + 3]])
 }
 
+/// Copies piece `p` from `src` to `dst`: from the row's block into the group block when
+/// `pack`, back otherwise.
+fn move_piece(p: Piece, pack: bool, layout: PackLayout, src: &[u8], dst: &mut [u8]) {
+    let ends = |raw: usize, grp: usize| if pack { (raw, grp) } else { (grp, raw) };
+    match p {
+        Piece::Bytes { raw, grp, n, xor } => {
+            let (from, to) = ends(raw, grp);
+            for i in 0..n {
+                dst[to + i] = src[from + i] ^ xor;
+            }
+        }
+        Piece::FifthBits { raw, grp } => {
+            let (from, to) = ends(raw, grp);
+            let q = word(src, from);
+            let q = match (layout.reorders_qh(), pack) {
+                (false, _) => q,
+                (true, true) => reorder_qh(q),
+                (true, false) => restore_qh(q),
+            };
+            dst[to..to + 4].copy_from_slice(&q.to_le_bytes());
+        }
+    }
+}
+
 /// Packs [`PackLayout::rows`] consecutive rows of `k` elements (`src`, ggml layout) into `dst`.
 ///
 /// # Panics
@@ -205,27 +229,7 @@ pub fn pack_group(layout: PackLayout, wt: WeightType, k: usize, src: &[u8], dst:
         let grp = &mut dst[b * gb..(b + 1) * gb];
         for r in 0..layout.rows() {
             let raw = &src[r * rb + b * bb..r * rb + (b + 1) * bb];
-            for_each_piece(layout, wt, r, |p| match p {
-                Piece::Bytes {
-                    raw: at,
-                    grp: to,
-                    n,
-                    xor,
-                } => {
-                    for i in 0..n {
-                        grp[to + i] = raw[at + i] ^ xor;
-                    }
-                }
-                Piece::FifthBits { raw: at, grp: to } => {
-                    let q = word(raw, at);
-                    let q = if layout.reorders_qh() {
-                        reorder_qh(q)
-                    } else {
-                        q
-                    };
-                    grp[to..to + 4].copy_from_slice(&q.to_le_bytes());
-                }
-            });
+            for_each_piece(layout, wt, r, |p| move_piece(p, true, layout, raw, grp));
         }
     }
 }
@@ -249,27 +253,7 @@ pub fn unpack_row(
     for b in 0..k / block_elems(wt) {
         let grp = &src[b * gb..(b + 1) * gb];
         let raw = &mut dst[b * bb..(b + 1) * bb];
-        for_each_piece(layout, wt, lane, |p| match p {
-            Piece::Bytes {
-                raw: at,
-                grp: from,
-                n,
-                xor,
-            } => {
-                for i in 0..n {
-                    raw[at + i] = grp[from + i] ^ xor;
-                }
-            }
-            Piece::FifthBits { raw: at, grp: from } => {
-                let q = word(grp, from);
-                let q = if layout.reorders_qh() {
-                    restore_qh(q)
-                } else {
-                    q
-                };
-                raw[at..at + 4].copy_from_slice(&q.to_le_bytes());
-            }
-        });
+        for_each_piece(layout, wt, lane, |p| move_piece(p, false, layout, grp, raw));
     }
 }
 

@@ -91,29 +91,30 @@ pub(crate) fn mul_mat_tile_packed(
         k,
     };
     let mm = layout == PackLayout::Rows4x8 && isa == Isa::I8mm;
-    match (layout, wt) {
-        (PackLayout::Rows4x4, WeightType::Q4_K) => tile_q4k(&t, out, ldo),
-        (PackLayout::Rows4x4, WeightType::Q8_0) => {
-            tile32::<B_Q8_0, PATH_LANE>(&t, false, out, ldo, scratch)
-        }
-        (PackLayout::Rows4x4, WeightType::Q4_0) => {
-            tile32::<B_Q4_0, PATH_LANE>(&t, false, out, ldo, scratch)
-        }
-        (PackLayout::Rows4x4, WeightType::IQ4_NL) => {
-            tile32::<B_IQ4_NL, PATH_LANE>(&t, false, out, ldo, scratch)
-        }
-        (PackLayout::Rows4x8, WeightType::Q8_0) => {
-            tile32::<B_Q8_0, PATH_HALVES>(&t, mm, out, ldo, scratch)
-        }
-        (PackLayout::Rows4x8, WeightType::Q4_0) => {
-            tile32::<B_Q4_0, PATH_HALVES>(&t, mm, out, ldo, scratch)
-        }
-        (PackLayout::Rows4x8, WeightType::IQ4_NL) => {
-            tile32::<B_IQ4_NL, PATH_HALVES>(&t, mm, out, ldo, scratch)
-        }
+    match wt {
+        WeightType::Q4_K if layout == PackLayout::Rows4x4 => tile_q4k(&t, out, ldo),
+        WeightType::Q8_0 => tile32_in::<B_Q8_0>(layout, &t, mm, out, ldo, scratch),
+        WeightType::Q4_0 => tile32_in::<B_Q4_0>(layout, &t, mm, out, ldo, scratch),
+        WeightType::IQ4_NL => tile32_in::<B_IQ4_NL>(layout, &t, mm, out, ldo, scratch),
         _ => return false,
     }
     true
+}
+
+/// [`tile32`] with the path `layout`'s chunks take.
+fn tile32_in<const KIND: u8>(
+    layout: PackLayout,
+    t: &Tile,
+    mm: bool,
+    out: &mut [f32],
+    ldo: usize,
+    scratch: &mut Vec<u8>,
+) {
+    if layout == PackLayout::Rows4x4 {
+        tile32::<KIND, PATH_LANE>(t, false, out, ldo, scratch)
+    } else {
+        tile32::<KIND, PATH_HALVES>(t, mm, out, ldo, scratch)
+    }
 }
 
 /// The operands of one tile (checked by the caller; `rows` a multiple of [`ROWS`]).
@@ -181,7 +182,8 @@ fn tile32<const KIND: u8, const PATH: u8>(
         interleave_pairs(t, pairs, nb, scratch);
     }
     for g in 0..t.rows / ROWS {
-        let wg = t.w[g * gbytes..(g + 1) * gbytes].as_ptr();
+        let group = &t.w[g * gbytes..(g + 1) * gbytes];
+        let wg = group.as_ptr();
         let mut p0 = 0;
         while p0 < pairs {
             let n = (pairs - p0).min(MAX_PAIRS);
@@ -206,22 +208,50 @@ fn tile32<const KIND: u8, const PATH: u8>(
             with_cols!(n; 1; 2; call_mm);
             p0 += n;
         }
-        let mut c0 = 2 * pairs;
-        while c0 < t.cols {
-            let n = (t.cols - c0).min(MAX_COLS);
-            macro_rules! call {
-                ($c:literal) => {{
-                    let xp: [*const u8; $c] = std::array::from_fn(|j| t.col(c0 + j, nb * ACT));
-                    let op = out_ptrs::<$c>(out, ldo, g, c0);
-                    // SAFETY: the CPU has dotprod (checked by the dispatcher); the group holds
-                    // `nb` packed blocks, each column `nb` activation blocks, each output four
-                    // floats (the slices above are bounds-checked).
-                    unsafe { group_sdot::<KIND, PATH, $c>(wg, nb, &xp, &op) }
-                }};
-            }
-            with_cols!(n; 1, 2, 3; 4; call);
-            c0 += n;
+        sdot_columns::<KIND, PATH>(t, group, g, 2 * pairs, out, ldo);
+    }
+}
+
+/// Selects [`group_q4k`] in [`sdot_columns`] (the 32-element kinds select [`group_sdot`]).
+const KIND_Q4_K: u8 = u8::MAX;
+
+/// Columns `c0..` of group `g` (its packed bytes `group`) through the `sdot` kernels, up to
+/// [`MAX_COLS`] per call.
+fn sdot_columns<const KIND: u8, const PATH: u8>(
+    t: &Tile,
+    group: &[u8],
+    g: usize,
+    c0: usize,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    let (nb, act) = if KIND == KIND_Q4_K {
+        (t.k / 256, ACT_K)
+    } else {
+        (t.k / 32, ACT)
+    };
+    let wg = group.as_ptr();
+    let mut c0 = c0;
+    while c0 < t.cols {
+        let n = (t.cols - c0).min(MAX_COLS);
+        macro_rules! call {
+            ($c:literal) => {{
+                let xp: [*const u8; $c] = std::array::from_fn(|j| t.col(c0 + j, nb * act));
+                let op = out_ptrs::<$c>(out, ldo, g, c0);
+                // SAFETY: the CPU has dotprod (checked by the dispatcher); `group` is one whole
+                // packed group of `nb` blocks (the callers slice it so), each column holds `nb`
+                // activation blocks and each output four floats (bounds-checked slices above).
+                unsafe {
+                    if KIND == KIND_Q4_K {
+                        group_q4k::<$c>(wg, nb, &xp, &op)
+                    } else {
+                        group_sdot::<KIND, PATH, $c>(wg, nb, &xp, &op)
+                    }
+                }
+            }};
         }
+        with_cols!(n; 1, 2, 3; 4; call);
+        c0 += n;
     }
 }
 
@@ -416,26 +446,10 @@ unsafe fn group_mm<const KIND: u8, const P: usize>(
 
 /// Q4_K over groups of four rows ([`PackLayout::Rows4x4`]), up to [`MAX_COLS`] columns per pass.
 fn tile_q4k(t: &Tile, out: &mut [f32], ldo: usize) {
-    let nb = t.k / 256;
-    let gbytes = nb * Q4K_GROUP;
+    let gbytes = t.k / 256 * Q4K_GROUP;
     for g in 0..t.rows / ROWS {
-        let wg = t.w[g * gbytes..(g + 1) * gbytes].as_ptr();
-        let mut c0 = 0;
-        while c0 < t.cols {
-            let n = (t.cols - c0).min(MAX_COLS);
-            macro_rules! call {
-                ($c:literal) => {{
-                    let xp: [*const u8; $c] = std::array::from_fn(|j| t.col(c0 + j, nb * ACT_K));
-                    let op = out_ptrs::<$c>(out, ldo, g, c0);
-                    // SAFETY: the CPU has dotprod (checked by the dispatcher); the group holds
-                    // `nb` packed super-blocks, each column `nb` Q8_K blocks, each output four
-                    // floats (bounds-checked slices above).
-                    unsafe { group_q4k::<$c>(wg, nb, &xp, &op) }
-                }};
-            }
-            with_cols!(n; 1, 2, 3; 4; call);
-            c0 += n;
-        }
+        let group = &t.w[g * gbytes..(g + 1) * gbytes];
+        sdot_columns::<KIND_Q4_K, PATH_LANE>(t, group, g, 0, out, ldo);
     }
 }
 
