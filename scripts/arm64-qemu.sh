@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The CPU backend on arm64, without an arm64 machine: cross-builds the kernel tests, the op
-# conformance suite and the model crate's tests for aarch64-unknown-linux-gnu (release) and runs
-# them under qemu-aarch64 on three CPU models, one per kernel level, so that every aarch64 path
-# runs and a CPU without an extension never meets its instructions:
+# The CPU backend on arm64, without an arm64 machine: cross-builds the kernel tests, the CPU
+# backend's repacked-weight tests, the op conformance suite and the model crate's tests for
+# aarch64-unknown-linux-gnu (release) and runs them under qemu-aarch64 on three CPU models, one
+# per kernel level, so that every aarch64 path runs and a CPU without an extension never meets
+# its instructions:
 #
-#   cortex-a53   NEON only           kernel tests, op conformance, real models
-#   neoverse-n1  NEON + dotprod      kernel tests, op conformance, real models
-#   max          + i8mm (and more)   kernel tests, op conformance, reference suite
+#   cortex-a53   NEON only           kernel tests, repack, op conformance, real models
+#   neoverse-n1  NEON + dotprod      kernel tests, repack, op conformance, real models
+#   max          + i8mm (and more)   kernel tests, repack, op conformance, reference suite
+#
+# Weight buffers pack per level (none on NEON, 4 × 4 interleave with dotprod, 4 × 8 with i8mm),
+# so the repack tests and the model checks, which load weights into weight buffers, run each
+# level's packed kernels as a user's would.
 #
 # The reference suite is llama.cpp's logits for synthetic models of every architecture and
 # dtype (model/src/tests_reference.rs) and for Gemma 3 270M (Q4_K, Q6_K, Q5_0, Q8_0) and SmolLM2
@@ -25,7 +30,7 @@
 #
 # Installs the cross compiler, qemu-user and the Rust target when missing (Debian/Ubuntu).
 # Usage: scripts/arm64-qemu.sh [--quick | --every-mode]
-#   --quick        kernel tests and op conformance only
+#   --quick        kernel tests, repack tests and op conformance only
 #   --every-mode   the reference suite on `max` in every split mode (about 4.5 more minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +58,8 @@ export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
 echo "== build (release, $TARGET)"
 mkdir -p target/ci
 cargo test --locked --release --target "$TARGET" -p tessera-kernels -p tessera-model -p tessera-tests \
-  --lib --test conformance --no-run --message-format=json-render-diagnostics >target/ci/arm64-binaries.json
+  -p tessera-cpu --lib --test conformance --test repack --no-run --message-format=json-render-diagnostics \
+  >target/ci/arm64-binaries.json
 binary() {
   python3 - "$1" <<'EOF'
 import json, sys
@@ -71,7 +77,8 @@ EOF
 KERNELS="$(binary tessera_kernels)"
 CONFORMANCE="$(binary conformance)"
 MODEL="$(binary tessera_model)"
-for b in "$KERNELS" "$CONFORMANCE" "$MODEL"; do
+REPACK="$(binary repack)"
+for b in "$KERNELS" "$CONFORMANCE" "$MODEL" "$REPACK"; do
   [ -x "$b" ] || { echo "arm64-qemu: a test binary is missing (see target/ci/arm64-binaries.json)" >&2; exit 1; }
 done
 
@@ -86,14 +93,15 @@ run_level() {
     exit 1
   fi
   qemu-aarch64 -cpu "$cpu" "$KERNELS" -q
+  qemu-aarch64 -cpu "$cpu" "$REPACK" -q
   qemu-aarch64 -cpu "$cpu" "$CONFORMANCE" -q
   if [ "$QUICK" = 0 ]; then
     if [ "$level" = i8mm ]; then
-      echo "   reference suite (synthetic and real models), modes: $TOP_MODES"
-      TESSERA_REFERENCE_MODES=$TOP_MODES qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_reference tests_real
+      echo "   reference suite (synthetic and real models), modes: $TOP_MODES; MoE packed against plain"
+      TESSERA_REFERENCE_MODES=$TOP_MODES qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_reference tests_real tests_moe
     else
-      echo "   real models, unsplit"
-      TESSERA_REFERENCE_MODES=none qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_real
+      echo "   real models, unsplit; MoE packed against plain"
+      TESSERA_REFERENCE_MODES=none qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_real tests_moe
     fi
   fi
 }

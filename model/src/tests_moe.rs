@@ -53,8 +53,13 @@ fn eval_direct(model: &LlamaModel, tokens: &[i32], packed: bool) -> (Vec<f32>, V
         .as_any()
         .downcast_ref::<tessera::cpu::CpuBuffer>()
         .map_or(0, |b| b.packed_tensors());
-    // With repacking available (AVX-512 VNNI and not opted out), every expert stack packs.
-    if packed && tessera_kernels::cpu::active_isa() == tessera_kernels::cpu::Isa::Avx512 {
+    // With repacking available (AVX-512 VNNI or aarch64 dotprod, and not opted out), every
+    // expert stack packs.
+    let packs_q8_0 = buft
+        .as_any()
+        .downcast_ref::<tessera::cpu::CpuBufferType>()
+        .is_some_and(|b| b.pack_layout(tessera::DType::Q8_0).is_some());
+    if packed && packs_q8_0 {
         assert!(
             n_packed >= 3 * c.n_layer || std::env::var("TESSERA_CPU_REPACK").is_ok(),
             "only {n_packed} tensors packed"
@@ -126,7 +131,8 @@ fn moe_reference_models_route_tokens_to_varied_experts() {
 
 #[test]
 fn moe_logits_do_not_depend_on_the_packed_weight_layout() {
-    // Q8_0 experts of 256 rows per plane: the CPU packs them (16-row groups per expert).
+    // Q8_0 experts of 256 rows per plane: the CPU packs them (16-row groups per expert on x86,
+    // 4-row groups on aarch64).
     let model = LlamaModel::new(LlamaConfig::tiny_moe(Arch::Qwen3Moe, 8, 2, 256), 3).unwrap();
     let tokens = [1, 7, 42, 99, 5, 200, 17];
     let (packed, route_packed) = eval_direct(&model, &tokens, true);

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tessera_core::backend::HostMemory;
 use tessera_core::error::check_range;
-use tessera_core::{Buffer, BufferType, Error, Result, TensorDesc};
+use tessera_core::{Buffer, BufferType, DType, Error, Result, TensorDesc};
+use tessera_kernels::cpu::{Isa, PackLayout};
 
 /// Alignment of CPU allocations and tensor offsets (one cache line, AVX-512 width).
 pub const CPU_ALIGNMENT: usize = 64;
@@ -23,15 +24,16 @@ const MAP_FROM: usize = 1 << 20;
 #[derive(Debug)]
 pub struct CpuBufferType {
     name: String,
-    /// Buffers keep whole quantized tensors written with `set_tensor` in the packed layout.
-    packs: bool,
+    /// Buffers keep whole quantized tensors written with `set_tensor` in the packed layout
+    /// their type has at this kernel level.
+    packs: Option<Isa>,
 }
 
 impl CpuBufferType {
     pub(crate) fn new(name: &str) -> CpuBufferType {
         CpuBufferType {
             name: name.to_string(),
-            packs: false,
+            packs: None,
         }
     }
 
@@ -43,9 +45,16 @@ impl CpuBufferType {
         }
     }
 
-    /// Whether buffers of this type store weights in the packed layout.
+    /// Whether buffers of this type store weights in a packed layout.
     pub fn packs(&self) -> bool {
-        self.packs
+        self.packs.is_some()
+    }
+
+    /// The packed layout buffers of this type store weights of `dtype` in (whole tensors of
+    /// whole row groups written with `set_tensor`), or `None` if they keep ggml's layout.
+    pub fn pack_layout(&self, dtype: DType) -> Option<PackLayout> {
+        let isa = self.packs?;
+        PackLayout::for_isa(isa, crate::ops::weight_type(dtype)?)
     }
 }
 
@@ -99,7 +108,7 @@ pub struct CpuBuffer {
     mem: Memory,
     size: usize,
     pub(crate) access: Arc<RwLock<()>>,
-    packs: bool,
+    packs: Option<Isa>,
     /// Set once a tensor has been packed: every access path checks `regions` only then.
     has_packed: AtomicBool,
     regions: Mutex<Regions>,
@@ -162,7 +171,7 @@ impl CpuBuffer {
             mem,
             size,
             access: Arc::default(),
-            packs: false,
+            packs: None,
             has_packed: AtomicBool::new(false),
             regions: Mutex::default(),
         }
@@ -177,7 +186,7 @@ impl CpuBuffer {
             mem: Memory::Host { _owner: mem, ptr },
             size,
             access: Arc::default(),
-            packs: false,
+            packs: None,
             has_packed: AtomicBool::new(false),
             regions: Mutex::default(),
         }
@@ -398,7 +407,10 @@ impl Buffer for CpuBuffer {
         Ok(())
     }
     fn set_tensor(&self, t: &TensorDesc, offset: usize, src: &[u8]) -> Result<()> {
-        let layout = repack::layout_for(t).filter(|p| self.packs && p.len == src.len());
+        let layout = self
+            .packs
+            .and_then(|isa| repack::layout_for(isa, t))
+            .filter(|p| p.len == src.len());
         let Some(p) = layout else {
             return self.write(offset, src);
         };

@@ -204,7 +204,7 @@ impl CpuBackend {
             let layout = cpu.packed_at(off, t);
             check_packed_reads(graph, id, layout.is_some())?;
             if let (Some(v), Some(p)) = (views[id.index()].as_mut(), layout) {
-                v.packed = Some(p.wt);
+                v.packed = Some((p.wt, p.layout));
             }
         }
         Ok(Prepared {

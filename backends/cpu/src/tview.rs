@@ -24,9 +24,9 @@ pub(crate) struct TView {
     pub ne: [usize; 4],
     pub nb: [usize; 4],
     pub dtype: DType,
-    /// The tensor is stored in the kernels' packed layout (`repack.rs`): only MUL_MAT's packed
-    /// kernels and [`TView::read_row`] read it.
-    pub packed: Option<k::WeightType>,
+    /// The tensor is stored in a packed layout of the kernels (`repack.rs`): only MUL_MAT's
+    /// packed kernels and [`TView::read_row`] read it.
+    pub packed: Option<(k::WeightType, k::PackLayout)>,
 }
 
 // SAFETY: a TView is an address plus layout; the invariant above makes cross-thread use sound
@@ -148,14 +148,15 @@ impl TView {
         let n = self.ne[0];
         let out = &mut out[..n];
         let p = self.row_ptr(i1, i2, i3);
-        if let Some(wt) = self.packed {
-            // Groups of PACK_ROWS rows never straddle planes (`repack::layout_for`). The row is
-            // gathered into a per-thread buffer (GET_ROWS reads one per token).
-            let g0 = i1 - i1 % k::PACK_ROWS;
-            let group = self.rows_raw(g0, k::PACK_ROWS, i2, i3);
+        if let Some((wt, layout)) = self.packed {
+            // Groups of rows never straddle planes (`repack::layout_for`). The row is gathered
+            // into a per-thread buffer (GET_ROWS reads one per token).
+            let pr = layout.rows();
+            let g0 = i1 - i1 % pr;
+            let group = self.rows_raw(g0, pr, i2, i3);
             UNPACKED.with_borrow_mut(|row| {
                 row.resize(self.row_bytes(), 0);
-                k::unpack_row(wt, n, group, i1 % k::PACK_ROWS, row);
+                k::unpack_row(layout, wt, n, group, i1 % pr, row);
                 self.decode_raw(row, out);
             });
             return;

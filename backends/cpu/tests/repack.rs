@@ -1,11 +1,14 @@
-//! The CPU weight buffer type's packed layout: everything a user can observe stays as with a
+//! The CPU weight buffer type's packed layouts: everything a user can observe stays as with a
 //! plain buffer (bytes read back, copies, MUL_MAT and GET_ROWS results within rounding), and a
-//! graph that would misread a packed weight is refused.
+//! graph that would misread a packed weight is refused. Which types pack, and how, depends on
+//! the kernel level (16-row groups with AVX-512 VNNI, 4-row groups with aarch64 dotprod or
+//! i8mm); under `TESSERA_CPU_ISA` or on a CPU without those the plain layout is checked.
 
 use tessera_core::{BackendOptions, Context, DType, Device, Error, TensorBuffer, TensorId};
 use tessera_cpu::{CpuBufferType, CpuDevice};
 
-const PACKABLE: [DType; 8] = [
+/// Every quantized type MUL_MAT takes; each packs where its buffer type has a layout for it.
+const QUANTIZED: [DType; 13] = [
     DType::Q8_0,
     DType::Q4_0,
     DType::Q5_0,
@@ -14,6 +17,11 @@ const PACKABLE: [DType; 8] = [
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
+    DType::IQ4_NL,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::IQ4_XS,
+    DType::MXFP4,
 ];
 const K: usize = 512;
 const ROWS: usize = 48;
@@ -51,8 +59,8 @@ fn values(n: usize, seed: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Whether this machine's weight buffers pack (AVX-512 VNNI, and not opted out); the tests
-/// print why they check less when they do not.
+/// Whether this machine's weight buffers pack (AVX-512 VNNI or aarch64 dotprod, and not opted
+/// out); the tests print why they check less when they do not.
 fn packs(dev: &CpuDevice) -> bool {
     let buft = dev.weight_buffer_type();
     let packs = buft
@@ -65,6 +73,14 @@ fn packs(dev: &CpuDevice) -> bool {
         );
     }
     packs
+}
+
+/// Whether this machine's weight buffers pack `dtype`.
+fn packs_type(dev: &CpuDevice, dtype: DType) -> bool {
+    let buft = dev.weight_buffer_type();
+    buft.as_any()
+        .downcast_ref::<CpuBufferType>()
+        .is_some_and(|b| b.pack_layout(dtype).is_some())
 }
 
 struct Case {
@@ -109,9 +125,9 @@ fn run(dev: &CpuDevice, c: &Case, buf: &TensorBuffer, n: usize) -> (Vec<f32>, Ve
 #[test]
 fn packed_weights_give_the_plain_results_and_read_back_as_written() {
     let dev = CpuDevice::new("CPU", vec![]);
-    let packing = packs(&dev);
-    for dtype in PACKABLE {
-        for n in [1, 5, 70] {
+    packs(&dev);
+    for dtype in QUANTIZED.into_iter().filter(|&d| packs_type(&dev, d)) {
+        for n in [1, 2, 5, 70] {
             let c = case(dtype, n);
             let plain = dev.buffer_type().alloc_tensors(&c.ctx).unwrap();
             let packed = dev.weight_buffer_type().alloc_tensors(&c.ctx).unwrap();
@@ -143,7 +159,7 @@ fn packed_weights_give_the_plain_results_and_read_back_as_written() {
                 w_bytes[37..37 + piece.len()],
                 "{dtype}: partial read"
             );
-            if packing {
+            {
                 let cpu = packed
                     .buffer()
                     .as_any()
@@ -169,13 +185,7 @@ fn packed_weights_give_the_plain_results_and_read_back_as_written() {
 #[test]
 fn weights_without_a_packed_layout_stay_plain() {
     let dev = CpuDevice::new("CPU", vec![]);
-    for dtype in [
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::IQ4_NL,
-        DType::IQ4_XS,
-        DType::MXFP4,
-    ] {
+    for dtype in QUANTIZED.into_iter().filter(|&d| !packs_type(&dev, d)) {
         let n = 5;
         let c = case(dtype, n);
         let plain = dev.buffer_type().alloc_tensors(&c.ctx).unwrap();
@@ -203,12 +213,18 @@ fn weights_without_a_packed_layout_stay_plain() {
 fn a_partial_write_unpacks_the_weight_and_results_follow_the_new_bytes() {
     let dev = CpuDevice::new("CPU", vec![]);
     packs(&dev);
-    let (dtype, n) = (DType::Q4_1, 3);
+    for dtype in [DType::Q4_1, DType::Q4_0, DType::IQ4_NL] {
+        partial_write(&dev, dtype);
+    }
+}
+
+fn partial_write(dev: &CpuDevice, dtype: DType) {
+    let n = 3;
     let c = case(dtype, n);
     let packed = dev.weight_buffer_type().alloc_tensors(&c.ctx).unwrap();
     let plain = dev.buffer_type().alloc_tensors(&c.ctx).unwrap();
-    run(&dev, &c, &packed, n);
-    run(&dev, &c, &plain, n);
+    run(dev, &c, &packed, n);
+    run(dev, &c, &plain, n);
     // Overwrite row 20 with other values in both buffers.
     let row = encode(dtype, &values(K, 9)).unwrap();
     for b in [&packed, &plain] {
@@ -224,7 +240,11 @@ fn a_partial_write_unpacks_the_weight_and_results_follow_the_new_bytes() {
         .as_any()
         .downcast_ref::<tessera_cpu::CpuBuffer>()
         .unwrap();
-    assert_eq!(cpu.packed_tensors(), 0, "the write unpacked the weight");
+    assert_eq!(
+        cpu.packed_tensors(),
+        0,
+        "{dtype}: the write unpacked the weight"
+    );
     let graph = c.ctx.build_forward_multi(&[c.mm, c.rows]).unwrap();
     let mut be = dev.init_backend(&BackendOptions::with_threads(1)).unwrap();
     for buf in [&packed, &plain] {
@@ -237,7 +257,7 @@ fn a_partial_write_unpacks_the_weight_and_results_follow_the_new_bytes() {
         .iter()
         .zip(&gb)
         .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    assert!(err <= 1e-5 * scale, "max-abs {err}, scale {scale}");
+    assert!(err <= 1e-5 * scale, "{dtype}: max-abs {err}, scale {scale}");
 }
 
 #[test]
@@ -268,8 +288,14 @@ fn neighbouring_weights_and_weights_uploaded_in_pieces_stay_usable() {
     // Two weights of one type and row length side by side (their packed ranges merge), and a
     // third uploaded 16 rows at a time: each must still multiply as the plain weights do.
     let dev = CpuDevice::new("CPU", vec![]);
-    let packing = packs(&dev);
-    let dtype = DType::Q5_0;
+    packs(&dev);
+    for dtype in [DType::Q5_0, DType::Q4_0, DType::Q4_K] {
+        neighbours(&dev, dtype);
+    }
+}
+
+fn neighbours(dev: &CpuDevice, dtype: DType) {
+    let packing = packs_type(dev, dtype);
     let mut ctx = Context::new();
     let w: Vec<TensorId> = (0..3)
         .map(|i| ctx.new_named(&format!("w{i}"), dtype, [K, ROWS]).unwrap())
@@ -319,7 +345,10 @@ fn neighbouring_weights_and_weights_uploaded_in_pieces_stay_usable() {
     for (i, (a, b)) in results[0].iter().zip(&results[1]).enumerate() {
         let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
         let err = a.iter().zip(b).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
-        assert!(err <= 1e-5 * scale, "w{i}: max-abs {err}, scale {scale}");
+        assert!(
+            err <= 1e-5 * scale,
+            "{dtype} w{i}: max-abs {err}, scale {scale}"
+        );
     }
 }
 

@@ -183,7 +183,7 @@ const GOLDEN_Q8_1: &[(u32, u64)] = &[
 ];
 
 /// (weight dtype, weight distribution, activation distribution, bits of ggml's vec_dot result).
-const GOLDEN_DOT: &[(&str, u32, u32, u32)] = &[
+pub(super) const GOLDEN_DOT: &[(&str, u32, u32, u32)] = &[
     ("q5_0", 0, 1, 0x40c12b16),
     ("q5_0", 0, 2, 0xc188f786),
     ("q5_0", 0, 3, 0x3b6e1df4),

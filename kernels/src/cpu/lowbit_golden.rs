@@ -111,7 +111,7 @@ const GOLDEN_QUANT: &[(&str, u32, u64, u64)] = &[
 ];
 
 /// (weight dtype, weight distribution, activation distribution, bits of ggml's CPU vec_dot).
-const GOLDEN_DOT: &[(&str, u32, u32, u32)] = &[
+pub(super) const GOLDEN_DOT: &[(&str, u32, u32, u32)] = &[
     ("q2_K", 0, 1, 0x40989cb0),   // 4.76913
     ("q2_K", 0, 2, 0xc1702cc8),   // -15.0109
     ("q2_K", 0, 3, 0x3acf7ff0),   // 0.0015831

@@ -13,7 +13,8 @@
 //!   override);
 //! * [`dot`]: dot products;
 //! * [`matmul`]: the tile matmul the CPU backend runs on its threads;
-//! * [`repack`]: the interleaved 16-row weight layout and its kernels;
+//! * [`repack`]: the interleaved weight layouts (16 rows on x86, 4 on aarch64) and their
+//!   kernels;
 //! * [`vecmath`]: vectorised `exp`, SiLU and GELU rows.
 //!
 //! The main items are re-exported here.
@@ -83,6 +84,4 @@ pub use quant::{
     BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK4_0, QK8_0, dequantize_row_q4_0, dequantize_row_q8_0,
     quantize_row_q4_0, quantize_row_q8_0,
 };
-pub use repack::{
-    PACK_ROWS, can_pack, mul_mat_tile_packed, pack_group, packing_pays, unpack_group, unpack_row,
-};
+pub use repack::{PackLayout, mul_mat_tile_packed, pack_group, unpack_group, unpack_row};

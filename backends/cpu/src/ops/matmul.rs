@@ -9,10 +9,17 @@ use tessera_core::{DType, TensorDesc, TensorId};
 use tessera_kernels::cpu::{self as k, ActType, WeightType};
 
 /// Weight rows per chunk when there is one column (GEMV): small, so all threads stay busy (and a
-/// multiple of the packed layout's group of rows).
+/// multiple of every packed layout's group of rows, so chunks of packed weights, always a
+/// multiple of it, hold whole groups).
 pub(crate) const GEMV_ROWS: usize = 16;
-const _: () =
-    assert!(GEMV_ROWS.is_multiple_of(k::PACK_ROWS) && GEMM_ROWS.is_multiple_of(k::PACK_ROWS));
+const _: () = {
+    let mut i = 0;
+    while i < k::PackLayout::ALL.len() {
+        let rows = k::PackLayout::ALL[i].rows();
+        assert!(GEMV_ROWS.is_multiple_of(rows) && GEMM_ROWS.is_multiple_of(rows));
+        i += 1;
+    }
+};
 /// Most weight rows per GEMV chunk of packed weights.
 pub(crate) const PACKED_GEMV_MAX_ROWS: usize = 256;
 /// Weight rows per chunk for GEMM.
@@ -99,10 +106,11 @@ pub(crate) fn mul_mat(
     // Phase 2: dynamically scheduled chunks.
     let (m, n) = (dst.ne[0], dst.ne[1]);
     let (rows_per, cols_per) = if n == 1 && w.packed.is_some() {
-        // The packed kernel sums each activation block once per call: larger chunks amortise
-        // that while leaving several chunks per thread.
+        // The x86 packed kernel sums each activation block once per call: larger chunks
+        // amortise that (and every packed kernel's per-call setup) while leaving several chunks
+        // per thread.
         let per = (m / (nth * 8)).clamp(GEMV_ROWS, PACKED_GEMV_MAX_ROWS);
-        (per - per % k::PACK_ROWS, 1)
+        (per - per % GEMV_ROWS, 1)
     } else if n == 1 {
         (GEMV_ROWS, 1)
     } else {
@@ -151,8 +159,8 @@ pub(crate) fn prepare_column(act: ActType, row: &[f32], out: &mut [u8]) {
 
 /// `tile` (cleared, then `rows × cols`, column-major) = weight rows `wbytes` of `w` times the
 /// `cols` prepared activation columns of `xbytes` (`arb` bytes each), through the packed kernel
-/// when `w` is stored packed: its chunks start a group of PACK_ROWS rows and cover whole groups
-/// (callers size them so), as packed planes hold whole groups.
+/// when `w` is stored packed: its chunks start a group of the layout's rows and cover whole
+/// groups (callers size them in multiples of [`GEMV_ROWS`]), as packed planes hold whole groups.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tile_product(
     wt: WeightType,
@@ -168,9 +176,10 @@ pub(crate) fn tile_product(
     let kdim = w.ne[0];
     tile.clear();
     tile.resize(rows * cols, 0.0);
-    if w.packed.is_some() {
+    if let Some((_, layout)) = w.packed {
         k::mul_mat_tile_packed(
             k::active_isa(),
+            layout,
             wt,
             wbytes,
             rows,

@@ -186,10 +186,10 @@ fn mul_mat_id_routed(
     let packed = w.packed.is_some();
     let shape = |cols: usize| -> (usize, usize) {
         if cols == 1 && packed {
-            // As MUL_MAT: the packed kernel sums each activation block once per call, so
+            // As MUL_MAT: the x86 packed kernel sums each activation block once per call, so
             // larger row chunks amortise it while leaving several chunks per thread.
             let per = (m / (nth * 8)).clamp(GEMV_ROWS, PACKED_GEMV_MAX_ROWS);
-            (per - per % k::PACK_ROWS, 1)
+            (per - per % GEMV_ROWS, 1)
         } else if cols == 1 {
             (GEMV_ROWS, 1)
         } else {

@@ -10,9 +10,12 @@
 //! | Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, MXFP4 | `smull` + `sadalp` | `sdot` | `smmla` 2×2 tiles, `sdot` for an odd column |
 //! | Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS | levels decoded once per super-block and row, `smull` + `sadalp` per column | same, `sdot` | as Dotprod |
 //! | F32, F16, BF16 | `fmla` dot per row and column (`half`'s `fcvtl` conversion), `gemm` from 8 columns | same | same |
+//! | packed Q8_0, Q4_0, IQ4_NL ([`packed`]) | (not packed) | 4 × 4 layout: `sdot` by element, four rows per lane set | 4 × 8 layout: `smmla` 4 rows × 2 columns, `sdot` for an odd column |
+//! | packed Q4_K ([`packed`]) | (not packed) | 4 × 4 layout: `sdot` by element, scales unpacked for four rows at once | same (4 × 4) |
 #![allow(unsafe_code)]
 
 mod neon;
+pub(crate) mod packed;
 
 use neon::{
     B_IQ4_NL, B_MXFP4, B_Q4_0, B_Q4_1, B_Q5_0, B_Q5_1, B_Q8_0, Decoded, K_IQ4_XS, K_Q2_K, K_Q3_K,

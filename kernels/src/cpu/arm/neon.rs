@@ -70,7 +70,7 @@ const BIT_LANES: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64
 /// # Safety
 /// `p` must point at two readable bytes.
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
     let out: f32;
     // SAFETY: the caller guarantees two readable bytes; unaligned SIMD loads are allowed on
     // normal memory.
@@ -87,12 +87,62 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     out
 }
 
+/// The four f16 at `p` (unaligned, little-endian) as f32 lanes: `ldr d` and `fcvtl` (Armv8.0),
+/// the scales of a packed group block converted at once.
+///
+/// # Safety
+/// `p` must point at eight readable bytes.
+#[inline(always)]
+pub(crate) unsafe fn f16x4_at(p: *const u8) -> float32x4_t {
+    let out: float32x4_t;
+    // SAFETY: the caller guarantees eight readable bytes; unaligned SIMD loads are allowed on
+    // normal memory.
+    unsafe {
+        asm!(
+            "ldr {h:d}, [{p}]",
+            "fcvtl {o:v}.4s, {h:v}.4h",
+            p = in(reg) p,
+            h = out(vreg) _,
+            o = lateout(vreg) out,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+    }
+    out
+}
+
+/// `acc + a·b` per group of four bytes of `a` against the four bytes of lane `L` of `b`
+/// (`sdot` by element: one activation load serves four instructions).
+///
+/// # Safety
+/// The CPU must have the dot-product extension.
+#[inline(always)]
+pub(crate) unsafe fn sdot_lane<const L: i32>(
+    acc: int32x4_t,
+    a: int8x16_t,
+    b: int8x16_t,
+) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: a register-only instruction the caller guarantees the CPU has.
+    unsafe {
+        asm!(
+            ".arch_extension dotprod",
+            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.4b[{l}]",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            l = const L,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    acc
+}
+
 /// `acc + a·b` per group of four bytes (`sdot`).
 ///
 /// # Safety
 /// The CPU must have the dot-product extension.
 #[inline(always)]
-unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(crate) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: a register-only instruction the caller guarantees the CPU has.
     unsafe {
@@ -114,7 +164,7 @@ unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
 /// # Safety
 /// The CPU must have the int8 matrix-multiply extension.
 #[inline(always)]
-unsafe fn smmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(crate) unsafe fn smmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: a register-only instruction the caller guarantees the CPU has.
     unsafe {

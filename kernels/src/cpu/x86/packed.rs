@@ -10,7 +10,7 @@ use super::{
     kind_affine, kind_block_bytes, kind_offset,
 };
 use crate::cpu::kquant::{BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, BLOCK_Q8_K_BYTES};
-use crate::cpu::pack_layout::{PACK_ROWS, kquant_parts, packed_offsets};
+use crate::cpu::pack_layout::PackLayout;
 use crate::cpu::tile::WeightType;
 use crate::cpu::tile::scratch_f32;
 use std::arch::x86_64::*;
@@ -25,6 +25,11 @@ macro_rules! with_cols {
         }
     };
 }
+
+/// The layout these kernels read.
+const LAYOUT: PackLayout = PackLayout::Rows16x4;
+/// Rows per packed group.
+const PACK_ROWS: usize = LAYOUT.rows();
 
 /// Columns one kernel call handles: eight i32 and eight f32 accumulators fit the 32 registers
 /// with the weight vectors.
@@ -178,7 +183,7 @@ unsafe fn group<const KIND: u8, const C: usize>(
         KIND_Q5_1 => WeightType::Q5_1,
         _ => WeightType::Q8_0,
     };
-    let (m_at, qh_at, qs_at) = packed_offsets(wt);
+    let (m_at, qh_at, qs_at) = LAYOUT.packed_offsets(wt);
     let gb = PACK_ROWS * kind_block_bytes(KIND);
     let (ab, aq) = (kind_act_bytes(KIND), kind_act_qs_at(KIND));
     let five = matches!(KIND, KIND_Q5_0 | KIND_Q5_1);
@@ -418,7 +423,7 @@ unsafe fn kgroup_q45_body<const FIVE: bool, const C: usize, const GFNI: bool>(
     } else {
         WeightType::Q4_K
     };
-    let (pm, psc, pqh, pqs) = kquant_parts(wt);
+    let (pm, psc, pqh, pqs) = LAYOUT.kquant_parts(wt);
     let gb = PACK_ROWS
         * if FIVE {
             BLOCK_Q5_K_BYTES
@@ -571,7 +576,7 @@ unsafe fn kgroup_q6_body<const C: usize, const GFNI: bool>(
     x: &[*const u8; C],
     out: &[*mut f32; C],
 ) {
-    let (_, psc, pqh, pqs) = kquant_parts(WeightType::Q6_K);
+    let (_, psc, pqh, pqs) = LAYOUT.kquant_parts(WeightType::Q6_K);
     let gb = PACK_ROWS * BLOCK_Q6_K_BYTES;
     // SAFETY: reads stay inside the blocks the caller vouches for.
     unsafe {
@@ -691,7 +696,7 @@ mod tests {
                 }
             }
             let mut packed = vec![0u8; raw.len()];
-            pack_group(wt, k, &raw, &mut packed);
+            pack_group(LAYOUT, wt, k, &raw, &mut packed);
             let xr = act_row_bytes(act_type(wt), k);
             let mut x = vec![0u8; 3 * xr];
             for c in 0..3 {
