@@ -1,0 +1,325 @@
+//! Buffer types and buffers: a ggml buffer of this plugin is a Tessera buffer behind an address
+//! range of its own. ggml places tensors at `base + offset` and hands the addresses back; the
+//! plugin turns them into offsets. The buffers are not host memory to ggml (`is_host` false), so
+//! ggml never dereferences those addresses: every access comes through the functions below.
+
+use crate::ggml::{self, Level};
+use crate::sys;
+use std::ffi::{CString, c_char, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use tessera::{Buffer, BufferType, Device};
+
+/// What a ggml buffer type of this plugin points at.
+pub(crate) struct BufferTypeCtx {
+    pub(crate) tessera: Arc<dyn BufferType>,
+    name: CString,
+}
+
+impl BufferTypeCtx {
+    /// The buffer type of `device` (ggml device `dev`), leaked: ggml keeps it for the process's
+    /// lifetime.
+    pub(crate) fn leak(
+        dev: sys::ggml_backend_dev_t,
+        device: Arc<dyn Device>,
+    ) -> *mut sys::ggml_backend_buffer_type {
+        let tessera = device.buffer_type();
+        let ctx = Box::into_raw(Box::new(BufferTypeCtx {
+            name: CString::new(format!("Tessera{}", tessera.name()).replace('\0', " "))
+                .unwrap_or_default(),
+            tessera,
+        }));
+        Box::into_raw(Box::new(sys::ggml_backend_buffer_type {
+            iface: BUFFER_TYPE_IFACE,
+            device: dev,
+            context: ctx.cast(),
+        }))
+    }
+
+    /// The context of `buft` if it is one of this plugin's buffer types.
+    ///
+    /// # Safety
+    /// `buft` is null or a live buffer type.
+    pub(crate) unsafe fn of<'a>(
+        buft: sys::ggml_backend_buffer_type_t,
+    ) -> Option<&'a BufferTypeCtx> {
+        if !crate::registry::owns_buffer_type(buft) {
+            return None;
+        }
+        // SAFETY: one of ours, whose context is a `BufferTypeCtx` that is never freed.
+        unsafe { Some(&*(*buft).context.cast::<BufferTypeCtx>()) }
+    }
+}
+
+/// What a ggml buffer of this plugin points at.
+pub(crate) struct BufferCtx {
+    pub(crate) buffer: Arc<dyn Buffer>,
+    /// The address ggml sees as the buffer's start.
+    pub(crate) base: usize,
+    size: usize,
+}
+
+/// Next free address of the ranges handed to ggml as buffer bases: never dereferenced, only
+/// distinct, aligned and above the null page.
+static NEXT_BASE: AtomicUsize = AtomicUsize::new(1 << 40);
+const BASE_ALIGN: usize = 1 << 16;
+
+impl BufferCtx {
+    /// The context of `buffer` if it is one of this plugin's buffers.
+    ///
+    /// # Safety
+    /// `buffer` is null or a live ggml buffer.
+    pub(crate) unsafe fn of<'a>(buffer: sys::ggml_backend_buffer_t) -> Option<&'a BufferCtx> {
+        // SAFETY: the caller's contract. A buffer of one of our types has a `BufferCtx` context,
+        // except ggml's empty stand-in for a zero-byte allocation, whose context is null.
+        unsafe {
+            let b = buffer.as_ref()?;
+            if !crate::registry::owns_buffer_type(b.buft) || b.context.is_null() {
+                return None;
+            }
+            Some(&*b.context.cast::<BufferCtx>())
+        }
+    }
+
+    /// The byte offset in the Tessera buffer of `len` bytes at `offset` into `tensor`'s data.
+    ///
+    /// # Safety
+    /// `tensor` is a live tensor.
+    pub(crate) unsafe fn offset_of(
+        &self,
+        tensor: *const sys::ggml_tensor,
+        offset: usize,
+        len: usize,
+    ) -> Result<usize, String> {
+        // SAFETY: the caller's contract.
+        let data = unsafe { (*tensor).data } as usize;
+        let at = data
+            .checked_sub(self.base)
+            .and_then(|o| o.checked_add(offset))
+            .filter(|o| o.checked_add(len).is_some_and(|e| e <= self.size));
+        at.ok_or_else(|| {
+            format!(
+                "{len} bytes at offset {offset} of a tensor at {data:#x} fall outside {} \
+                 ({} bytes at {:#x})",
+                self.buffer.name(),
+                self.size,
+                self.base
+            )
+        })
+    }
+}
+
+const BUFFER_TYPE_IFACE: sys::ggml_backend_buffer_type_i = sys::ggml_backend_buffer_type_i {
+    get_name: Some(buft_get_name),
+    alloc_buffer: Some(buft_alloc_buffer),
+    get_alignment: Some(buft_get_alignment),
+    get_max_size: Some(buft_get_max_size),
+    get_alloc_size: None,
+    is_host: Some(buft_is_host),
+};
+
+/// The context of one of our buffer types (ggml calls these only on them).
+///
+/// # Safety
+/// `buft` is one of this plugin's buffer types.
+unsafe fn buft_ctx<'a>(buft: sys::ggml_backend_buffer_type_t) -> &'a BufferTypeCtx {
+    // SAFETY: the caller's contract.
+    unsafe { &*(*buft).context.cast::<BufferTypeCtx>() }
+}
+
+unsafe extern "C" fn buft_get_name(buft: sys::ggml_backend_buffer_type_t) -> *const c_char {
+    // SAFETY: ggml calls it on our buffer type.
+    unsafe { buft_ctx(buft) }.name.as_ptr()
+}
+
+unsafe extern "C" fn buft_alloc_buffer(
+    buft: sys::ggml_backend_buffer_type_t,
+    size: usize,
+) -> sys::ggml_backend_buffer_t {
+    // SAFETY: as above.
+    let ctx = unsafe { buft_ctx(buft) };
+    let Some(api) = ggml::api() else {
+        return std::ptr::null_mut();
+    };
+    let buffer = match ctx.tessera.alloc(size) {
+        Ok(b) => b,
+        Err(e) => {
+            ggml::log(Level::Error, &format!("allocating {size} bytes: {e}"));
+            return std::ptr::null_mut();
+        }
+    };
+    let span = size.div_ceil(BASE_ALIGN).saturating_add(1) * BASE_ALIGN;
+    let base = NEXT_BASE.fetch_add(span, Ordering::Relaxed);
+    let bctx = Box::into_raw(Box::new(BufferCtx { buffer, base, size }));
+    // SAFETY: `buft` is live; BUFFER_IFACE's functions take a `BufferCtx` context, which ggml
+    // hands back to `free_buffer` exactly once.
+    let b = unsafe { api.buffer_init(buft, BUFFER_IFACE, bctx.cast(), size) };
+    if b.is_null() {
+        // SAFETY: ggml did not take the context.
+        drop(unsafe { Box::from_raw(bctx) });
+    }
+    b
+}
+
+unsafe extern "C" fn buft_get_alignment(buft: sys::ggml_backend_buffer_type_t) -> usize {
+    // SAFETY: ggml calls it on our buffer type.
+    unsafe { buft_ctx(buft) }.tessera.alignment().max(1)
+}
+
+unsafe extern "C" fn buft_get_max_size(buft: sys::ggml_backend_buffer_type_t) -> usize {
+    // SAFETY: as above.
+    unsafe { buft_ctx(buft) }.tessera.max_size()
+}
+
+unsafe extern "C" fn buft_is_host(_: sys::ggml_backend_buffer_type_t) -> bool {
+    false
+}
+
+const BUFFER_IFACE: sys::ggml_backend_buffer_i = sys::ggml_backend_buffer_i {
+    free_buffer: Some(buf_free),
+    get_base: Some(buf_get_base),
+    init_tensor: None,
+    memset_tensor: Some(buf_memset_tensor),
+    set_tensor: Some(buf_set_tensor),
+    get_tensor: Some(buf_get_tensor),
+    set_tensor_2d: None,
+    get_tensor_2d: None,
+    cpy_tensor: Some(buf_cpy_tensor),
+    clear: Some(buf_clear),
+    reset: None,
+};
+
+/// The context of one of our buffers (ggml calls these only on them).
+///
+/// # Safety
+/// `buffer` is one of this plugin's buffers.
+unsafe fn buf_ctx<'a>(buffer: sys::ggml_backend_buffer_t) -> &'a BufferCtx {
+    // SAFETY: the caller's contract.
+    unsafe { &*(*buffer).context.cast::<BufferCtx>() }
+}
+
+/// Runs a buffer access, logging its error: ggml's buffer functions return nothing.
+fn report(what: &str, r: Result<(), String>) {
+    if let Err(e) = r {
+        ggml::log(Level::Error, &format!("{what}: {e}"));
+    }
+}
+
+/// Buffers freed so far.
+static FREED: AtomicU64 = AtomicU64::new(0);
+
+/// How many of this plugin's buffers ggml has freed (translations holding a freed buffer's
+/// memory through their bindings are dropped when this changes).
+pub(crate) fn freed() -> u64 {
+    FREED.load(Ordering::Acquire)
+}
+
+unsafe extern "C" fn buf_free(buffer: sys::ggml_backend_buffer_t) {
+    // SAFETY: ggml frees each buffer once; its context is the box `buft_alloc_buffer` made.
+    unsafe { drop(Box::from_raw((*buffer).context.cast::<BufferCtx>())) };
+    FREED.fetch_add(1, Ordering::Release);
+}
+
+unsafe extern "C" fn buf_get_base(buffer: sys::ggml_backend_buffer_t) -> *mut c_void {
+    // SAFETY: ggml calls it on our buffer.
+    unsafe { buf_ctx(buffer) }.base as *mut c_void
+}
+
+unsafe extern "C" fn buf_memset_tensor(
+    buffer: sys::ggml_backend_buffer_t,
+    tensor: *mut sys::ggml_tensor,
+    value: u8,
+    offset: usize,
+    size: usize,
+) {
+    // SAFETY: ggml passes our buffer and a tensor in it.
+    let ctx = unsafe { buf_ctx(buffer) };
+    // SAFETY: as above.
+    let r = unsafe { ctx.offset_of(tensor, offset, size) }.and_then(|at| {
+        ctx.buffer
+            .memset(at, size, value)
+            .map_err(|e| e.to_string())
+    });
+    report("memset_tensor", r);
+}
+
+unsafe extern "C" fn buf_set_tensor(
+    buffer: sys::ggml_backend_buffer_t,
+    tensor: *mut sys::ggml_tensor,
+    data: *const c_void,
+    offset: usize,
+    size: usize,
+) {
+    if size == 0 {
+        return;
+    }
+    // SAFETY: ggml passes our buffer, a tensor in it and `size` readable bytes at `data`.
+    let (ctx, src) = unsafe {
+        (
+            buf_ctx(buffer),
+            std::slice::from_raw_parts(data.cast::<u8>(), size),
+        )
+    };
+    // SAFETY: as above.
+    let r = unsafe { ctx.offset_of(tensor, offset, size) }
+        .and_then(|at| ctx.buffer.write(at, src).map_err(|e| e.to_string()));
+    report("set_tensor", r);
+}
+
+unsafe extern "C" fn buf_get_tensor(
+    buffer: sys::ggml_backend_buffer_t,
+    tensor: *const sys::ggml_tensor,
+    data: *mut c_void,
+    offset: usize,
+    size: usize,
+) {
+    if size == 0 {
+        return;
+    }
+    // SAFETY: ggml passes our buffer, a tensor in it and `size` writable bytes at `data`.
+    let (ctx, dst) = unsafe {
+        (
+            buf_ctx(buffer),
+            std::slice::from_raw_parts_mut(data.cast::<u8>(), size),
+        )
+    };
+    // SAFETY: as above.
+    let r = unsafe { ctx.offset_of(tensor, offset, size) }
+        .and_then(|at| ctx.buffer.read(at, dst).map_err(|e| e.to_string()));
+    report("get_tensor", r);
+}
+
+unsafe extern "C" fn buf_cpy_tensor(
+    buffer: sys::ggml_backend_buffer_t,
+    src: *const sys::ggml_tensor,
+    dst: *mut sys::ggml_tensor,
+) -> bool {
+    // SAFETY: ggml passes our buffer (holding `dst`) and live tensors; `src`'s buffer may be
+    // anyone's, and only ours are used.
+    unsafe {
+        let Some(from) = BufferCtx::of((*src).buffer) else {
+            return false;
+        };
+        let to = buf_ctx(buffer);
+        let len = crate::translate::nbytes(src);
+        let r = from.offset_of(src, 0, len).and_then(|so| {
+            let doff = to.offset_of(dst, 0, len)?;
+            tessera::backend::copy_between(from.buffer.as_ref(), so, to.buffer.as_ref(), doff, len)
+                .map_err(|e| e.to_string())
+        });
+        let ok = r.is_ok();
+        report("cpy_tensor", r);
+        ok
+    }
+}
+
+unsafe extern "C" fn buf_clear(buffer: sys::ggml_backend_buffer_t, value: u8) {
+    // SAFETY: ggml calls it on our buffer.
+    let ctx = unsafe { buf_ctx(buffer) };
+    report(
+        "clear",
+        ctx.buffer
+            .memset(0, ctx.size, value)
+            .map_err(|e| e.to_string()),
+    );
+}

@@ -1,0 +1,297 @@
+//! The ggml registry and devices: one ggml device per device of Tessera's registry, made once
+//! and kept for the process's lifetime (ggml holds raw pointers to them).
+
+use crate::buffer::BufferTypeCtx;
+use crate::ggml::{self, Level};
+use crate::{stream, sys, translate};
+use std::ffi::{CString, c_char, c_void};
+use std::sync::{Arc, OnceLock};
+use tessera::{Device, DeviceType};
+
+/// What a ggml device of this plugin points at.
+pub(crate) struct DeviceCtx {
+    pub(crate) device: Arc<dyn Device>,
+    pub(crate) name: CString,
+    description: CString,
+    /// The device's buffer type, as ggml sees it (its context is a [`BufferTypeCtx`]).
+    pub(crate) buffer_type: *mut sys::ggml_backend_buffer_type,
+}
+
+/// The registry's objects. Raw pointers to leaked boxes: ggml keeps them as long as the plugin is
+/// loaded, and a loaded ggml backend is never unloaded while its objects are in use.
+struct Registry {
+    reg: *mut sys::ggml_backend_reg,
+    devices: Vec<*mut sys::ggml_backend_device>,
+}
+
+// SAFETY: the pointed-to objects are immutable after `build` and their contexts are `Sync`
+// (Tessera devices are `Send + Sync`); ggml reads them from any thread.
+unsafe impl Send for Registry {}
+// SAFETY: as above.
+unsafe impl Sync for Registry {}
+
+static REGISTRY: OnceLock<Registry> = OnceLock::new();
+
+/// The registry ggml asks for (made once), or null when the host's ggml is another version.
+pub(crate) fn init() -> sys::ggml_backend_reg_t {
+    if let Err(e) = ggml::check_version() {
+        ggml::log(Level::Error, &e);
+        return std::ptr::null_mut();
+    }
+    pin_library();
+    REGISTRY.get_or_init(build).reg
+}
+
+/// Keeps this library mapped until the process exits, whatever its loader does at exit:
+/// Tessera's device threads and ggml's pointers into the registry may outlive the loader's
+/// `dlclose`.
+fn pin_library() {
+    // SAFETY: `dladdr` fills `info` for an address inside this library; `dlopen` of that same
+    // file with RTLD_NOLOAD only takes a reference (marking it NODELETE) and never loads anything.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        let here = init as *const () as *const c_void;
+        if libc::dladdr(here, &mut info) != 0 && !info.dli_fname.is_null() {
+            libc::dlopen(
+                info.dli_fname,
+                libc::RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
+            );
+        }
+    }
+}
+
+/// ggml's name for a Tessera device: `Tessera` and the device's own name (ggml's own devices are
+/// called `CPU`, `Vulkan0`, ...; the prefix keeps the names apart).
+pub fn ggml_name(device: &dyn Device) -> String {
+    format!("Tessera{}", device.name())
+}
+
+/// ggml's device type for a Tessera device. Tessera's CPU device is offered as an integrated GPU
+/// (memory of the host, a device of its own): as `CPU` it would stand in for ggml's CPU backend,
+/// which the host picks by type, and llama.cpp would not offload layers to it.
+pub fn ggml_type(device: &dyn Device) -> sys::ggml_backend_dev_type {
+    match device.kind() {
+        DeviceType::Gpu | DeviceType::Meta => {
+            sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_GPU
+        }
+        DeviceType::Accel => sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_ACCEL,
+        _ => sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_IGPU,
+    }
+}
+
+fn cstring(s: String) -> CString {
+    CString::new(s.replace('\0', " ")).unwrap_or_default()
+}
+
+fn build() -> Registry {
+    let reg = Box::into_raw(Box::new(sys::ggml_backend_reg {
+        api_version: sys::GGML_BACKEND_API_VERSION as i32,
+        iface: sys::ggml_backend_reg_i {
+            get_name: Some(reg_get_name),
+            get_device_count: Some(reg_get_device_count),
+            get_device: Some(reg_get_device),
+            get_proc_address: Some(reg_get_proc_address),
+        },
+        context: std::ptr::null_mut(),
+    }));
+    let mut devices = Vec::new();
+    for device in tessera::registry().devices() {
+        let ctx = Box::into_raw(Box::new(DeviceCtx {
+            name: cstring(ggml_name(device.as_ref())),
+            description: cstring(format!(
+                "Tessera {}: {}",
+                device.name(),
+                device.description()
+            )),
+            buffer_type: std::ptr::null_mut(),
+            device: device.clone(),
+        }));
+        let dev = Box::into_raw(Box::new(sys::ggml_backend_device {
+            iface: DEVICE_IFACE,
+            reg,
+            context: ctx.cast(),
+        }));
+        // SAFETY: `ctx` was just leaked and is not shared yet.
+        unsafe { (*ctx).buffer_type = BufferTypeCtx::leak(dev, device) };
+        devices.push(dev);
+    }
+    let names: Vec<String> = devices
+        .iter()
+        // SAFETY: devices made above.
+        .map(|&d| unsafe { device_ctx(d) }.name.to_string_lossy().into_owned())
+        .collect();
+    ggml::log(
+        Level::Info,
+        &format!("Tessera devices: {}", names.join(", ")),
+    );
+    Registry { reg, devices }
+}
+
+/// The context of one of this plugin's devices.
+///
+/// # Safety
+/// `dev` is a device this plugin made.
+pub(crate) unsafe fn device_ctx<'a>(dev: sys::ggml_backend_dev_t) -> &'a DeviceCtx {
+    // SAFETY: the caller's contract; devices and their contexts are never freed.
+    unsafe { &*(*dev).context.cast::<DeviceCtx>() }
+}
+
+/// Whether `buft` is one of this plugin's buffer types.
+pub(crate) fn owns_buffer_type(buft: sys::ggml_backend_buffer_type_t) -> bool {
+    !buft.is_null()
+        && REGISTRY.get().is_some_and(|r| {
+            r.devices
+                .iter()
+                // SAFETY: devices this plugin made.
+                .any(|&d| unsafe { device_ctx(d) }.buffer_type == buft)
+        })
+}
+
+unsafe extern "C" fn reg_get_name(_: sys::ggml_backend_reg_t) -> *const c_char {
+    c"Tessera".as_ptr()
+}
+
+unsafe extern "C" fn reg_get_device_count(_: sys::ggml_backend_reg_t) -> usize {
+    REGISTRY.get().map_or(0, |r| r.devices.len())
+}
+
+unsafe extern "C" fn reg_get_device(
+    _: sys::ggml_backend_reg_t,
+    i: usize,
+) -> sys::ggml_backend_dev_t {
+    REGISTRY
+        .get()
+        .and_then(|r| r.devices.get(i).copied())
+        .unwrap_or(std::ptr::null_mut())
+}
+
+unsafe extern "C" fn reg_get_proc_address(
+    _: sys::ggml_backend_reg_t,
+    _name: *const c_char,
+) -> *mut c_void {
+    // No extension functions: ggml's optional ones (thread counts, comm trio) are declined, so
+    // callers take their defaults.
+    std::ptr::null_mut()
+}
+
+const DEVICE_IFACE: sys::ggml_backend_device_i = sys::ggml_backend_device_i {
+    get_name: Some(dev_get_name),
+    get_description: Some(dev_get_description),
+    get_memory: Some(dev_get_memory),
+    get_type: Some(dev_get_type),
+    get_props: Some(dev_get_props),
+    init_backend: Some(dev_init_backend),
+    get_buffer_type: Some(dev_get_buffer_type),
+    get_host_buffer_type: None,
+    buffer_from_host_ptr: None,
+    supports_op: Some(dev_supports_op),
+    supports_buft: Some(dev_supports_buft),
+    offload_op: None,
+    event_new: None,
+    event_free: None,
+    event_synchronize: None,
+};
+
+unsafe extern "C" fn dev_get_name(dev: sys::ggml_backend_dev_t) -> *const c_char {
+    // SAFETY: ggml passes one of our devices.
+    unsafe { device_ctx(dev) }.name.as_ptr()
+}
+
+unsafe extern "C" fn dev_get_description(dev: sys::ggml_backend_dev_t) -> *const c_char {
+    // SAFETY: as above.
+    unsafe { device_ctx(dev) }.description.as_ptr()
+}
+
+unsafe extern "C" fn dev_get_memory(
+    dev: sys::ggml_backend_dev_t,
+    free: *mut usize,
+    total: *mut usize,
+) {
+    // SAFETY: as above.
+    let m = unsafe { device_ctx(dev) }.device.memory();
+    // SAFETY: ggml passes writable pointers (null ones are skipped).
+    unsafe {
+        if !free.is_null() {
+            *free = m.free;
+        }
+        if !total.is_null() {
+            *total = m.total;
+        }
+    }
+}
+
+unsafe extern "C" fn dev_get_type(dev: sys::ggml_backend_dev_t) -> sys::ggml_backend_dev_type {
+    // SAFETY: as above.
+    ggml_type(unsafe { device_ctx(dev) }.device.as_ref())
+}
+
+unsafe extern "C" fn dev_get_props(
+    dev: sys::ggml_backend_dev_t,
+    props: *mut sys::ggml_backend_dev_props,
+) {
+    if props.is_null() {
+        return;
+    }
+    // SAFETY: ggml passes one of our devices.
+    let ctx = unsafe { device_ctx(dev) };
+    let m = ctx.device.memory();
+    // SAFETY: `props` is writable; the strings live as long as the device.
+    unsafe {
+        *props = sys::ggml_backend_dev_props {
+            name: ctx.name.as_ptr(),
+            description: ctx.description.as_ptr(),
+            memory_free: m.free,
+            memory_total: m.total,
+            type_: ggml_type(ctx.device.as_ref()),
+            device_id: std::ptr::null(),
+            caps: sys::ggml_backend_dev_caps {
+                async_: true,
+                host_buffer: false,
+                buffer_from_host_ptr: false,
+                events: false,
+                mmap_support: false,
+            },
+        };
+    }
+}
+
+unsafe extern "C" fn dev_init_backend(
+    dev: sys::ggml_backend_dev_t,
+    _params: *const c_char,
+) -> sys::ggml_backend_t {
+    // SAFETY: ggml passes one of our devices.
+    stream::init(dev, unsafe { device_ctx(dev) })
+}
+
+unsafe extern "C" fn dev_get_buffer_type(
+    dev: sys::ggml_backend_dev_t,
+) -> sys::ggml_backend_buffer_type_t {
+    // SAFETY: as above.
+    unsafe { device_ctx(dev) }.buffer_type
+}
+
+unsafe extern "C" fn dev_supports_op(
+    dev: sys::ggml_backend_dev_t,
+    op: *const sys::ggml_tensor,
+) -> bool {
+    // SAFETY: as above; `op` is a live tensor whose sources are live.
+    let ctx = unsafe { device_ctx(dev) };
+    if op.is_null() {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe { translate::supports(ctx.device.as_ref(), op) }.is_ok()
+}
+
+unsafe extern "C" fn dev_supports_buft(
+    dev: sys::ggml_backend_dev_t,
+    buft: sys::ggml_backend_buffer_type_t,
+) -> bool {
+    // SAFETY: as above; `buft` is a live buffer type.
+    let ctx = unsafe { device_ctx(dev) };
+    // SAFETY: as above.
+    match unsafe { BufferTypeCtx::of(buft) } {
+        Some(b) => ctx.device.supports_buffer_type(b.tessera.as_ref()),
+        None => false,
+    }
+}
