@@ -158,3 +158,35 @@ fn views_become_strided_views_of_the_owner_or_are_declined() {
     let e = probe(&y).unwrap_err();
     assert!(e.contains("strides"), "{e}");
 }
+
+#[test]
+fn strides_no_tessera_view_expresses_are_declined() {
+    // Every other element of each row: rows are not contiguous and no axis order makes them so.
+    let mut m = tensor(DType::F32, [8, 4, 1, 1], sys::ggml_op_GGML_OP_NONE, &[]);
+    let mut v = tensor(DType::F32, [4, 4, 1, 1], sys::ggml_op_GGML_OP_VIEW, &[ptr(&mut m)]);
+    v.nb = [8, 32, 128, 128];
+    v.view_src = ptr(&mut m);
+    let e = probe(&v).unwrap_err();
+    assert!(e.contains("not a view Tessera can express"), "{e}");
+}
+
+#[test]
+fn without_a_ggml_host_the_plugin_stays_out_and_says_why() {
+    // This test binary has no ggml: the version check fails with the missing symbol named, and
+    // ggml's entry points decline instead of crashing.
+    let e = crate::check_version().unwrap_err();
+    assert!(e.contains("ggml_version"), "{e}");
+    assert!(crate::ggml_backend_init().is_null());
+    assert_eq!(crate::ggml_backend_score(), 0);
+}
+
+#[test]
+fn tessera_devices_get_ggml_names_and_types() {
+    let cpu = cpu();
+    assert_eq!(crate::registry::ggml_name(cpu.as_ref()), "TesseraCPU");
+    // Not CPU: ggml picks its own CPU backend by type.
+    assert_eq!(
+        crate::registry::ggml_type(cpu.as_ref()),
+        sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_IGPU
+    );
+}
