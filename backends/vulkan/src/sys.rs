@@ -8,6 +8,7 @@
 //! and owners keep what they were made from alive (`Arc<Dev>`, `Arc<Instance>`).
 #![allow(unsafe_code)]
 
+use crate::spec::{self, Spec};
 use ash::vk;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -1185,7 +1186,7 @@ impl StreamShared {
     /// # Safety
     /// [`tessera_gpu::Driver::launch`]'s contract.
     pub(crate) unsafe fn launch(&self, k: &Arc<Kernel>, launch: &Launch) -> Result<()> {
-        let pipeline = k.pipeline(launch.block)?;
+        let pipeline = k.pipeline(Spec::of(launch, k.declared))?;
         let args = pack_args(&launch.args);
         let mut st = self.st.lock();
         let st = &mut *st;
@@ -1230,7 +1231,7 @@ impl StreamShared {
                 &addr.to_ne_bytes(),
             );
             let max = self.dev.info.max_groups.map(|m| m.max(1));
-            let (gx, gy, gz) = launch.grid;
+            let (gx, gy, gz) = spec::grid(self.dev.info.kind, &k.name, launch.grid);
             if gx > 0 && gy > 0 && gz > 0 {
                 for bz in (0..gz).step_by(max[2] as usize) {
                     for by in (0..gy).step_by(max[1] as usize) {
@@ -1265,13 +1266,16 @@ pub(crate) fn pack_args(args: &[Arg]) -> Vec<u8> {
     out
 }
 
-/// A kernel: its shader module and a compute pipeline per block size (specialization constant
-/// 0 is `local_size_x`), made on first use through the device's pipeline cache.
+/// A kernel: its shader module and a compute pipeline per [`Spec`] (specialization constant 0 is
+/// `local_size_x`; the argument types and layouts where the module declares constants for them),
+/// made on first use through the device's pipeline cache.
 pub(crate) struct Kernel {
     pub(crate) name: String,
     dev: Arc<Dev>,
     module: vk::ShaderModule,
-    pipelines: Mutex<HashMap<u32, vk::Pipeline>>,
+    /// Specialization constant ids the module declares (bit i: id i).
+    declared: u32,
+    pipelines: Mutex<HashMap<Spec, vk::Pipeline>>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -1311,30 +1315,31 @@ impl Kernel {
             name: name.to_string(),
             dev: dev.clone(),
             module,
+            declared: spec::declared(&words),
             pipelines: Mutex::new(HashMap::new()),
         })
     }
 
-    /// The pipeline for blocks of `block` threads.
-    pub(crate) fn pipeline(&self, block: u32) -> Result<vk::Pipeline> {
+    /// The pipeline specialized as `spec` (from [`Spec::of`] with this kernel's declared ids).
+    pub(crate) fn pipeline(&self, spec: Spec) -> Result<vk::Pipeline> {
         let mut map = self.pipelines.lock();
-        if let Some(p) = map.get(&block) {
+        if let Some(p) = map.get(&spec) {
             return Ok(*p);
         }
-        let entries = [vk::SpecializationMapEntry {
-            constant_id: 0,
-            offset: 0,
+        let (ids, data) = spec.data();
+        let entries = ids.map(|id| vk::SpecializationMapEntry {
+            constant_id: id,
+            offset: 4 * id,
             size: 4,
-        }];
-        let data = block.max(1).to_ne_bytes();
-        let spec = vk::SpecializationInfo::default()
+        });
+        let info = vk::SpecializationInfo::default()
             .map_entries(&entries)
             .data(&data);
         let stage = vk::PipelineShaderStageCreateInfo::default()
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(self.module)
             .name(c"main")
-            .specialization_info(&spec);
+            .specialization_info(&info);
         let ci = vk::ComputePipelineCreateInfo::default()
             .flags(vk::PipelineCreateFlags::DISPATCH_BASE)
             .stage(stage)
@@ -1347,7 +1352,7 @@ impl Kernel {
                 .create_compute_pipelines(self.dev.cache, &[ci], None)
         }
         .map_err(|(_, e)| vk_err(&format!("vkCreateComputePipelines({})", self.name), e))?[0];
-        map.insert(block, p);
+        map.insert(spec, p);
         self.dev
             .dirty
             .store(true, std::sync::atomic::Ordering::Release);

@@ -1,0 +1,336 @@
+//! Specialization constants of a launch (`kernels/vulkan/ABI.md`, "Specialization"): besides
+//! constant 0 (the block size), a kernel may declare constants 1..=4, the element type codes of
+//! its first four `Tensor` arguments, and 5, their layout bits, so that the driver compiles a
+//! pipeline per type and layout and dead type switches and general index paths fold away. A
+//! pipeline is keyed by the constants its module declares only ([`declared`]), so kernels that
+//! declare none keep one pipeline per block size.
+
+use ash::vk;
+use tessera_core::DType;
+use tessera_kernels::gpu::plan::{Arg, Launch, type_code};
+
+/// Tensor arguments whose type and layout are specialization constants.
+pub(crate) const SPEC_TENSORS: usize = 4;
+/// Constant id of the first argument's type code (`TS_TYPE_0`); ids 1..=4.
+const TYPE_ID: u32 = 1;
+/// Constant id of the layout bits (`TS_LAYOUT`): 4 bits per tensor argument, argument i at 4i.
+const LAYOUT_ID: u32 = 5;
+
+/// Layout bit: rows are contiguous (`nb[0]` is the element size; always for quantized types).
+pub(crate) const ROW: u32 = 1;
+/// Layout bit: the whole tensor is packed (rows contiguous and each stride the previous extent).
+pub(crate) const DENSE: u32 = 2;
+/// Layout bit: the same shape as argument 0 (so dense tensors share its flat index).
+pub(crate) const SAME: u32 = 4;
+/// Layout bit: the address and the strides of axes 1..3 are multiples of 16 bytes.
+pub(crate) const ALIGN16: u32 = 8;
+
+/// What a kernel's pipeline is specialized on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Spec {
+    /// Threads per block (constant 0).
+    pub(crate) block: u32,
+    /// Type codes of tensor arguments 0..3 (-1: absent or not declared).
+    pub(crate) types: [i32; SPEC_TENSORS],
+    /// Layout bits (0 when not declared).
+    pub(crate) layout: u32,
+}
+
+/// The bit set of specialization constant ids (0..=31) that SPIR-V `words` decorates with
+/// `SpecId`.
+pub(crate) fn declared(words: &[u32]) -> u32 {
+    const OP_DECORATE: u32 = 71;
+    const SPEC_ID: u32 = 1;
+    let mut ids = 0u32;
+    let mut at = 5; // after the header
+    while at < words.len() {
+        let (count, op) = ((words[at] >> 16) as usize, words[at] & 0xffff);
+        if count == 0 {
+            break;
+        }
+        if op == OP_DECORATE && count >= 4 && at + 3 < words.len() && words[at + 2] == SPEC_ID {
+            let id = words[at + 3];
+            if id < 32 {
+                ids |= 1 << id;
+            }
+        }
+        at += count;
+    }
+    ids
+}
+
+/// A tensor argument's fields (`struct Tensor`, 80 bytes).
+struct Fields {
+    data: u64,
+    ne: [i64; 4],
+    nb: [i64; 4],
+    code: i32,
+}
+
+fn fields(b: &[u8; 80]) -> Fields {
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[at..at + 8]);
+        w
+    };
+    let mut code = [0u8; 4];
+    code.copy_from_slice(&b[72..76]);
+    Fields {
+        data: u64::from_ne_bytes(word(0)),
+        ne: std::array::from_fn(|d| i64::from_ne_bytes(word(8 + 8 * d))),
+        nb: std::array::from_fn(|d| i64::from_ne_bytes(word(40 + 8 * d))),
+        code: i32::from_ne_bytes(code),
+    }
+}
+
+/// The element type of kernel type code `code`.
+fn dtype_of(code: i32) -> Option<DType> {
+    [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_1,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
+        DType::Q5_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ]
+    .into_iter()
+    .find(|&d| type_code(d) == code)
+}
+
+/// Layout bits of `t` (`first`: argument 0's shape).
+fn layout(t: &Fields, first: &[i64; 4]) -> u32 {
+    let Some(d) = dtype_of(t.code) else {
+        return 0;
+    };
+    let mut bits = 0;
+    let row = d.is_quantized() || t.nb[0] == d.type_size() as i64;
+    if row {
+        bits |= ROW;
+        let row_bytes = usize::try_from(t.ne[0])
+            .ok()
+            .and_then(|n| d.row_size(n))
+            .and_then(|r| i64::try_from(r).ok());
+        if row_bytes == Some(t.nb[1])
+            && t.nb[2] == t.nb[1].wrapping_mul(t.ne[1])
+            && t.nb[3] == t.nb[2].wrapping_mul(t.ne[2])
+        {
+            bits |= DENSE;
+        }
+    }
+    if t.ne == *first {
+        bits |= SAME;
+    }
+    let aligned =
+        t.data.is_multiple_of(16) && (1..4).all(|k| t.ne[k] <= 1 || t.nb[k].rem_euclid(16) == 0);
+    if aligned {
+        bits |= ALIGN16;
+    }
+    bits
+}
+
+impl Spec {
+    /// The constants of `launch` for a module declaring the ids in `declared`.
+    pub(crate) fn of(launch: &Launch, declared: u32) -> Spec {
+        let mut spec = Spec {
+            block: launch.block.max(1),
+            types: [-1; SPEC_TENSORS],
+            layout: 0,
+        };
+        if declared & !1 == 0 {
+            return spec;
+        }
+        let tensors: Vec<Fields> = launch
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                Arg::Tensor(b) => Some(fields(b)),
+                _ => None,
+            })
+            .take(SPEC_TENSORS)
+            .collect();
+        let Some(first) = tensors.first().map(|t| t.ne) else {
+            return spec;
+        };
+        for (i, t) in tensors.iter().enumerate() {
+            if declared & (1 << (TYPE_ID + i as u32)) != 0 {
+                spec.types[i] = t.code;
+            }
+            if declared & (1 << LAYOUT_ID) != 0 {
+                spec.layout |= layout(t, &first) << (4 * i);
+            }
+        }
+        spec
+    }
+
+    /// The map entries and data of these constants (ids 0..=5, 4 bytes each; a module ignores
+    /// entries for ids it does not declare).
+    pub(crate) fn data(&self) -> ([u32; 6], [u8; 24]) {
+        let mut words = [0u32; 6];
+        words[0] = self.block;
+        for (i, &t) in self.types.iter().enumerate() {
+            words[TYPE_ID as usize + i] = t as u32;
+        }
+        words[LAYOUT_ID as usize] = self.layout;
+        let mut bytes = [0u8; 24];
+        for (i, w) in words.iter().enumerate() {
+            bytes[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        ([0, 1, 2, 3, 4, 5], bytes)
+    }
+}
+
+/// Op kernels whose only use of the grid is a grid-stride loop over the threads of the launch
+/// (`GRID_STRIDE` / `ts_grid_threads` in `common.glsl`), so any smaller grid computes the same.
+/// (The all-reduce helpers are grid-stride too, but keep their planned grids: the split-dispatch
+/// tests run on them.)
+pub(crate) const GRID_STRIDE_KERNELS: &[&str] = &[
+    "k_add_id",
+    "k_binary",
+    "k_concat",
+    "k_copy_rows",
+    "k_cpy",
+    "k_get_rows",
+    "k_glu",
+    "k_map",
+    "k_quantize",
+    "k_rope",
+    "k_set_rows",
+    "k_set_rows_q",
+    "k_swiglu_oai",
+];
+
+/// Planned blocks a grid-stride launch keeps per dispatched workgroup on a CPU device.
+const CPU_STRIDE_FACTOR: u32 = 16;
+
+/// The grid to dispatch for `planned` blocks of `kernel` on a device of type `kind`. On a CPU
+/// implementation (lavapipe) every dispatch wakes its thread pool and every invocation loads its
+/// arguments one lane at a time, so grid-stride kernels run a sixteenth of the planned workgroups
+/// (each invocation taking 16 times the elements, one workgroup for up to 4096 elements), below
+/// 65535 so that the dispatch is never split and `ts_grid_threads` reads the true grid from
+/// `gl_NumWorkGroups`. Other devices and kernels dispatch what the plan gives.
+pub(crate) fn grid(
+    kind: vk::PhysicalDeviceType,
+    kernel: &str,
+    planned: (u32, u32, u32),
+) -> (u32, u32, u32) {
+    let (gx, gy, gz) = planned;
+    if kind != vk::PhysicalDeviceType::CPU || (gy, gz) != (1, 1) || gx == 0 {
+        return planned;
+    }
+    if GRID_STRIDE_KERNELS.binary_search(&kernel).is_err() {
+        return planned;
+    }
+    (gx.div_ceil(CPU_STRIDE_FACTOR).min(65_534), 1, 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(data: u64, dtype: DType, ne: [i64; 4], nb: [i64; 4]) -> Arg {
+        let mut b = [0u8; 80];
+        b[..8].copy_from_slice(&data.to_ne_bytes());
+        for d in 0..4 {
+            b[8 + 8 * d..16 + 8 * d].copy_from_slice(&ne[d].to_ne_bytes());
+            b[40 + 8 * d..48 + 8 * d].copy_from_slice(&nb[d].to_ne_bytes());
+        }
+        b[72..76].copy_from_slice(&type_code(dtype).to_ne_bytes());
+        Arg::Tensor(b)
+    }
+
+    fn launch(args: Vec<Arg>) -> Launch {
+        Launch {
+            kernel: "k_binary",
+            grid: (1, 1, 1),
+            block: 256,
+            args,
+        }
+    }
+
+    #[test]
+    fn types_and_layouts() {
+        let dense = tensor(0x1000, DType::F32, [8, 3, 1, 1], [4, 32, 96, 96]);
+        // Rows of 8 f16 every 32 bytes: contiguous rows, not packed.
+        let strided = tensor(0x1010, DType::F16, [8, 3, 1, 1], [2, 32, 96, 96]);
+        // A transposed view: rows not contiguous; odd address.
+        let view = tensor(0x1004, DType::F32, [3, 8, 1, 1], [32, 4, 96, 96]);
+        let q = tensor(0x2000, DType::Q8_0, [64, 2, 1, 1], [34, 68, 136, 136]);
+        let l = launch(vec![dense, strided, Arg::I32(7), view, q]);
+        let all = Spec::of(&l, 0b11_1111);
+        assert_eq!(all.block, 256);
+        assert_eq!(all.types, [0, 1, 0, 4]);
+        assert_eq!(all.layout & 0xf, ROW | DENSE | SAME | ALIGN16);
+        assert_eq!((all.layout >> 4) & 0xf, ROW | SAME | ALIGN16);
+        assert_eq!((all.layout >> 8) & 0xf, 0);
+        assert_eq!((all.layout >> 12) & 0xf, ROW | DENSE);
+        // Only what the module declares is part of the key.
+        let types_only = Spec::of(&l, 0b00_0111);
+        assert_eq!((types_only.types, types_only.layout), ([0, 1, -1, -1], 0));
+        assert_eq!(Spec::of(&l, 1).types, [-1; 4]);
+        let (ids, bytes) = all.data();
+        assert_eq!(ids, [0, 1, 2, 3, 4, 5]);
+        assert_eq!(&bytes[..4], &256u32.to_ne_bytes());
+        assert_eq!(&bytes[8..12], &1u32.to_ne_bytes());
+    }
+
+    #[test]
+    fn grid_stride_kernels_shrink_on_cpu_devices() {
+        let cpu = vk::PhysicalDeviceType::CPU;
+        let gpu = vk::PhysicalDeviceType::DISCRETE_GPU;
+        assert!(GRID_STRIDE_KERNELS.is_sorted());
+        assert_eq!(grid(cpu, "k_binary", (16, 1, 1)), (1, 1, 1));
+        assert_eq!(grid(cpu, "k_map", (257, 1, 1)), (17, 1, 1));
+        assert_eq!(grid(cpu, "k_map", (1 << 20, 1, 1)), (65_534, 1, 1));
+        assert_eq!(grid(gpu, "k_binary", (16, 1, 1)), (16, 1, 1));
+        assert_eq!(grid(cpu, "k_norm", (512, 1, 1)), (512, 1, 1));
+        assert_eq!(grid(cpu, "k_add_f32", (65_540, 1, 1)), (65_540, 1, 1));
+        // Each listed kernel strides over the grid through common.glsl's helpers.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/vulkan");
+        for k in GRID_STRIDE_KERNELS {
+            let src = std::fs::read_to_string(dir.join(format!("{k}.comp"))).unwrap();
+            assert!(
+                src.contains("GRID_STRIDE") || src.contains("ts_grid_threads"),
+                "{k} is not a grid-stride kernel"
+            );
+            assert!(
+                !src.contains("gl_NumWorkGroups"),
+                "{k} reads the grid itself"
+            );
+        }
+    }
+
+    #[test]
+    fn spec_ids_of_spirv() {
+        // Header, then OpDecorate %5 SpecId 0, OpDecorate %6 SpecId 5, OpNop.
+        let words = [
+            0x0723_0203,
+            0x0001_0500,
+            0,
+            10,
+            0,
+            (4 << 16) | 71,
+            5,
+            1,
+            0,
+            (4 << 16) | 71,
+            6,
+            1,
+            5,
+            (1 << 16),
+        ];
+        assert_eq!(declared(&words), 0b10_0001);
+        // A zero word count stops the scan instead of looping.
+        assert_eq!(declared(&[0, 0, 0, 0, 0, 0]), 0);
+    }
+}
