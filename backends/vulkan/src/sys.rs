@@ -1146,11 +1146,17 @@ impl StreamShared {
         self.after_command(&mut st)
     }
 
-    /// Copies `src` at `off` into `dst` in stream order through a staging buffer and waits.
+    /// Copies `src` at `off` into `dst` in stream order and waits: mapped memory (CPU and
+    /// integrated devices) is read once the stream's work is done, other memory through a
+    /// staging buffer copied on the stream (a second submit and wait).
     pub(crate) fn download(&self, src: &RawBuf, off: usize, dst: &mut [u8]) -> Result<()> {
         src.check(off, dst.len(), "Vulkan read")?;
         if dst.is_empty() {
             return Ok(());
+        }
+        if src.is_mapped() {
+            self.sync()?;
+            return src.read_mapped(off, dst);
         }
         let host = RawBuf::new(&self.dev, dst.len(), true, &self.device)?;
         {
