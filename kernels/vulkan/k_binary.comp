@@ -5,8 +5,9 @@
 
 // dst = a (op) b, b broadcast to a's shape (each of b's lengths divides a's). One invocation per
 // destination element (grid-stride); inputs are read before the element is written (in-place safe).
-// Specialized on the argument types; where all three are dense and of one shape, the flat index
-// addresses them directly (no 64-bit division per element), two f32 per access where aligned.
+// Specialized on the op and the argument types; where all three are dense and of one shape, the
+// flat index addresses them directly (no 64-bit division per element), two f32 per access where
+// aligned.
 #define BIN_ADD 0
 #define BIN_SUB 1
 #define BIN_MUL 2
@@ -28,7 +29,7 @@ void main() {
     Tensor dst = ts_spec(args.dst, 0);
     Tensor a = ts_spec(args.a, 1);
     Tensor b = ts_spec(args.b, 2);
-    int op = args.op;
+    int op = ts_int0(args.op);
     int64_t n = args.n;
     if (ts_f32_pairs(2)) {
         // The launch's threads (planned for n) stride over n / 2 pairs; the odd last one alone.

@@ -5,8 +5,8 @@
 #include "elementwise_funcs.glsl"
 
 // dst = f(a) for SCALE (p0 * x + p1), SQR, SQRT, CLAMP (p0..p1) and the unary functions.
-// Specialized on the argument types; dense tensors of one shape take the flat index (two f32 per
-// access where aligned).
+// Specialized on the op and the argument types; dense tensors of one shape take the flat index
+// (two f32 per access where aligned).
 #define MAP_SCALE 0
 #define MAP_SQR 1
 #define MAP_SQRT 2
@@ -43,7 +43,7 @@ void main() {
     Args args = Args(pc.args);
     Tensor dst = ts_spec(args.dst, 0);
     Tensor a = ts_spec(args.a, 1);
-    int op = args.op;
+    int op = ts_int0(args.op);
     float p0 = args.p0, p1 = args.p1;
     int64_t n = args.n;
     if (ts_f32_pairs(1)) {

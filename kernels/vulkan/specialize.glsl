@@ -1,8 +1,9 @@
-// Specialization constants 1..5 (kernels/vulkan/ABI.md, "Specialization"), for shaders that
+// Specialization constants 1..6 (kernels/vulkan/ABI.md, "Specialization"), for shaders that
 // include this after common.glsl: the Vulkan driver sets them from the launch's first four
-// `Tensor` arguments, so a pipeline is compiled per argument type and layout and the run-time
-// type switches of ld / st and the general index paths fold away. Unset (a pipeline made without
-// them) they keep every path: -1 types, no layout bits.
+// `Tensor` arguments and its first `int`, so a pipeline is compiled per argument type, layout and
+// op code and the run-time type switches of ld / st, the op switches and the general index paths
+// fold away. Unset (a pipeline made without them) they keep every path: -1 types, no layout
+// bits, TS_INT_UNSET.
 #ifndef TESSERA_SPECIALIZE_GLSL
 #define TESSERA_SPECIALIZE_GLSL
 
@@ -12,6 +13,15 @@ layout(constant_id = 3) const int TS_TYPE_2 = -1;
 layout(constant_id = 4) const int TS_TYPE_3 = -1;
 // 4 bits per tensor argument (argument i at bit 4i): TS_ROW, TS_DENSE, TS_SAME, TS_ALIGN16.
 layout(constant_id = 5) const int TS_LAYOUT = 0;
+// The first `int` argument, or TS_INT_UNSET.
+#define TS_INT_UNSET 2147483647
+layout(constant_id = 6) const int TS_INT_0 = TS_INT_UNSET;
+
+// The first `int` argument: the specialized value, else `runtime` (the argument as read; equal
+// when the launch's value happens to be TS_INT_UNSET).
+int ts_int0(int runtime) {
+    return TS_INT_0 != TS_INT_UNSET ? TS_INT_0 : runtime;
+}
 
 // Rows contiguous (nb[0] is the element size; quantized types always).
 #define TS_ROW 1

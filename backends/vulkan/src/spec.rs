@@ -1,9 +1,10 @@
 //! Specialization constants of a launch (`kernels/vulkan/ABI.md`, "Specialization"): besides
 //! constant 0 (the block size), a kernel may declare constants 1..=4, the element type codes of
-//! its first four `Tensor` arguments, and 5, their layout bits, so that the driver compiles a
-//! pipeline per type and layout and dead type switches and general index paths fold away. A
-//! pipeline is keyed by the constants its module declares only ([`declared`]), so kernels that
-//! declare none keep one pipeline per block size.
+//! its first four `Tensor` arguments, 5, their layout bits, and 6, its first `int` argument (an
+//! op or mode code), so that the driver compiles a pipeline per type, layout and code and dead
+//! switches and general index paths fold away. A pipeline is keyed by the constants its module
+//! declares only ([`declared`]), so kernels that declare none keep one pipeline per block size.
+//! The driver also picks the grid of grid-stride kernels on CPU devices ([`grid`]).
 
 use ash::vk;
 use tessera_core::DType;
@@ -15,6 +16,11 @@ pub(crate) const SPEC_TENSORS: usize = 4;
 const TYPE_ID: u32 = 1;
 /// Constant id of the layout bits (`TS_LAYOUT`): 4 bits per tensor argument, argument i at 4i.
 const LAYOUT_ID: u32 = 5;
+/// Constant id of the first `int` argument (`TS_INT_0`).
+const INT_ID: u32 = 6;
+/// `TS_INT_0` when unset (the shader then reads the argument; a launch whose first `int` is this
+/// value gets the same result either way).
+pub(crate) const INT_UNSET: i32 = i32::MAX;
 
 /// Layout bit: rows are contiguous (`nb[0]` is the element size; always for quantized types).
 pub(crate) const ROW: u32 = 1;
@@ -34,6 +40,8 @@ pub(crate) struct Spec {
     pub(crate) types: [i32; SPEC_TENSORS],
     /// Layout bits (0 when not declared).
     pub(crate) layout: u32,
+    /// The first `int` argument ([`INT_UNSET`] when absent or not declared).
+    pub(crate) int0: i32,
 }
 
 /// The bit set of specialization constant ids (0..=31) that SPIR-V `words` decorates with
@@ -141,14 +149,23 @@ fn layout(t: &Fields, first: &[i64; 4]) -> u32 {
 
 impl Spec {
     /// The constants of `launch` for a module declaring the ids in `declared`.
-    pub(crate) fn of(launch: &Launch, declared: u32) -> Spec {
+    pub(crate) fn of(launch: &Launch, block: u32, declared: u32) -> Spec {
         let mut spec = Spec {
-            block: launch.block.max(1),
+            block: block.max(1),
             types: [-1; SPEC_TENSORS],
             layout: 0,
+            int0: INT_UNSET,
         };
         if declared & !1 == 0 {
             return spec;
+        }
+        if declared & (1 << INT_ID) != 0
+            && let Some(v) = launch.args.iter().find_map(|a| match a {
+                Arg::I32(v) => Some(*v),
+                _ => None,
+            })
+        {
+            spec.int0 = v;
         }
         let tensors: Vec<Fields> = launch
             .args
@@ -173,20 +190,21 @@ impl Spec {
         spec
     }
 
-    /// The map entries and data of these constants (ids 0..=5, 4 bytes each; a module ignores
+    /// The map entries and data of these constants (ids 0..=6, 4 bytes each; a module ignores
     /// entries for ids it does not declare).
-    pub(crate) fn data(&self) -> ([u32; 6], [u8; 24]) {
-        let mut words = [0u32; 6];
+    pub(crate) fn data(&self) -> ([u32; 7], [u8; 28]) {
+        let mut words = [0u32; 7];
         words[0] = self.block;
         for (i, &t) in self.types.iter().enumerate() {
             words[TYPE_ID as usize + i] = t as u32;
         }
         words[LAYOUT_ID as usize] = self.layout;
-        let mut bytes = [0u8; 24];
+        words[INT_ID as usize] = self.int0 as u32;
+        let mut bytes = [0u8; 28];
         for (i, w) in words.iter().enumerate() {
             bytes[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
         }
-        ([0, 1, 2, 3, 4, 5], bytes)
+        (std::array::from_fn(|i| i as u32), bytes)
     }
 }
 
@@ -234,6 +252,21 @@ pub(crate) fn grid(
     (gx.div_ceil(CPU_STRIDE_FACTOR).min(65_534), 1, 1)
 }
 
+/// Kernels whose invocations stride over their row by the workgroup size and reduce over the
+/// whole workgroup, so any block size (a multiple of 32, at most 256) computes the same.
+const ROW_KERNELS: &[&str] = &["k_norm"];
+
+/// The block size to launch `kernel` with, planned `planned`, on a device of type `kind`. On a
+/// CPU implementation each invocation costs its argument loads and each barrier a switch between
+/// its subgroups, so row kernels take 32 invocations (a subgroup's lanes still read consecutive
+/// values). Otherwise the plan's.
+pub(crate) fn block(kind: vk::PhysicalDeviceType, kernel: &str, planned: u32) -> u32 {
+    if kind == vk::PhysicalDeviceType::CPU && ROW_KERNELS.contains(&kernel) {
+        return planned.clamp(1, 32);
+    }
+    planned
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,21 +300,24 @@ mod tests {
         let view = tensor(0x1004, DType::F32, [3, 8, 1, 1], [32, 4, 96, 96]);
         let q = tensor(0x2000, DType::Q8_0, [64, 2, 1, 1], [34, 68, 136, 136]);
         let l = launch(vec![dense, strided, Arg::I32(7), view, q]);
-        let all = Spec::of(&l, 0b11_1111);
+        let all = Spec::of(&l, 256, 0b111_1111);
         assert_eq!(all.block, 256);
         assert_eq!(all.types, [0, 1, 0, 4]);
+        assert_eq!(all.int0, 7);
         assert_eq!(all.layout & 0xf, ROW | DENSE | SAME | ALIGN16);
         assert_eq!((all.layout >> 4) & 0xf, ROW | SAME | ALIGN16);
         assert_eq!((all.layout >> 8) & 0xf, 0);
         assert_eq!((all.layout >> 12) & 0xf, ROW | DENSE);
         // Only what the module declares is part of the key.
-        let types_only = Spec::of(&l, 0b00_0111);
+        let types_only = Spec::of(&l, 256, 0b000_0111);
         assert_eq!((types_only.types, types_only.layout), ([0, 1, -1, -1], 0));
-        assert_eq!(Spec::of(&l, 1).types, [-1; 4]);
+        assert_eq!(types_only.int0, INT_UNSET);
+        assert_eq!(Spec::of(&l, 256, 1).types, [-1; 4]);
         let (ids, bytes) = all.data();
-        assert_eq!(ids, [0, 1, 2, 3, 4, 5]);
+        assert_eq!(ids, [0, 1, 2, 3, 4, 5, 6]);
         assert_eq!(&bytes[..4], &256u32.to_ne_bytes());
         assert_eq!(&bytes[8..12], &1u32.to_ne_bytes());
+        assert_eq!(&bytes[24..28], &7u32.to_ne_bytes());
     }
 
     #[test]
@@ -295,6 +331,9 @@ mod tests {
         assert_eq!(grid(gpu, "k_binary", (16, 1, 1)), (16, 1, 1));
         assert_eq!(grid(cpu, "k_norm", (512, 1, 1)), (512, 1, 1));
         assert_eq!(grid(cpu, "k_add_f32", (65_540, 1, 1)), (65_540, 1, 1));
+        assert_eq!(block(cpu, "k_norm", 256), 32);
+        assert_eq!(block(gpu, "k_norm", 256), 256);
+        assert_eq!(block(cpu, "k_soft_max", 256), 256);
         // Each listed kernel strides over the grid through common.glsl's helpers.
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/vulkan");
         for k in GRID_STRIDE_KERNELS {

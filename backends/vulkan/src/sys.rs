@@ -207,6 +207,12 @@ impl Instance {
             max_groups: l.max_compute_work_group_count,
             max_alloc: p11.max_memory_allocation_size,
             subgroup: p11.subgroup_size,
+            subgroup_arith: p11
+                .subgroup_supported_stages
+                .contains(vk::ShaderStageFlags::COMPUTE)
+                && p11.subgroup_supported_operations.contains(
+                    vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC,
+                ),
             family: family as u32,
             mem,
             optional: Optional {
@@ -232,6 +238,14 @@ pub(crate) const INT8_ENV: &str = "TESSERA_VULKAN_INT8";
 
 fn int8_wanted() -> bool {
     std::env::var_os(INT8_ENV).is_none_or(|v| v != "0")
+}
+
+/// `TESSERA_VULKAN_SUBGROUPS=0` loads the kernels' shared-memory reductions (`*_nosg`) even where
+/// the device has subgroup arithmetic, as devices without it do.
+pub(crate) const SUBGROUPS_ENV: &str = "TESSERA_VULKAN_SUBGROUPS";
+
+fn subgroups_wanted() -> bool {
+    std::env::var_os(SUBGROUPS_ENV).is_none_or(|v| v != "0")
 }
 
 /// A physical device Tessera can use, or (its name, why not).
@@ -266,6 +280,8 @@ pub(crate) struct PhysInfo {
     pub(crate) max_groups: [u32; 3],
     pub(crate) max_alloc: u64,
     pub(crate) subgroup: u32,
+    /// Compute shaders have basic and arithmetic subgroup operations.
+    pub(crate) subgroup_arith: bool,
     pub(crate) family: u32,
     mem: vk::PhysicalDeviceMemoryProperties,
     optional: Optional,
@@ -321,6 +337,9 @@ pub(crate) struct Dev {
     pub(crate) mapped: bool,
     /// `k_mul_mat_vec_q` runs as `k_mul_mat_vec_q_int8` (integer dot products, not turned off).
     pub(crate) int8: bool,
+    /// Kernels reduce with subgroup arithmetic (the device has it, not turned off); otherwise
+    /// their `_nosg` variants load.
+    pub(crate) subgroups: bool,
     /// Streams of this device, so blocking host access can wait for all of them.
     streams: Mutex<Vec<Weak<StreamShared>>>,
 }
@@ -459,6 +478,7 @@ impl Dev {
             _inst: inst.clone(),
             mapped: info.maps_device_memory(),
             int8: o.int_dot == vk::TRUE && int8_wanted(),
+            subgroups: info.subgroup_arith && subgroups_wanted(),
             info: info.clone(),
             raw,
             queue: Mutex::new(queue),
@@ -1192,7 +1212,8 @@ impl StreamShared {
     /// # Safety
     /// [`tessera_gpu::Driver::launch`]'s contract.
     pub(crate) unsafe fn launch(&self, k: &Arc<Kernel>, launch: &Launch) -> Result<()> {
-        let pipeline = k.pipeline(Spec::of(launch, k.declared))?;
+        let block = spec::block(self.dev.info.kind, &k.name, launch.block);
+        let pipeline = k.pipeline(Spec::of(launch, block, k.declared))?;
         let args = pack_args(&launch.args);
         let mut st = self.st.lock();
         let st = &mut *st;
