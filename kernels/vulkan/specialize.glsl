@@ -80,6 +80,13 @@ bool ts_f32_pairs(int count) {
     return ok;
 }
 
+// b as a 32-bit divisor for a dividend below 2^32 - 1 (a workgroup id or a quotient of one):
+// divisors of 2^32 - 1 and above leave such a dividend whole, as b itself would. 64-bit division
+// is a library call per lane on CPU devices.
+uint ts_u32_divisor(int64_t b) {
+    return uint(clamp(b, int64_t(1), int64_t(0xffffffff)));
+}
+
 // This invocation's index in the grid (the first element of a grid-stride loop).
 int64_t ts_thread() {
     return int64_t(gl_WorkGroupID.x) * int64_t(gl_WorkGroupSize.x) + int64_t(gl_LocalInvocationID.x);

@@ -4,9 +4,9 @@
 //! op or mode code), so that the driver compiles a pipeline per type, layout and code and dead
 //! switches and general index paths fold away. A pipeline is keyed by the constants its module
 //! declares only ([`declared`]), so kernels that declare none keep one pipeline per block size.
-//! The driver also picks the grid of grid-stride kernels on CPU devices ([`grid`]).
+//! Constant 7 is the GEMV kernels' weight rows per workgroup, part of the launch's [`Geometry`],
+//! which the driver picks per device type ([`geometry`]).
 
-use ash::vk;
 use tessera_core::DType;
 use tessera_kernels::gpu::plan::{Arg, Launch, type_code};
 
@@ -18,6 +18,8 @@ const TYPE_ID: u32 = 1;
 const LAYOUT_ID: u32 = 5;
 /// Constant id of the first `int` argument (`TS_INT_0`).
 const INT_ID: u32 = 6;
+/// Constant id of the weight rows per GEMV workgroup (`TS_ROWS`, [`Geometry::rows`]).
+const ROWS_ID: u32 = 7;
 /// `TS_INT_0` when unset (the shader then reads the argument; a launch whose first `int` is this
 /// value gets the same result either way).
 pub(crate) const INT_UNSET: i32 = i32::MAX;
@@ -42,6 +44,8 @@ pub(crate) struct Spec {
     pub(crate) layout: u32,
     /// The first `int` argument ([`INT_UNSET`] when absent or not declared).
     pub(crate) int0: i32,
+    /// Weight rows per GEMV workgroup (0 when not declared).
+    pub(crate) rows: u32,
 }
 
 /// The bit set of specialization constant ids (0..=31) that SPIR-V `words` decorates with
@@ -148,16 +152,21 @@ fn layout(t: &Fields, first: &[i64; 4]) -> u32 {
 }
 
 impl Spec {
-    /// The constants of `launch` for a module declaring the ids in `declared`.
-    pub(crate) fn of(launch: &Launch, block: u32, declared: u32) -> Spec {
+    /// The constants of `launch`, dispatched as `geo`, for a module declaring the ids in
+    /// `declared`.
+    pub(crate) fn of(launch: &Launch, geo: &Geometry, declared: u32) -> Spec {
         let mut spec = Spec {
-            block: block.max(1),
+            block: geo.block.max(1),
             types: [-1; SPEC_TENSORS],
             layout: 0,
             int0: INT_UNSET,
+            rows: 0,
         };
         if declared & !1 == 0 {
             return spec;
+        }
+        if declared & (1 << ROWS_ID) != 0 {
+            spec.rows = geo.rows;
         }
         if declared & (1 << INT_ID) != 0
             && let Some(v) = launch.args.iter().find_map(|a| match a {
@@ -190,17 +199,18 @@ impl Spec {
         spec
     }
 
-    /// The map entries and data of these constants (ids 0..=6, 4 bytes each; a module ignores
+    /// The map entries and data of these constants (ids 0..=7, 4 bytes each; a module ignores
     /// entries for ids it does not declare).
-    pub(crate) fn data(&self) -> ([u32; 7], [u8; 28]) {
-        let mut words = [0u32; 7];
+    pub(crate) fn data(&self) -> ([u32; 8], [u8; 32]) {
+        let mut words = [0u32; 8];
         words[0] = self.block;
         for (i, &t) in self.types.iter().enumerate() {
             words[TYPE_ID as usize + i] = t as u32;
         }
         words[LAYOUT_ID as usize] = self.layout;
         words[INT_ID as usize] = self.int0 as u32;
-        let mut bytes = [0u8; 28];
+        words[ROWS_ID as usize] = self.rows;
+        let mut bytes = [0u8; 32];
         for (i, w) in words.iter().enumerate() {
             bytes[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
         }
@@ -231,40 +241,89 @@ pub(crate) const GRID_STRIDE_KERNELS: &[&str] = &[
 /// Planned blocks a grid-stride launch keeps per dispatched workgroup on a CPU device.
 const CPU_STRIDE_FACTOR: u32 = 16;
 
-/// The grid to dispatch for `planned` blocks of `kernel` on a device of type `kind`. On a CPU
-/// implementation (lavapipe) every dispatch wakes its thread pool and every invocation loads its
-/// arguments one lane at a time, so grid-stride kernels run a sixteenth of the planned workgroups
-/// (each invocation taking 16 times the elements, one workgroup for up to 4096 elements), below
-/// 65535 so that the dispatch is never split and `ts_grid_threads` reads the true grid from
-/// `gl_NumWorkGroups`. Other devices and kernels dispatch what the plan gives.
-pub(crate) fn grid(
-    kind: vk::PhysicalDeviceType,
-    kernel: &str,
-    planned: (u32, u32, u32),
-) -> (u32, u32, u32) {
-    let (gx, gy, gz) = planned;
-    if kind != vk::PhysicalDeviceType::CPU || (gy, gz) != (1, 1) || gx == 0 {
-        return planned;
-    }
-    if GRID_STRIDE_KERNELS.binary_search(&kernel).is_err() {
-        return planned;
-    }
-    (gx.div_ceil(CPU_STRIDE_FACTOR).min(65_534), 1, 1)
+/// Kernels whose invocations stride over their row (or their rows' k) by the workgroup size and
+/// reduce over the whole workgroup, so any block size (a multiple of 32, at most 256) computes
+/// the same.
+const ROW_KERNELS: &[&str] = &["k_mul_mat_vec_f", "k_mul_mat_vec_q", "k_norm"];
+
+/// GEMV kernels: `GEMV_ROWS` (4) weight rows per workgroup as planned, or `TS_ROWS` (constant 7).
+const GEMV_KERNELS: &[&str] = &["k_mul_mat_vec_f", "k_mul_mat_vec_q"];
+/// Weight rows per GEMV workgroup as the plan's grid has them.
+const GEMV_ROWS: u32 = 4;
+/// Weight rows per GEMV workgroup on a CPU device.
+const CPU_GEMV_ROWS: u32 = 64;
+
+/// How a launch is dispatched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    pub(crate) grid: (u32, u32, u32),
+    pub(crate) block: u32,
+    /// Weight rows per GEMV workgroup (GEMV kernels only; the plan's 4 elsewhere).
+    pub(crate) rows: u32,
 }
 
-/// Kernels whose invocations stride over their row by the workgroup size and reduce over the
-/// whole workgroup, so any block size (a multiple of 32, at most 256) computes the same.
-const ROW_KERNELS: &[&str] = &["k_norm"];
-
-/// The block size to launch `kernel` with, planned `planned`, on a device of type `kind`. On a
-/// CPU implementation each invocation costs its argument loads and each barrier a switch between
-/// its subgroups, so row kernels take 32 invocations (a subgroup's lanes still read consecutive
-/// values). Otherwise the plan's.
-pub(crate) fn block(kind: vk::PhysicalDeviceType, kernel: &str, planned: u32) -> u32 {
-    if kind == vk::PhysicalDeviceType::CPU && ROW_KERNELS.contains(&kernel) {
-        return planned.clamp(1, 32);
+/// How to dispatch `launch`: the plan's grid and block, except on a CPU implementation (`cpu`:
+/// lavapipe), where every dispatch wakes a thread pool, every invocation loads its arguments and
+/// every memory access happens one lane at a time:
+/// - grid-stride kernels run a sixteenth of the planned workgroups (each invocation taking 16
+///   times the elements; one workgroup for up to 4096), below 65535 so that the dispatch is
+///   never split and `ts_grid_threads` reads the true grid from `gl_NumWorkGroups`;
+/// - row kernels take 32 invocations (a subgroup's lanes still read consecutive values);
+/// - GEMV workgroups take 64 weight rows instead of 4, each invocation keeping its activations in
+///   registers across the rows, so activations are read once per 64 rows (the grid: a workgroup
+///   per 64 rows, column and plane).
+pub(crate) fn geometry(cpu: bool, launch: &Launch) -> Geometry {
+    let planned = Geometry {
+        grid: launch.grid,
+        block: launch.block,
+        rows: GEMV_ROWS,
+    };
+    let kernel = launch.kernel;
+    if !cpu {
+        return planned;
     }
-    planned
+    let (gx, gy, gz) = launch.grid;
+    if GRID_STRIDE_KERNELS.binary_search(&kernel).is_ok() && (gy, gz) == (1, 1) && gx > 0 {
+        return Geometry {
+            grid: (gx.div_ceil(CPU_STRIDE_FACTOR).min(65_534), 1, 1),
+            ..planned
+        };
+    }
+    if !ROW_KERNELS.contains(&kernel) {
+        return planned;
+    }
+    let block = launch.block.clamp(1, 32);
+    if !GEMV_KERNELS.contains(&kernel) {
+        return Geometry { block, ..planned };
+    }
+    // Arguments dst, w, x: rows of w, columns of x, planes of dst.
+    let t: Vec<Fields> = launch
+        .args
+        .iter()
+        .filter_map(|a| match a {
+            Arg::Tensor(b) => Some(fields(b)),
+            _ => None,
+        })
+        .take(3)
+        .collect();
+    let [dst, w, x] = t.as_slice() else {
+        return Geometry { block, ..planned };
+    };
+    let work = u64::try_from(w.ne[1])
+        .ok()
+        .map(|m| m.div_ceil(u64::from(CPU_GEMV_ROWS)))
+        .zip(u64::try_from(x.ne[1]).ok())
+        .zip(u64::try_from(dst.ne[2].saturating_mul(dst.ne[3])).ok())
+        .and_then(|((r, n), p)| r.checked_mul(n)?.checked_mul(p))
+        .and_then(|g| u32::try_from(g).ok());
+    match work {
+        Some(g) if g > 0 => Geometry {
+            grid: (g, 1, 1),
+            block,
+            rows: CPU_GEMV_ROWS,
+        },
+        _ => Geometry { block, ..planned },
+    }
 }
 
 #[cfg(test)]
@@ -300,40 +359,74 @@ mod tests {
         let view = tensor(0x1004, DType::F32, [3, 8, 1, 1], [32, 4, 96, 96]);
         let q = tensor(0x2000, DType::Q8_0, [64, 2, 1, 1], [34, 68, 136, 136]);
         let l = launch(vec![dense, strided, Arg::I32(7), view, q]);
-        let all = Spec::of(&l, 256, 0b111_1111);
+        let g = Geometry {
+            grid: (1, 1, 1),
+            block: 256,
+            rows: 64,
+        };
+        let all = Spec::of(&l, &g, 0b1111_1111);
         assert_eq!(all.block, 256);
         assert_eq!(all.types, [0, 1, 0, 4]);
-        assert_eq!(all.int0, 7);
+        assert_eq!((all.int0, all.rows), (7, 64));
         assert_eq!(all.layout & 0xf, ROW | DENSE | SAME | ALIGN16);
         assert_eq!((all.layout >> 4) & 0xf, ROW | SAME | ALIGN16);
         assert_eq!((all.layout >> 8) & 0xf, 0);
         assert_eq!((all.layout >> 12) & 0xf, ROW | DENSE);
         // Only what the module declares is part of the key.
-        let types_only = Spec::of(&l, 256, 0b000_0111);
+        let types_only = Spec::of(&l, &g, 0b000_0111);
         assert_eq!((types_only.types, types_only.layout), ([0, 1, -1, -1], 0));
         assert_eq!(types_only.int0, INT_UNSET);
-        assert_eq!(Spec::of(&l, 256, 1).types, [-1; 4]);
+        assert_eq!(Spec::of(&l, &g, 1).types, [-1; 4]);
         let (ids, bytes) = all.data();
-        assert_eq!(ids, [0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(ids, [0, 1, 2, 3, 4, 5, 6, 7]);
         assert_eq!(&bytes[..4], &256u32.to_ne_bytes());
         assert_eq!(&bytes[8..12], &1u32.to_ne_bytes());
         assert_eq!(&bytes[24..28], &7u32.to_ne_bytes());
+        assert_eq!(&bytes[28..32], &64u32.to_ne_bytes());
     }
 
     #[test]
-    fn grid_stride_kernels_shrink_on_cpu_devices() {
-        let cpu = vk::PhysicalDeviceType::CPU;
-        let gpu = vk::PhysicalDeviceType::DISCRETE_GPU;
+    fn cpu_geometry() {
+        let (cpu, gpu) = (true, false);
         assert!(GRID_STRIDE_KERNELS.is_sorted());
-        assert_eq!(grid(cpu, "k_binary", (16, 1, 1)), (1, 1, 1));
-        assert_eq!(grid(cpu, "k_map", (257, 1, 1)), (17, 1, 1));
-        assert_eq!(grid(cpu, "k_map", (1 << 20, 1, 1)), (65_534, 1, 1));
-        assert_eq!(grid(gpu, "k_binary", (16, 1, 1)), (16, 1, 1));
-        assert_eq!(grid(cpu, "k_norm", (512, 1, 1)), (512, 1, 1));
-        assert_eq!(grid(cpu, "k_add_f32", (65_540, 1, 1)), (65_540, 1, 1));
-        assert_eq!(block(cpu, "k_norm", 256), 32);
-        assert_eq!(block(gpu, "k_norm", 256), 256);
-        assert_eq!(block(cpu, "k_soft_max", 256), 256);
+        let geo = |kind, kernel: &'static str, gx: u32, block: u32, args: Vec<Arg>| {
+            let g = geometry(
+                kind,
+                &Launch {
+                    kernel,
+                    grid: (gx, 1, 1),
+                    block,
+                    args,
+                },
+            );
+            (g.grid.0, g.block, g.rows)
+        };
+        assert_eq!(geo(cpu, "k_binary", 16, 256, vec![]), (1, 256, 4));
+        assert_eq!(geo(cpu, "k_map", 257, 256, vec![]), (17, 256, 4));
+        assert_eq!(geo(cpu, "k_map", 1 << 20, 256, vec![]), (65_534, 256, 4));
+        assert_eq!(geo(gpu, "k_binary", 16, 256, vec![]), (16, 256, 4));
+        assert_eq!(geo(cpu, "k_add_f32", 65_540, 256, vec![]), (65_540, 256, 4));
+        assert_eq!(geo(cpu, "k_norm", 512, 256, vec![]), (512, 32, 4));
+        assert_eq!(geo(gpu, "k_norm", 512, 256, vec![]), (512, 256, 4));
+        assert_eq!(geo(cpu, "k_soft_max", 512, 256, vec![]), (512, 256, 4));
+        // GEMV of 4100 rows, 3 columns, 2 planes: ceil(4100 / 64) * 3 * 2 workgroups.
+        let f = |dt, ne| tensor(0, dt, ne, [4, 0, 0, 0]);
+        let gemv = vec![
+            f(DType::F32, [4100, 3, 2, 1]),
+            f(DType::Q8_0, [64, 4100, 1, 1]),
+            f(DType::F32, [64, 3, 2, 1]),
+            Arg::I64(2),
+            Arg::I64(1),
+        ];
+        let planned = 4100u32.div_ceil(4) * 6;
+        assert_eq!(
+            geo(cpu, "k_mul_mat_vec_q", planned, 128, gemv.clone()),
+            (65 * 6, 32, 64)
+        );
+        assert_eq!(
+            geo(gpu, "k_mul_mat_vec_q", planned, 128, gemv),
+            (planned, 128, 4)
+        );
         // Each listed kernel strides over the grid through common.glsl's helpers.
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/vulkan");
         for k in GRID_STRIDE_KERNELS {

@@ -248,6 +248,15 @@ fn subgroups_wanted() -> bool {
     std::env::var_os(SUBGROUPS_ENV).is_none_or(|v| v != "0")
 }
 
+/// `TESSERA_VULKAN_GEOMETRY=plan` dispatches every launch as the plan gives it, also on CPU
+/// implementations, which otherwise take their own grids and blocks (`spec::geometry`): the
+/// launches a GPU gets, testable on lavapipe.
+pub(crate) const GEOMETRY_ENV: &str = "TESSERA_VULKAN_GEOMETRY";
+
+fn cpu_geometry_wanted() -> bool {
+    std::env::var_os(GEOMETRY_ENV).is_none_or(|v| v != "plan")
+}
+
 /// A physical device Tessera can use, or (its name, why not).
 pub(crate) type PhysProbe = std::result::Result<PhysInfo, (String, String)>;
 
@@ -340,6 +349,8 @@ pub(crate) struct Dev {
     /// Kernels reduce with subgroup arithmetic (the device has it, not turned off); otherwise
     /// their `_nosg` variants load.
     pub(crate) subgroups: bool,
+    /// Launches take the CPU implementation's geometry (`spec::geometry`).
+    pub(crate) cpu_geometry: bool,
     /// Streams of this device, so blocking host access can wait for all of them.
     streams: Mutex<Vec<Weak<StreamShared>>>,
 }
@@ -479,6 +490,7 @@ impl Dev {
             mapped: info.maps_device_memory(),
             int8: o.int_dot == vk::TRUE && int8_wanted(),
             subgroups: info.subgroup_arith && subgroups_wanted(),
+            cpu_geometry: info.kind == vk::PhysicalDeviceType::CPU && cpu_geometry_wanted(),
             info: info.clone(),
             raw,
             queue: Mutex::new(queue),
@@ -1212,8 +1224,8 @@ impl StreamShared {
     /// # Safety
     /// [`tessera_gpu::Driver::launch`]'s contract.
     pub(crate) unsafe fn launch(&self, k: &Arc<Kernel>, launch: &Launch) -> Result<()> {
-        let block = spec::block(self.dev.info.kind, &k.name, launch.block);
-        let pipeline = k.pipeline(Spec::of(launch, block, k.declared))?;
+        let geo = spec::geometry(self.dev.cpu_geometry, launch);
+        let pipeline = k.pipeline(Spec::of(launch, &geo, k.declared))?;
         let args = pack_args(&launch.args);
         let mut st = self.st.lock();
         let st = &mut *st;
@@ -1258,7 +1270,7 @@ impl StreamShared {
                 &addr.to_ne_bytes(),
             );
             let max = self.dev.info.max_groups.map(|m| m.max(1));
-            let (gx, gy, gz) = spec::grid(self.dev.info.kind, &k.name, launch.grid);
+            let (gx, gy, gz) = geo.grid;
             if gx > 0 && gy > 0 && gz > 0 {
                 for bz in (0..gz).step_by(max[2] as usize) {
                     for by in (0..gy).step_by(max[1] as usize) {
