@@ -161,7 +161,7 @@ fn cases(k: usize) -> Vec<BenchCase> {
     let len = 4096usize;
     v.push(BenchCase {
         op: "OVERHEAD",
-        label: format!("OVERHEAD(nodes={OVERHEAD_NODES},ops=add|mul|scale,type=f32,ne=[{len}])"),
+        label: format!("OVERHEAD(nodes={OVERHEAD_NODES},ops=add,mul,scale,type=f32,ne=[{len}])"),
         build: Box::new(move |c| {
             let mut x = c.new_tensor(DType::F32, [len])?;
             let b = c.new_tensor(DType::F32, [len])?;
