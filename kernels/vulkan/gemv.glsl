@@ -3,9 +3,9 @@
 // i3 / r3). One workgroup per TS_ROWS weight rows, column and plane (row block fastest, then
 // column, then plane): the plan's grid has GEMV_ROWS (4); on CPU devices the driver takes 64
 // (specialization constant 7) and dispatches the grid for it. Every invocation of the workgroup
-// takes its own share of k for all the rows, so each activation it reads serves every row (with
-// 4 rows, unrolled; with more, the activations of a step stay in registers while a loop runs over
-// the rows), and the row sums are reduced over the workgroup (reduce.glsl) at the end. Any
+// takes its own share of k for all the rows: the activations of a step stay in registers while a
+// loop runs over the rows, so each is read once per workgroup, and the row sums are reduced over
+// the workgroup (reduce.glsl) at the end. Any
 // workgroup size (the plan's 128, or 32 on CPU devices). Included after common.glsl,
 // specialize.glsl and reduce.glsl (with TS_BLOCK_SUM4).
 #ifndef TESSERA_GEMV_GLSL
@@ -23,9 +23,8 @@ struct Gemv {
     int64_t row0, col, i2, i3;
     // Rows of this workgroup that exist (at most TS_ROWS).
     int nrows;
-    // Addresses of the first GEMV_ROWS weight rows (rows past m repeat row0: read, never stored);
-    // row r at wr[0] + r * w.nb[1].
-    uint64_t wr[GEMV_ROWS];
+    // Address of the first weight row (row row0 + r at wr0 + r * w.nb[1]).
+    uint64_t wr0;
     // The activation column.
     uint64_t xr;
     // The activation column is f32, contiguous and 16-byte aligned: read in pairs.
@@ -50,10 +49,7 @@ Gemv gemv_setup() {
     g.i3 = int64_t(plane / ne2);
     int64_t w2 = int64_t(uint(g.i2) / ts_u32_divisor(a.r2));
     int64_t w3 = int64_t(uint(g.i3) / ts_u32_divisor(a.r3));
-    for (int r = 0; r < GEMV_ROWS; r++) {
-        int64_t row = g.row0 + r < m ? g.row0 + r : g.row0;
-        g.wr[r] = row_ptr(g.w, row, w2, w3);
-    }
+    g.wr0 = row_ptr(g.w, g.row0, w2, w3);
     g.xr = row_ptr(g.x, g.col, g.i2, g.i3);
     g.xpairs = g.x.type == T_F32 && ts_layout(2, TS_ROW | TS_ALIGN16);
     return g;
@@ -81,5 +77,16 @@ void gemv_store(Gemv g, int r0, vec4 acc) {
         st(g.dst, g.row0 + int64_t(r0 + t), g.col, g.i2, g.i3, acc[t]);
     }
 }
+
+// The per-row partials of the TS_ROWS path: zeroed, and summed and stored at the end.
+#define GEMV_ACC_ZERO(acc)                                                                         \
+    float acc[TS_ROWS];                                                                            \
+    for (int r = 0; r < TS_ROWS; r++) {                                                            \
+        acc[r] = 0.0;                                                                              \
+    }
+#define GEMV_STORE_ROWS(g, acc)                                                                    \
+    for (int r0 = 0; r0 < TS_ROWS; r0 += 4) {                                                      \
+        gemv_store(g, r0, vec4(acc[r0], acc[r0 + 1], acc[r0 + 2], acc[r0 + 3]));                   \
+    }
 
 #endif // TESSERA_GEMV_GLSL

@@ -3,9 +3,9 @@
 // declares #version and GL_GOOGLE_include_directive.
 //
 // Geometry and sums: gemv.glsl. Specialized on the weight type: where the weight rows are
-// contiguous and 16-byte aligned each invocation takes four weights per step (sixteen with the
-// CPU devices' 64 rows), one 8-byte word of f16 / bf16 or two of f32 per four, and the
-// activations in pairs; the rest (and other layouts) one by one.
+// contiguous and 16-byte aligned each invocation takes sixteen weights per step, one 8-byte word
+// of f16 / bf16 or two of f32 per four, and the activations in pairs; the rest (and other
+// layouts) one by one.
 #ifndef TS_NO_SUBGROUPS
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -47,56 +47,34 @@ void main() {
     int wt = g.w.type;
     int64_t kdim = g.w.ne[0];
     int64_t tid = int64_t(gl_LocalInvocationID.x), bs = int64_t(gl_WorkGroupSize.x);
+    GEMV_ACC_ZERO(acc)
+    uint64_t stride = uint64_t(g.w.nb[1]);
+    // Steps of 16 weights (four words of f16 / bf16, eight of f32) with their activations in
+    // registers, on contiguous 16-byte aligned rows; the rest one by one.
     bool wide = (wt == T_F32 || wt == T_F16 || wt == T_BF16) && ts_layout(1, TS_ROW | TS_ALIGN16);
-    int64_t n4 = wide ? kdim / 4 : 0;
-    if (TS_ROWS == GEMV_ROWS) {
-        vec4 acc = vec4(0.0);
-        for (int64_t c = tid; c < n4; c += bs) {
-            vec4 xv = gemv_x4(g, c);
-            [[unroll]] for (int r = 0; r < GEMV_ROWS; r++) {
-                acc[r] += gemv_dot4(gemv_w4(g.wr[r], wt, c), xv);
-            }
+    int64_t n16 = wide ? kdim / 16 : 0;
+    for (int64_t c = tid; c < n16; c += bs) {
+        vec4 xv[4];
+        [[unroll]] for (int i = 0; i < 4; i++) {
+            xv[i] = gemv_x4(g, 4 * c + i);
         }
-        for (int64_t k = 4 * n4 + tid; k < kdim; k += bs) {
-            float xv = gemv_x(g, k);
-            [[unroll]] for (int r = 0; r < GEMV_ROWS; r++) {
-                acc[r] += ld_scalar(g.wr[r] + uint64_t(k * g.w.nb[0]), wt) * xv;
-            }
-        }
-        gemv_store(g, 0, acc);
-    } else {
-        // TS_ROWS rows (CPU devices): 16 activations in registers, a loop over the rows.
-        float acc[TS_ROWS];
-        for (int r = 0; r < TS_ROWS; r++) {
-            acc[r] = 0.0;
-        }
-        uint64_t stride = uint64_t(g.w.nb[1]);
-        int64_t n16 = n4 / 4;
-        for (int64_t c = tid; c < n16; c += bs) {
-            vec4 xv[4];
+        uint64_t wrow = g.wr0;
+        for (int r = 0; r < g.nrows; r++) {
+            float part = 0.0;
             [[unroll]] for (int i = 0; i < 4; i++) {
-                xv[i] = gemv_x4(g, 4 * c + i);
+                part += gemv_dot4(gemv_w4(wrow, wt, 4 * c + i), xv[i]);
             }
-            uint64_t wrow = g.wr[0];
-            for (int r = 0; r < g.nrows; r++) {
-                float part = 0.0;
-                [[unroll]] for (int i = 0; i < 4; i++) {
-                    part += gemv_dot4(gemv_w4(wrow, wt, 4 * c + i), xv[i]);
-                }
-                acc[r] += part;
-                wrow += stride;
-            }
-        }
-        for (int64_t k = 16 * n16 + tid; k < kdim; k += bs) {
-            float xv = gemv_x(g, k);
-            uint64_t wrow = g.wr[0];
-            for (int r = 0; r < g.nrows; r++) {
-                acc[r] += ld_scalar(wrow + uint64_t(k * g.w.nb[0]), wt) * xv;
-                wrow += stride;
-            }
-        }
-        for (int r0 = 0; r0 < TS_ROWS; r0 += 4) {
-            gemv_store(g, r0, vec4(acc[r0], acc[r0 + 1], acc[r0 + 2], acc[r0 + 3]));
+            acc[r] += part;
+            wrow += stride;
         }
     }
+    for (int64_t k = 16 * n16 + tid; k < kdim; k += bs) {
+        float xv = gemv_x(g, k);
+        uint64_t wrow = g.wr0;
+        for (int r = 0; r < g.nrows; r++) {
+            acc[r] += ld_scalar(wrow + uint64_t(k * g.w.nb[0]), wt) * xv;
+            wrow += stride;
+        }
+    }
+    GEMV_STORE_ROWS(g, acc)
 }

@@ -257,75 +257,45 @@ void main() {
     int nb = quant_block_bytes(wt);
     int64_t nblk = g.w.ne[0] / QK;
     int64_t tid = int64_t(gl_LocalInvocationID.x), bs = int64_t(gl_WorkGroupSize.x);
-    bool words = gemv_win_type(wt) && ts_layout(1, TS_ALIGN16);
-    if (TS_ROWS == GEMV_ROWS) {
-        // The plan's four rows, unrolled; quads where every invocation gets a block.
-        vec4 acc = vec4(0.0);
-        int64_t nq = words && nblk >= bs ? nblk / 4 : 0;
-        for (int64_t q = tid; q < nq; q += bs) {
-            uint64_t words[GEMV_ROWS][GEMV_QUAD_WORDS];
-            [[unroll]] for (int r = 0; r < GEMV_ROWS; r++) {
-                gemv_quad(g.wr[r] + uint64_t(q * 4 * nb), nb, words[r]);
+    GEMV_ACC_ZERO(acc)
+    uint64_t stride = uint64_t(g.w.nb[1]);
+    // Quads of blocks read as words: aligned rows, and (with the plan's 4 rows) at least a block
+    // per invocation.
+    bool words = gemv_win_type(wt) && ts_layout(1, TS_ALIGN16) &&
+                 nblk >= (TS_ROWS == GEMV_ROWS ? bs : 4);
+    int64_t nq = words ? nblk / 4 : 0;
+    for (int64_t q = tid; q < nq; q += bs) {
+        GemvX x[4];
+        [[unroll]] for (int j = 0; j < 4; j++) {
+            x[j] = gemv_prep(g, wt, 4 * q + j);
+        }
+        // Each row's words are read a row ahead, so that their cache misses overlap the previous
+        // row's arithmetic (rows are far apart: no prefetcher follows them).
+        uint64_t quad = g.wr0 + uint64_t(q * 4 * nb);
+        uint64_t next[GEMV_QUAD_WORDS];
+        gemv_quad(quad, nb, next);
+        for (int r = 0; r < g.nrows; r++) {
+            uint64_t words[GEMV_QUAD_WORDS] = next;
+            if (r + 1 < g.nrows) {
+                gemv_quad(quad + stride, nb, next);
             }
+            float part = 0.0;
             [[unroll]] for (int j = 0; j < 4; j++) {
-                GemvX x = gemv_prep(g, wt, 4 * q + j);
-                [[unroll]] for (int r = 0; r < GEMV_ROWS; r++) {
-                    uint64_t win[5];
-                    int s = gemv_win_quad(words[r], nb, j, win);
-                    acc[r] += gemv_block_win(wt, win, s, x);
-                }
+                uint64_t win[5];
+                int s = gemv_win_quad(words, nb, j, win);
+                part += gemv_block_win(wt, win, s, x[j]);
             }
-        }
-        for (int64_t b = 4 * nq + tid; b < nblk; b += bs) {
-            GemvX x = gemv_prep(g, wt, b);
-            [[unroll]] for (int r = 0; r < GEMV_ROWS; r++) {
-                acc[r] += gemv_group(wt, nb, g.wr[r], b, x);
-            }
-        }
-        gemv_store(g, 0, acc);
-    } else {
-        // TS_ROWS rows (CPU devices): a quad's activations in registers, a loop over the rows.
-        float acc[TS_ROWS];
-        for (int r = 0; r < TS_ROWS; r++) {
-            acc[r] = 0.0;
-        }
-        uint64_t stride = uint64_t(g.w.nb[1]);
-        int64_t nq = words ? nblk / 4 : 0;
-        for (int64_t q = tid; q < nq; q += bs) {
-            GemvX x[4];
-            [[unroll]] for (int j = 0; j < 4; j++) {
-                x[j] = gemv_prep(g, wt, 4 * q + j);
-            }
-            // Each row's words are read a row ahead, so that their cache misses overlap the
-            // previous row's arithmetic (rows are far apart: no prefetcher follows them).
-            uint64_t quad = g.wr[0] + uint64_t(q * 4 * nb);
-            uint64_t next[GEMV_QUAD_WORDS];
-            gemv_quad(quad, nb, next);
-            for (int r = 0; r < g.nrows; r++) {
-                uint64_t words[GEMV_QUAD_WORDS] = next;
-                if (r + 1 < g.nrows) {
-                    gemv_quad(quad + stride, nb, next);
-                }
-                float part = 0.0;
-                [[unroll]] for (int j = 0; j < 4; j++) {
-                    uint64_t win[5];
-                    int s = gemv_win_quad(words, nb, j, win);
-                    part += gemv_block_win(wt, win, s, x[j]);
-                }
-                acc[r] += part;
-                quad += stride;
-            }
-        }
-        for (int64_t b = 4 * nq + tid; b < nblk; b += bs) {
-            GemvX x = gemv_prep(g, wt, b);
-            uint64_t wrow = g.wr[0];
-            for (int r = 0; r < g.nrows; r++) {
-                acc[r] += gemv_group(wt, nb, wrow, b, x);
-                wrow += stride;
-            }
-        }
-        for (int r0 = 0; r0 < TS_ROWS; r0 += 4) {
-            gemv_store(g, r0, vec4(acc[r0], acc[r0 + 1], acc[r0 + 2], acc[r0 + 3]));
+            acc[r] += part;
+            quad += stride;
         }
     }
+    for (int64_t b = 4 * nq + tid; b < nblk; b += bs) {
+        GemvX x = gemv_prep(g, wt, b);
+        uint64_t wrow = g.wr0;
+        for (int r = 0; r < g.nrows; r++) {
+            acc[r] += gemv_group(wt, nb, wrow, b, x);
+            wrow += stride;
+        }
+    }
+    GEMV_STORE_ROWS(g, acc)
 }

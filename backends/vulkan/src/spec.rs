@@ -97,27 +97,23 @@ fn fields(b: &[u8; 80]) -> Fields {
 
 /// The element type of kernel type code `code`.
 fn dtype_of(code: i32) -> Option<DType> {
-    [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::I32,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_1,
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::IQ4_NL,
-        DType::IQ4_XS,
-        DType::MXFP4,
-        DType::Q5_0,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-    ]
-    .into_iter()
-    .find(|&d| type_code(d) == code)
+    if code < 0 {
+        return None;
+    }
+    DType::ALL.into_iter().find(|&d| type_code(d) == code)
+}
+
+/// The first `n` tensor arguments of `launch`, in parameter order.
+fn tensor_args(launch: &Launch, n: usize) -> Vec<Fields> {
+    launch
+        .args
+        .iter()
+        .filter_map(|a| match a {
+            Arg::Tensor(b) => Some(fields(b)),
+            _ => None,
+        })
+        .take(n)
+        .collect()
 }
 
 /// Layout bits of `t` (`first`: argument 0's shape).
@@ -176,15 +172,7 @@ impl Spec {
         {
             spec.int0 = v;
         }
-        let tensors: Vec<Fields> = launch
-            .args
-            .iter()
-            .filter_map(|a| match a {
-                Arg::Tensor(b) => Some(fields(b)),
-                _ => None,
-            })
-            .take(SPEC_TENSORS)
-            .collect();
+        let tensors = tensor_args(launch, SPEC_TENSORS);
         let Some(first) = tensors.first().map(|t| t.ne) else {
             return spec;
         };
@@ -297,15 +285,7 @@ pub(crate) fn geometry(cpu: bool, launch: &Launch) -> Geometry {
         return Geometry { block, ..planned };
     }
     // Arguments dst, w, x: rows of w, columns of x, planes of dst.
-    let t: Vec<Fields> = launch
-        .args
-        .iter()
-        .filter_map(|a| match a {
-            Arg::Tensor(b) => Some(fields(b)),
-            _ => None,
-        })
-        .take(3)
-        .collect();
+    let t = tensor_args(launch, 3);
     let [dst, w, x] = t.as_slice() else {
         return Geometry { block, ..planned };
     };

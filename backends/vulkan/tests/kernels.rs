@@ -563,6 +563,31 @@ fn index_errors() -> TrialResult {
     )
 }
 
+/// dst[m] = w[k, m]^T · x[k] by the GEMV kernel of `dtype` (`k_mul_mat_vec_q` or
+/// `k_mul_mat_vec_f`), launched as the plan does.
+fn gemv(dtype: DType, m: usize, k: usize, w: &[u8], xb: &Buf) -> Result<Vec<f32>, Failed> {
+    let wb = Buf::new(w)?;
+    let db = Buf::zeros(4 * m)?;
+    let kernel = if dtype.is_quantized() {
+        "k_mul_mat_vec_q"
+    } else {
+        "k_mul_mat_vec_f"
+    };
+    run(
+        kernel,
+        m.div_ceil(4) as u32,
+        128,
+        vec![
+            db.tensor(DType::F32, [m, 1, 1, 1]),
+            wb.tensor(dtype, [k, m, 1, 1]),
+            xb.tensor(DType::F32, [k, 1, 1, 1]),
+            Arg::I64(1),
+            Arg::I64(1),
+        ],
+    )?;
+    Ok(f32s(&db.get()?))
+}
+
 /// llama.cpp's `quantize_row_q8_0` (reference C): per 32 values d = amax / 127 stored as fp16,
 /// q = roundf(x / d) computed as x * (1 / d).
 fn q8_0_blocks(x: &[f32]) -> Vec<(f32, [i32; 32])> {
@@ -650,22 +675,7 @@ fn gemv_int8() -> TrialResult {
             });
             levels.push((d.to_f32(), q));
         }
-        let wb = Buf::new(&w)?;
-        let xb = Buf::new(&bytes_f32(&x))?;
-        let db = Buf::zeros(4 * m)?;
-        run(
-            "k_mul_mat_vec_q",
-            m.div_ceil(4) as u32,
-            128,
-            vec![
-                db.tensor(DType::F32, [m, 1, 1, 1]),
-                wb.tensor(dtype, [k, m, 1, 1]),
-                xb.tensor(DType::F32, [k, 1, 1, 1]),
-                Arg::I64(1),
-                Arg::I64(1),
-            ],
-        )?;
-        let got = f32s(&db.get()?);
+        let got = gemv(dtype, m, k, &w, &Buf::new(&bytes_f32(&x))?)?;
         let mut differs = false;
         for r in 0..m {
             let (mut want, mut mag, mut exact) = (0.0f32, 0.0f64, 0.0f64);
@@ -714,46 +724,14 @@ fn gemv_shapes() -> TrialResult {
         .map(|i| (i * 104_729 % 2001) as f64 / 1000.0 - 1.0)
         .collect();
     let xb = Buf::new(&bytes_f32(&x))?;
-    for dtype in [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q5_0,
-        DType::IQ4_NL,
-        DType::Q4_1,
-        DType::Q5_1,
-        DType::MXFP4,
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-        DType::IQ4_XS,
-    ] {
+    // Every weight type the kernels take.
+    let weights = DType::ALL
+        .into_iter()
+        .filter(|&d| d != DType::I32 && tessera_kernels::gpu::plan::type_code(d) >= 0);
+    for dtype in weights {
         let bytes = rr(encode(dtype, &w))?;
         let deq = rr(decode(dtype, &bytes, m * k))?;
-        let wb = Buf::new(&bytes)?;
-        let db = Buf::zeros(4 * m)?;
-        let kernel = if dtype.is_quantized() {
-            "k_mul_mat_vec_q"
-        } else {
-            "k_mul_mat_vec_f"
-        };
-        run(
-            kernel,
-            m.div_ceil(4) as u32,
-            128,
-            vec![
-                db.tensor(DType::F32, [m, 1, 1, 1]),
-                wb.tensor(dtype, [k, m, 1, 1]),
-                xb.tensor(DType::F32, [k, 1, 1, 1]),
-                Arg::I64(1),
-                Arg::I64(1),
-            ],
-        )?;
-        let got = f32s(&db.get()?);
+        let got = gemv(dtype, m, k, &bytes, &xb)?;
         let int8 = c.gpu().int8_dot()
             && matches!(
                 dtype,
@@ -771,7 +749,7 @@ fn gemv_shapes() -> TrialResult {
             let tol = rel * mag;
             check((f64::from(got[r]) - want).abs() <= tol, || {
                 format!(
-                    "{kernel} {dtype} row {r}: got {} want {want} (tol {tol:e})",
+                    "GEMV {dtype} row {r}: got {} want {want} (tol {tol:e})",
                     got[r]
                 )
             })?;
