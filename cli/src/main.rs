@@ -119,7 +119,8 @@ enum Command {
         #[arg(long, default_value_t = 60.0, value_parser = commands::bench_allreduce::timeout)]
         dist_timeout: f64,
     },
-    /// Time single-op graphs: GFLOP/s and GB/s per op and shape.
+    /// Time single-op graphs: GFLOP/s and GB/s per op and shape, and the per-node cost of each
+    /// device (OVERHEAD: a chain of 64 small element-wise nodes, in µs per node).
     BenchOps {
         /// Only this op (e.g. MUL_MAT) or label prefix.
         #[arg(short = 'o', long)]

@@ -65,6 +65,12 @@ impl VkGpu {
         self.dev.int8
     }
 
+    /// Whether kernels reduce with subgroup arithmetic: the device has it in compute shaders and
+    /// `TESSERA_VULKAN_SUBGROUPS` is not `0` (otherwise their `_nosg` variants run).
+    pub fn subgroups(&self) -> bool {
+        self.dev.subgroups
+    }
+
     /// The file the device's pipeline cache is loaded from and saved to (`None`: off).
     pub fn pipeline_cache(&self) -> Option<&std::path::Path> {
         self.dev.cache_file.as_deref()
@@ -215,6 +221,21 @@ fn through_host(
     write(&tmp)
 }
 
+/// The SPIR-V that runs kernel `name` on a device: the shared plan names one GEMV kernel, whose
+/// integer-dot-product variant `k_mul_mat_vec_q_int8` the device may take (`int8`); a kernel
+/// that reduces with subgroup arithmetic has a `<name>_nosg` variant with shared-memory
+/// reductions, loaded where the device lacks it (or `TESSERA_VULKAN_SUBGROUPS=0`).
+pub(crate) fn variant(name: &str, int8: bool, subgroups: bool) -> Option<&'static [u8]> {
+    let base = match name {
+        "k_mul_mat_vec_q" if int8 => "k_mul_mat_vec_q_int8",
+        _ => name,
+    };
+    if !subgroups && let Some(code) = spirv(&format!("{base}_nosg")) {
+        return Some(code);
+    }
+    spirv(base)
+}
+
 impl Driver for Vulkan {
     const NAME: &'static str = "vulkan";
     const ALL_KERNELS: bool = false;
@@ -248,8 +269,13 @@ impl Driver for Vulkan {
             String::new()
         };
         let int8 = if gpu.dev.int8 { "; int8 GEMV" } else { "" };
+        let sg = if gpu.dev.subgroups {
+            ""
+        } else {
+            " (shared-memory reductions)"
+        };
         format!(
-            "{} (Vulkan {}, {kind} {}{split}; subgroup {}{int8}; {})",
+            "{} (Vulkan {}, {kind} {}{split}; subgroup {}{sg}{int8}; {})",
             i.name,
             version_string(i.api),
             i.index,
@@ -464,12 +490,7 @@ impl Driver for Vulkan {
     fn load_module(&self, gpu: &Arc<VkGpu>, unit: &Unit) -> Result<VkModule> {
         let mut kernels = HashMap::new();
         for name in unit.kernels() {
-            // The shared plan names one GEMV kernel; the variant is the device's choice.
-            let code = match name {
-                "k_mul_mat_vec_q" if gpu.dev.int8 => spirv("k_mul_mat_vec_q_int8"),
-                _ => spirv(name),
-            };
-            if let Some(code) = code {
+            if let Some(code) = variant(name, gpu.dev.int8, gpu.dev.subgroups) {
                 kernels.insert(name, Arc::new(Kernel::new(&gpu.dev, name, code)?));
             }
         }
@@ -491,5 +512,54 @@ impl Driver for Vulkan {
             .ok_or_else(|| not_ported(&s.gpu.name, &f.name))?;
         // SAFETY: the caller's contract (`Driver::launch`) is `StreamShared::launch`'s.
         unsafe { s.s.launch(k, launch) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Capabilities a SPIR-V module declares (`OpCapability`).
+    fn capabilities(code: &[u8]) -> Vec<u32> {
+        let words = ash::util::read_spv(&mut std::io::Cursor::new(code)).unwrap();
+        let mut caps = Vec::new();
+        let mut at = 5;
+        while at < words.len() && words[at] >> 16 != 0 {
+            if words[at] & 0xffff == 17 {
+                caps.push(words[at + 1]);
+            }
+            at += (words[at] >> 16) as usize;
+        }
+        caps
+    }
+
+    /// Every kernel that needs subgroup arithmetic (GroupNonUniformArithmetic, 63) has a `_nosg`
+    /// variant without it, which `variant` picks where subgroups are off.
+    #[test]
+    fn subgroup_kernels_have_fallbacks() {
+        const ARITHMETIC: u32 = 63;
+        let mut found = 0;
+        for name in crate::ported_kernels() {
+            let Some(code) = spirv(name) else { continue };
+            if name.ends_with("_nosg") {
+                assert!(!capabilities(code).contains(&ARITHMETIC), "{name}");
+                continue;
+            }
+            if !capabilities(code).contains(&ARITHMETIC) {
+                continue;
+            }
+            found += 1;
+            let fallback = spirv(&format!("{name}_nosg"));
+            assert!(fallback.is_some(), "{name} has no _nosg variant");
+            if !name.ends_with("_int8") {
+                assert_eq!(variant(name, false, false), fallback, "{name}");
+                assert_eq!(variant(name, false, true), Some(code), "{name}");
+            }
+        }
+        assert!(found > 0, "no kernel uses subgroup arithmetic");
+        assert_eq!(
+            variant("k_mul_mat_vec_q", true, true),
+            spirv("k_mul_mat_vec_q_int8")
+        );
     }
 }

@@ -30,6 +30,7 @@
 #![deny(unsafe_code)]
 
 mod gpu;
+mod spec;
 mod sys;
 
 pub use gpu::{VkFunction, VkGpu, VkMem, VkModule, VkPinned, VkStream, Vulkan};

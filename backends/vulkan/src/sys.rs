@@ -8,6 +8,7 @@
 //! and owners keep what they were made from alive (`Arc<Dev>`, `Arc<Instance>`).
 #![allow(unsafe_code)]
 
+use crate::spec::{self, Spec};
 use ash::vk;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -206,6 +207,12 @@ impl Instance {
             max_groups: l.max_compute_work_group_count,
             max_alloc: p11.max_memory_allocation_size,
             subgroup: p11.subgroup_size,
+            subgroup_arith: p11
+                .subgroup_supported_stages
+                .contains(vk::ShaderStageFlags::COMPUTE)
+                && p11.subgroup_supported_operations.contains(
+                    vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC,
+                ),
             family: family as u32,
             mem,
             optional: Optional {
@@ -231,6 +238,23 @@ pub(crate) const INT8_ENV: &str = "TESSERA_VULKAN_INT8";
 
 fn int8_wanted() -> bool {
     std::env::var_os(INT8_ENV).is_none_or(|v| v != "0")
+}
+
+/// `TESSERA_VULKAN_SUBGROUPS=0` loads the kernels' shared-memory reductions (`*_nosg`) even where
+/// the device has subgroup arithmetic, as devices without it do.
+pub(crate) const SUBGROUPS_ENV: &str = "TESSERA_VULKAN_SUBGROUPS";
+
+fn subgroups_wanted() -> bool {
+    std::env::var_os(SUBGROUPS_ENV).is_none_or(|v| v != "0")
+}
+
+/// `TESSERA_VULKAN_GEOMETRY=plan` dispatches every launch as the plan gives it, also on CPU
+/// implementations, which otherwise take their own grids and blocks (`spec::geometry`): the
+/// launches a GPU gets, testable on lavapipe.
+pub(crate) const GEOMETRY_ENV: &str = "TESSERA_VULKAN_GEOMETRY";
+
+fn cpu_geometry_wanted() -> bool {
+    std::env::var_os(GEOMETRY_ENV).is_none_or(|v| v != "plan")
 }
 
 /// A physical device Tessera can use, or (its name, why not).
@@ -265,6 +289,8 @@ pub(crate) struct PhysInfo {
     pub(crate) max_groups: [u32; 3],
     pub(crate) max_alloc: u64,
     pub(crate) subgroup: u32,
+    /// Compute shaders have basic and arithmetic subgroup operations.
+    pub(crate) subgroup_arith: bool,
     pub(crate) family: u32,
     mem: vk::PhysicalDeviceMemoryProperties,
     optional: Optional,
@@ -320,6 +346,11 @@ pub(crate) struct Dev {
     pub(crate) mapped: bool,
     /// `k_mul_mat_vec_q` runs as `k_mul_mat_vec_q_int8` (integer dot products, not turned off).
     pub(crate) int8: bool,
+    /// Kernels reduce with subgroup arithmetic (the device has it, not turned off); otherwise
+    /// their `_nosg` variants load.
+    pub(crate) subgroups: bool,
+    /// Launches take the CPU implementation's geometry (`spec::geometry`).
+    pub(crate) cpu_geometry: bool,
     /// Streams of this device, so blocking host access can wait for all of them.
     streams: Mutex<Vec<Weak<StreamShared>>>,
 }
@@ -458,6 +489,8 @@ impl Dev {
             _inst: inst.clone(),
             mapped: info.maps_device_memory(),
             int8: o.int_dot == vk::TRUE && int8_wanted(),
+            subgroups: info.subgroup_arith && subgroups_wanted(),
+            cpu_geometry: info.kind == vk::PhysicalDeviceType::CPU && cpu_geometry_wanted(),
             info: info.clone(),
             raw,
             queue: Mutex::new(queue),
@@ -1145,11 +1178,17 @@ impl StreamShared {
         self.after_command(&mut st)
     }
 
-    /// Copies `src` at `off` into `dst` in stream order through a staging buffer and waits.
+    /// Copies `src` at `off` into `dst` in stream order and waits: mapped memory (CPU and
+    /// integrated devices) is read once the stream's work is done, other memory through a
+    /// staging buffer copied on the stream (a second submit and wait).
     pub(crate) fn download(&self, src: &RawBuf, off: usize, dst: &mut [u8]) -> Result<()> {
         src.check(off, dst.len(), "Vulkan read")?;
         if dst.is_empty() {
             return Ok(());
+        }
+        if src.is_mapped() {
+            self.sync()?;
+            return src.read_mapped(off, dst);
         }
         let host = RawBuf::new(&self.dev, dst.len(), true, &self.device)?;
         {
@@ -1185,7 +1224,8 @@ impl StreamShared {
     /// # Safety
     /// [`tessera_gpu::Driver::launch`]'s contract.
     pub(crate) unsafe fn launch(&self, k: &Arc<Kernel>, launch: &Launch) -> Result<()> {
-        let pipeline = k.pipeline(launch.block)?;
+        let geo = spec::geometry(self.dev.cpu_geometry, launch);
+        let pipeline = k.pipeline(Spec::of(launch, &geo, k.declared))?;
         let args = pack_args(&launch.args);
         let mut st = self.st.lock();
         let st = &mut *st;
@@ -1230,7 +1270,7 @@ impl StreamShared {
                 &addr.to_ne_bytes(),
             );
             let max = self.dev.info.max_groups.map(|m| m.max(1));
-            let (gx, gy, gz) = launch.grid;
+            let (gx, gy, gz) = geo.grid;
             if gx > 0 && gy > 0 && gz > 0 {
                 for bz in (0..gz).step_by(max[2] as usize) {
                     for by in (0..gy).step_by(max[1] as usize) {
@@ -1265,13 +1305,16 @@ pub(crate) fn pack_args(args: &[Arg]) -> Vec<u8> {
     out
 }
 
-/// A kernel: its shader module and a compute pipeline per block size (specialization constant
-/// 0 is `local_size_x`), made on first use through the device's pipeline cache.
+/// A kernel: its shader module and a compute pipeline per [`Spec`] (specialization constant 0 is
+/// `local_size_x`; the argument types and layouts where the module declares constants for them),
+/// made on first use through the device's pipeline cache.
 pub(crate) struct Kernel {
     pub(crate) name: String,
     dev: Arc<Dev>,
     module: vk::ShaderModule,
-    pipelines: Mutex<HashMap<u32, vk::Pipeline>>,
+    /// Specialization constant ids the module declares (bit i: id i).
+    declared: u32,
+    pipelines: Mutex<HashMap<Spec, vk::Pipeline>>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -1311,30 +1354,31 @@ impl Kernel {
             name: name.to_string(),
             dev: dev.clone(),
             module,
+            declared: spec::declared(&words),
             pipelines: Mutex::new(HashMap::new()),
         })
     }
 
-    /// The pipeline for blocks of `block` threads.
-    pub(crate) fn pipeline(&self, block: u32) -> Result<vk::Pipeline> {
+    /// The pipeline specialized as `spec` (from [`Spec::of`] with this kernel's declared ids).
+    pub(crate) fn pipeline(&self, spec: Spec) -> Result<vk::Pipeline> {
         let mut map = self.pipelines.lock();
-        if let Some(p) = map.get(&block) {
+        if let Some(p) = map.get(&spec) {
             return Ok(*p);
         }
-        let entries = [vk::SpecializationMapEntry {
-            constant_id: 0,
-            offset: 0,
+        let (ids, data) = spec.data();
+        let entries = ids.map(|id| vk::SpecializationMapEntry {
+            constant_id: id,
+            offset: 4 * id,
             size: 4,
-        }];
-        let data = block.max(1).to_ne_bytes();
-        let spec = vk::SpecializationInfo::default()
+        });
+        let info = vk::SpecializationInfo::default()
             .map_entries(&entries)
             .data(&data);
         let stage = vk::PipelineShaderStageCreateInfo::default()
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(self.module)
             .name(c"main")
-            .specialization_info(&spec);
+            .specialization_info(&info);
         let ci = vk::ComputePipelineCreateInfo::default()
             .flags(vk::PipelineCreateFlags::DISPATCH_BASE)
             .stage(stage)
@@ -1347,7 +1391,7 @@ impl Kernel {
                 .create_compute_pipelines(self.dev.cache, &[ci], None)
         }
         .map_err(|(_, e)| vk_err(&format!("vkCreateComputePipelines({})", self.name), e))?[0];
-        map.insert(block, p);
+        map.insert(spec, p);
         self.dev
             .dirty
             .store(true, std::sync::atomic::Ordering::Release);

@@ -2,7 +2,8 @@
 //! reach or checks only within a tolerance: bit-exact f16 / bf16 conversions and quantizers
 //! (against `half` and `tessera_tests::reference`), the all-reduce helpers of comm.cu (not an op), grid-stride
 //! kernels whose grid the runtime splits above `maxComputeWorkGroupCount` (each element exactly
-//! once), one-block-per-row kernels past 65535 rows, ROPE at large positions, and ERR_INDEX.
+//! once), one-block-per-row kernels past 65535 rows, ROPE at large positions, ERR_INDEX, and
+//! GEMV of every weight format on both of its read paths.
 //! Without a loader or device every trial is ignored with the reason in its name;
 //! `TESSERA_REQUIRE=vulkan` makes that a failure.
 
@@ -562,6 +563,31 @@ fn index_errors() -> TrialResult {
     )
 }
 
+/// dst[m] = w[k, m]^T · x[k] by the GEMV kernel of `dtype` (`k_mul_mat_vec_q` or
+/// `k_mul_mat_vec_f`), launched as the plan does.
+fn gemv(dtype: DType, m: usize, k: usize, w: &[u8], xb: &Buf) -> Result<Vec<f32>, Failed> {
+    let wb = Buf::new(w)?;
+    let db = Buf::zeros(4 * m)?;
+    let kernel = if dtype.is_quantized() {
+        "k_mul_mat_vec_q"
+    } else {
+        "k_mul_mat_vec_f"
+    };
+    run(
+        kernel,
+        m.div_ceil(4) as u32,
+        128,
+        vec![
+            db.tensor(DType::F32, [m, 1, 1, 1]),
+            wb.tensor(dtype, [k, m, 1, 1]),
+            xb.tensor(DType::F32, [k, 1, 1, 1]),
+            Arg::I64(1),
+            Arg::I64(1),
+        ],
+    )?;
+    Ok(f32s(&db.get()?))
+}
+
 /// llama.cpp's `quantize_row_q8_0` (reference C): per 32 values d = amax / 127 stored as fp16,
 /// q = roundf(x / d) computed as x * (1 / d).
 fn q8_0_blocks(x: &[f32]) -> Vec<(f32, [i32; 32])> {
@@ -649,22 +675,7 @@ fn gemv_int8() -> TrialResult {
             });
             levels.push((d.to_f32(), q));
         }
-        let wb = Buf::new(&w)?;
-        let xb = Buf::new(&bytes_f32(&x))?;
-        let db = Buf::zeros(4 * m)?;
-        run(
-            "k_mul_mat_vec_q",
-            m.div_ceil(4) as u32,
-            128,
-            vec![
-                db.tensor(DType::F32, [m, 1, 1, 1]),
-                wb.tensor(dtype, [k, m, 1, 1]),
-                xb.tensor(DType::F32, [k, 1, 1, 1]),
-                Arg::I64(1),
-                Arg::I64(1),
-            ],
-        )?;
-        let got = f32s(&db.get()?);
+        let got = gemv(dtype, m, k, &w, &Buf::new(&bytes_f32(&x))?)?;
         let mut differs = false;
         for r in 0..m {
             let (mut want, mut mag, mut exact) = (0.0f32, 0.0f64, 0.0f64);
@@ -697,6 +708,56 @@ fn gemv_int8() -> TrialResult {
     Ok(())
 }
 
+/// GEMV (`k_mul_mat_vec_q` / `k_mul_mat_vec_f`) of every weight format against the f64 dot
+/// products of the decoded weights, at k = 136 blocks (the 32-element block formats read as
+/// words, in quads for the planned 128 invocations as for a CPU device's 32) and 70 rows (two
+/// 64-row workgroups on a CPU device, a partial last 4-row block as planned). The int8 variant
+/// rounds activations to Q8_0 (`gemv_int8` checks its bits): 1e-2 of the magnitude there, 1e-5
+/// elsewhere.
+fn gemv_shapes() -> TrialResult {
+    let c = ctx()?;
+    let (m, k) = (70usize, 32 * 136);
+    let x: Vec<f32> = (0..k)
+        .map(|i| (i * 7919 % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let w: Vec<f64> = (0..m * k)
+        .map(|i| (i * 104_729 % 2001) as f64 / 1000.0 - 1.0)
+        .collect();
+    let xb = Buf::new(&bytes_f32(&x))?;
+    // Every weight type the kernels take.
+    let weights = DType::ALL
+        .into_iter()
+        .filter(|&d| d != DType::I32 && tessera_kernels::gpu::plan::type_code(d) >= 0);
+    for dtype in weights {
+        let bytes = rr(encode(dtype, &w))?;
+        let deq = rr(decode(dtype, &bytes, m * k))?;
+        let got = gemv(dtype, m, k, &bytes, &xb)?;
+        let int8 = c.gpu().int8_dot()
+            && matches!(
+                dtype,
+                DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4_NL
+            );
+        let rel = if int8 { 1e-2 } else { 1e-5 };
+        for r in 0..m {
+            let row = &deq[r * k..(r + 1) * k];
+            let want: f64 = row.iter().zip(&x).map(|(a, &b)| a * f64::from(b)).sum();
+            let mag: f64 = row
+                .iter()
+                .zip(&x)
+                .map(|(a, &b)| (a * f64::from(b)).abs())
+                .sum();
+            let tol = rel * mag;
+            check((f64::from(got[r]) - want).abs() <= tol, || {
+                format!(
+                    "GEMV {dtype} row {r}: got {} want {want} (tol {tol:e})",
+                    got[r]
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let require =
@@ -711,6 +772,7 @@ fn main() {
         ("rope_large_positions", rope_large_positions),
         ("index_errors", index_errors),
         ("gemv_int8", gemv_int8),
+        ("gemv_shapes", gemv_shapes),
     ];
     let trials =
         all.iter()

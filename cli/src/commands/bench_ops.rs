@@ -1,5 +1,6 @@
 //! `tessera bench-ops`: time single-op graphs and report GFLOP/s and GB/s, like
-//! `test-backend-ops perf`.
+//! `test-backend-ops perf`, and the per-node cost of a backend (`OVERHEAD`: a chain of small
+//! element-wise nodes, reported per node).
 
 use super::inputs::{Rng, fill};
 use std::time::{Duration, Instant};
@@ -7,10 +8,10 @@ use tessera::{
     BackendOptions, Context, DType, Device, OpKind, Result, RopeMode, RopeParams, TensorId,
 };
 
-/// Builds a single-op graph and returns its output.
+/// Builds a benchmark graph (one op, or OVERHEAD's chain) and returns its output.
 type BuildFn = Box<dyn Fn(&mut Context) -> Result<TensorId>>;
 
-/// One benchmark: a single-op graph plus its arithmetic and memory traffic.
+/// One benchmark: a graph plus its arithmetic and memory traffic.
 struct BenchCase {
     op: &'static str,
     label: String,
@@ -153,8 +154,34 @@ fn cases(k: usize) -> Vec<BenchCase> {
             bytes: (2 * 2 * d * nkv * hkv + 4 * d * h * n_q * 2) as f64,
         });
     }
+    // OVERHEAD: what a node costs when its work is negligible (launch, barrier, argument
+    // upload, the backend's per-graph round trips), as one number per backend: a chain of
+    // OVERHEAD_NODES element-wise nodes (ADD, MUL, SCALE in turn) on a 4096-element f32 vector,
+    // each reading the previous one, timed per node.
+    let len = 4096usize;
+    v.push(BenchCase {
+        op: "OVERHEAD",
+        label: format!("OVERHEAD(nodes={OVERHEAD_NODES},ops=add,mul,scale,type=f32,ne=[{len}])"),
+        build: Box::new(move |c| {
+            let mut x = c.new_tensor(DType::F32, [len])?;
+            let b = c.new_tensor(DType::F32, [len])?;
+            for i in 0..OVERHEAD_NODES {
+                x = match i % 3 {
+                    0 => c.add(x, b)?,
+                    1 => c.mul(x, b)?,
+                    _ => c.scale(x, 0.5)?,
+                };
+            }
+            Ok(x)
+        }),
+        flops: (OVERHEAD_NODES * len) as f64,
+        bytes: (OVERHEAD_NODES * len * 12) as f64,
+    });
     v
 }
+
+/// Nodes of the OVERHEAD chain.
+const OVERHEAD_NODES: usize = 64;
 
 /// Options of `bench-ops`.
 pub struct Options {
@@ -173,7 +200,7 @@ fn time_case(
     case: &BenchCase,
     threads: Option<usize>,
     min_time: Duration,
-) -> anyhow::Result<(usize, f64)> {
+) -> anyhow::Result<(usize, f64, usize)> {
     let mut ctx = Context::new();
     let out = (case.build)(&mut ctx)?;
     // MUL_MAT('s and MUL_MAT_ID's) weights live where a model's do: in the device's weight memory (the CPU's
@@ -218,10 +245,12 @@ fn time_case(
         backend.synchronize()?;
         runs += 1;
     }
-    Ok((runs, start.elapsed().as_secs_f64() / runs as f64))
+    let nodes = graph.nodes().len().max(1);
+    Ok((runs, start.elapsed().as_secs_f64() / runs as f64, nodes))
 }
 
-/// Runs the benchmarks on `devices` and prints one table row per case, device and thread count.
+/// Runs the benchmarks on `devices` and prints one table row per case, device and thread count:
+/// the time per run (graph computed and synchronized) and per node of the graph.
 pub fn run(devices: &[std::sync::Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
     let all = cases(opts.k);
     let selected: Vec<&BenchCase> = all
@@ -240,12 +269,12 @@ pub fn run(devices: &[std::sync::Arc<dyn Device>], opts: &Options) -> anyhow::Re
         );
     }
     println!(
-        "| {:<62} | {:<6} | {:>3} | {:>6} | {:>11} | {:>9} | {:>8} |",
-        "case", "device", "thr", "runs", "us/run", "GFLOP/s", "GB/s"
+        "| {:<62} | {:<6} | {:>3} | {:>6} | {:>11} | {:>9} | {:>9} | {:>8} |",
+        "case", "device", "thr", "runs", "us/run", "us/node", "GFLOP/s", "GB/s"
     );
     println!(
-        "|{:-<64}|{:-<8}|{:-<5}|{:-<8}|{:-<13}|{:-<11}|{:-<10}|",
-        "", "", "", "", "", "", ""
+        "|{:-<64}|{:-<8}|{:-<5}|{:-<8}|{:-<13}|{:-<11}|{:-<11}|{:-<10}|",
+        "", "", "", "", "", "", "", ""
     );
     let thread_opts: Vec<Option<usize>> = if opts.threads.is_empty() {
         vec![None]
@@ -257,13 +286,14 @@ pub fn run(devices: &[std::sync::Arc<dyn Device>], opts: &Options) -> anyhow::Re
             for &t in &thread_opts {
                 let shown = t.map(|t| t.to_string()).unwrap_or_else(|| "def".into());
                 match time_case(dev.as_ref(), case, t, opts.min_time) {
-                    Ok((runs, secs)) => println!(
-                        "| {:<62} | {:<6} | {:>3} | {:>6} | {:>11.1} | {:>9.2} | {:>8.2} |",
+                    Ok((runs, secs, nodes)) => println!(
+                        "| {:<62} | {:<6} | {:>3} | {:>6} | {:>11.1} | {:>9.2} | {:>9.2} | {:>8.2} |",
                         case.label,
                         dev.name(),
                         shown,
                         runs,
                         secs * 1e6,
+                        secs * 1e6 / nodes as f64,
                         case.flops / secs / 1e9,
                         case.bytes / secs / 1e9
                     ),
