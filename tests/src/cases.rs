@@ -1274,7 +1274,15 @@ fn moe_cases(v: &mut Vec<Case>) {
         ));
     }
     for dtype in [DType::F32, DType::F16] {
-        for ne in [[8, 5, 1, 1], [128, 3, 2, 1], [1, 4, 1, 1], [33, 2, 1, 1]] {
+        // 4095 and 4096: the longest rows the GPU kernels sort (their keys fill shared memory).
+        for ne in [
+            [8, 5, 1, 1],
+            [128, 3, 2, 1],
+            [1, 4, 1, 1],
+            [33, 2, 1, 1],
+            [4095, 1, 1, 1],
+            [4096, 2, 1, 1],
+        ] {
             for descending in [false, true] {
                 let params = format!(
                     "type={dtype},ne={},order={}",
