@@ -16,7 +16,8 @@
 #
 # A device SPEC is a ggml device name (TesseraCPU, TesseraSYCL0, TesseraVK0), optionally with the
 # ops to test and a regex over their parameters, as test-backend-ops' -o and -p take them:
-# `TesseraVK0@ADD,MUL_MAT@type_a=f32`. Without ops every case runs. --profile test builds the
+# `TesseraVK0@ADD,MUL_MAT@type_a=f32`; a device may be listed again with other ops. Without ops
+# every case runs. --profile test builds the
 # plugin with cargo's test profile (optimised, and sharing what `cargo test` already built).
 # Needs cmake, a C++ compiler and python3; the sdist comes from PyPI (pip download).
 set -euo pipefail
@@ -92,18 +93,22 @@ if [ "$need_build" = 1 ]; then
     -DLLAMA_BUILD_TESTS=ON >"$LLAMA_DL_DIR/configure.log" 2>&1 ||
     { tail -n 20 "$LLAMA_DL_DIR/configure.log" >&2; die "cmake configure failed"; }
   log "building $TARGETS"
+  t0=$SECONDS
   # shellcheck disable=SC2086
   cmake --build "$LLAMA_DL_DIR/build" -j "$(nproc)" --target $TARGETS >"$LLAMA_DL_DIR/build.log" 2>&1 ||
     { tail -n 30 "$LLAMA_DL_DIR/build.log" >&2; die "building llama.cpp failed"; }
+  log "llama.cpp built in $((SECONDS - t0)) s"
 fi
 
 log "building the plugin (features $FEATURES, profile $PROFILE)"
+t0=$SECONDS
 cargo build -q --profile "$PROFILE" -p tessera-ggml --no-default-features --features "$FEATURES"
 case "$PROFILE" in
   release) PLUGIN="$ROOT/target/release/libggml_tessera.so" ;;
   *) PLUGIN="$ROOT/target/debug/libggml_tessera.so" ;;
 esac
 [ -f "$PLUGIN" ] || die "no $PLUGIN"
+log "plugin built in $((SECONDS - t0)) s"
 export GGML_BACKEND_PATH="$PLUGIN"
 
 status=0
@@ -111,16 +116,16 @@ mkdir -p target/ggml-judge
 # `@` separates a device from its ops and parameter filter; ops are comma-separated too, so the
 # list is split on commas that start a new device (a name beginning with Tessera).
 devs=()
-for word in $(tr ',' '\n' <<<"$DEVICES"); do
+while IFS= read -r word; do
   if [[ $word == Tessera* ]] || [ ${#devs[@]} -eq 0 ]; then
     devs+=("$word")
   else
     devs[-1]="${devs[-1]},$word"
   fi
-done
-for spec in "${devs[@]}"; do
-  IFS=@ read -r dev ops params <<<"$spec"
-  out="target/ggml-judge/test-backend-ops-$dev.log"
+done < <(tr ',' '\n' <<<"$DEVICES")
+for i in "${!devs[@]}"; do
+  IFS=@ read -r dev ops params <<<"${devs[$i]}"
+  out="target/ggml-judge/test-backend-ops-$i-$dev.log"
   args=(test -b "$dev" -j "$JOBS")
   [ -n "${ops:-}" ] && args+=(-o "$ops")
   [ -n "${params:-}" ] && args+=(-p "$params")
@@ -143,7 +148,8 @@ if [ -n "$MODELS" ]; then
     want="$(cd "$BIN" && GGML_BACKEND_PATH='' ./llama-completion "${gen[@]}" -ngl 0 2>/dev/null)" ||
       die "llama-completion failed on $name"
     got="$(cd "$BIN" && ./llama-completion "${gen[@]}" --device TesseraCPU -ngl 99 \
-      2>"target/ggml-judge/completion-$name.log")" || die "llama-completion on TesseraCPU failed on $name"
+      2>"$ROOT/target/ggml-judge/completion-$name.log")" ||
+      die "llama-completion on TesseraCPU failed on $name (log: target/ggml-judge/completion-$name.log)"
     printf 'ggml CPU:   %s\nTesseraCPU: %s\n' "${want//$'\n'/ }" "${got//$'\n'/ }"
     if [ "$want" != "$got" ]; then
       log "$name: the greedy texts differ"

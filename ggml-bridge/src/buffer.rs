@@ -128,51 +128,59 @@ unsafe fn buft_ctx<'a>(buft: sys::ggml_backend_buffer_type_t) -> &'a BufferTypeC
 }
 
 unsafe extern "C" fn buft_get_name(buft: sys::ggml_backend_buffer_type_t) -> *const c_char {
-    // SAFETY: ggml calls it on our buffer type.
-    unsafe { buft_ctx(buft) }.name.as_ptr()
+    crate::ggml::guard("buft_get_name", std::ptr::null(), || {
+        // SAFETY: ggml calls it on our buffer type.
+        unsafe { buft_ctx(buft) }.name.as_ptr()
+    })
 }
 
 unsafe extern "C" fn buft_alloc_buffer(
     buft: sys::ggml_backend_buffer_type_t,
     size: usize,
 ) -> sys::ggml_backend_buffer_t {
-    // SAFETY: as above.
-    let ctx = unsafe { buft_ctx(buft) };
-    let Some(api) = ggml::api() else {
-        return std::ptr::null_mut();
-    };
-    let buffer = match ctx.tessera.alloc(size) {
-        Ok(b) => b,
-        Err(e) => {
-            ggml::log(Level::Error, &format!("allocating {size} bytes: {e}"));
+    crate::ggml::guard("buft_alloc_buffer", std::ptr::null_mut(), || {
+        // SAFETY: as above.
+        let ctx = unsafe { buft_ctx(buft) };
+        let Some(api) = ggml::api() else {
             return std::ptr::null_mut();
+        };
+        let buffer = match ctx.tessera.alloc(size) {
+            Ok(b) => b,
+            Err(e) => {
+                ggml::log(Level::Error, &format!("allocating {size} bytes: {e}"));
+                return std::ptr::null_mut();
+            }
+        };
+        let span = size.div_ceil(BASE_ALIGN).saturating_add(1) * BASE_ALIGN;
+        let base = NEXT_BASE.fetch_add(span, Ordering::Relaxed);
+        let bctx = Box::into_raw(Box::new(BufferCtx { buffer, base, size }));
+        // SAFETY: `buft` is live; BUFFER_IFACE's functions take a `BufferCtx` context, which ggml
+        // hands back to `free_buffer` exactly once.
+        let b = unsafe { api.buffer_init(buft, BUFFER_IFACE, bctx.cast(), size) };
+        if b.is_null() {
+            // SAFETY: ggml did not take the context.
+            drop(unsafe { Box::from_raw(bctx) });
         }
-    };
-    let span = size.div_ceil(BASE_ALIGN).saturating_add(1) * BASE_ALIGN;
-    let base = NEXT_BASE.fetch_add(span, Ordering::Relaxed);
-    let bctx = Box::into_raw(Box::new(BufferCtx { buffer, base, size }));
-    // SAFETY: `buft` is live; BUFFER_IFACE's functions take a `BufferCtx` context, which ggml
-    // hands back to `free_buffer` exactly once.
-    let b = unsafe { api.buffer_init(buft, BUFFER_IFACE, bctx.cast(), size) };
-    if b.is_null() {
-        // SAFETY: ggml did not take the context.
-        drop(unsafe { Box::from_raw(bctx) });
-    }
-    b
+        b
+    })
 }
 
 unsafe extern "C" fn buft_get_alignment(buft: sys::ggml_backend_buffer_type_t) -> usize {
-    // SAFETY: ggml calls it on our buffer type.
-    unsafe { buft_ctx(buft) }.tessera.alignment().max(1)
+    crate::ggml::guard("buft_get_alignment", 0, || {
+        // SAFETY: ggml calls it on our buffer type.
+        unsafe { buft_ctx(buft) }.tessera.alignment().max(1)
+    })
 }
 
 unsafe extern "C" fn buft_get_max_size(buft: sys::ggml_backend_buffer_type_t) -> usize {
-    // SAFETY: as above.
-    unsafe { buft_ctx(buft) }.tessera.max_size()
+    crate::ggml::guard("buft_get_max_size", 0, || {
+        // SAFETY: as above.
+        unsafe { buft_ctx(buft) }.tessera.max_size()
+    })
 }
 
 unsafe extern "C" fn buft_is_host(_: sys::ggml_backend_buffer_type_t) -> bool {
-    false
+    crate::ggml::guard("buft_is_host", false, || false)
 }
 
 const BUFFER_IFACE: sys::ggml_backend_buffer_i = sys::ggml_backend_buffer_i {
@@ -215,14 +223,18 @@ pub(crate) fn freed() -> u64 {
 }
 
 unsafe extern "C" fn buf_free(buffer: sys::ggml_backend_buffer_t) {
-    // SAFETY: ggml frees each buffer once; its context is the box `buft_alloc_buffer` made.
-    unsafe { drop(Box::from_raw((*buffer).context.cast::<BufferCtx>())) };
-    FREED.fetch_add(1, Ordering::Release);
+    crate::ggml::guard("buf_free", (), || {
+        // SAFETY: ggml frees each buffer once; its context is the box `buft_alloc_buffer` made.
+        unsafe { drop(Box::from_raw((*buffer).context.cast::<BufferCtx>())) };
+        FREED.fetch_add(1, Ordering::Release);
+    })
 }
 
 unsafe extern "C" fn buf_get_base(buffer: sys::ggml_backend_buffer_t) -> *mut c_void {
-    // SAFETY: ggml calls it on our buffer.
-    unsafe { buf_ctx(buffer) }.base as *mut c_void
+    crate::ggml::guard("buf_get_base", std::ptr::null_mut(), || {
+        // SAFETY: ggml calls it on our buffer.
+        unsafe { buf_ctx(buffer) }.base as *mut c_void
+    })
 }
 
 unsafe extern "C" fn buf_memset_tensor(
@@ -232,15 +244,17 @@ unsafe extern "C" fn buf_memset_tensor(
     offset: usize,
     size: usize,
 ) {
-    // SAFETY: ggml passes our buffer and a tensor in it.
-    let ctx = unsafe { buf_ctx(buffer) };
-    // SAFETY: as above.
-    let r = unsafe { ctx.offset_of(tensor, offset, size) }.and_then(|at| {
-        ctx.buffer
-            .memset(at, size, value)
-            .map_err(|e| e.to_string())
-    });
-    report("memset_tensor", r);
+    crate::ggml::guard("buf_memset_tensor", (), || {
+        // SAFETY: ggml passes our buffer and a tensor in it.
+        let ctx = unsafe { buf_ctx(buffer) };
+        // SAFETY: as above.
+        let r = unsafe { ctx.offset_of(tensor, offset, size) }.and_then(|at| {
+            ctx.buffer
+                .memset(at, size, value)
+                .map_err(|e| e.to_string())
+        });
+        report("memset_tensor", r);
+    })
 }
 
 unsafe extern "C" fn buf_set_tensor(
@@ -250,20 +264,22 @@ unsafe extern "C" fn buf_set_tensor(
     offset: usize,
     size: usize,
 ) {
-    if size == 0 {
-        return;
-    }
-    // SAFETY: ggml passes our buffer, a tensor in it and `size` readable bytes at `data`.
-    let (ctx, src) = unsafe {
-        (
-            buf_ctx(buffer),
-            std::slice::from_raw_parts(data.cast::<u8>(), size),
-        )
-    };
-    // SAFETY: as above.
-    let r = unsafe { ctx.offset_of(tensor, offset, size) }
-        .and_then(|at| ctx.buffer.write(at, src).map_err(|e| e.to_string()));
-    report("set_tensor", r);
+    crate::ggml::guard("buf_set_tensor", (), || {
+        if size == 0 {
+            return;
+        }
+        // SAFETY: ggml passes our buffer, a tensor in it and `size` readable bytes at `data`.
+        let (ctx, src) = unsafe {
+            (
+                buf_ctx(buffer),
+                std::slice::from_raw_parts(data.cast::<u8>(), size),
+            )
+        };
+        // SAFETY: as above.
+        let r = unsafe { ctx.offset_of(tensor, offset, size) }
+            .and_then(|at| ctx.buffer.write(at, src).map_err(|e| e.to_string()));
+        report("set_tensor", r);
+    })
 }
 
 unsafe extern "C" fn buf_get_tensor(
@@ -273,20 +289,22 @@ unsafe extern "C" fn buf_get_tensor(
     offset: usize,
     size: usize,
 ) {
-    if size == 0 {
-        return;
-    }
-    // SAFETY: ggml passes our buffer, a tensor in it and `size` writable bytes at `data`.
-    let (ctx, dst) = unsafe {
-        (
-            buf_ctx(buffer),
-            std::slice::from_raw_parts_mut(data.cast::<u8>(), size),
-        )
-    };
-    // SAFETY: as above.
-    let r = unsafe { ctx.offset_of(tensor, offset, size) }
-        .and_then(|at| ctx.buffer.read(at, dst).map_err(|e| e.to_string()));
-    report("get_tensor", r);
+    crate::ggml::guard("buf_get_tensor", (), || {
+        if size == 0 {
+            return;
+        }
+        // SAFETY: ggml passes our buffer, a tensor in it and `size` writable bytes at `data`.
+        let (ctx, dst) = unsafe {
+            (
+                buf_ctx(buffer),
+                std::slice::from_raw_parts_mut(data.cast::<u8>(), size),
+            )
+        };
+        // SAFETY: as above.
+        let r = unsafe { ctx.offset_of(tensor, offset, size) }
+            .and_then(|at| ctx.buffer.read(at, dst).map_err(|e| e.to_string()));
+        report("get_tensor", r);
+    })
 }
 
 unsafe extern "C" fn buf_cpy_tensor(
@@ -294,32 +312,42 @@ unsafe extern "C" fn buf_cpy_tensor(
     src: *const sys::ggml_tensor,
     dst: *mut sys::ggml_tensor,
 ) -> bool {
-    // SAFETY: ggml passes our buffer (holding `dst`) and live tensors; `src`'s buffer may be
-    // anyone's, and only ours are used.
-    unsafe {
-        let Some(from) = BufferCtx::of((*src).buffer) else {
-            return false;
-        };
-        let to = buf_ctx(buffer);
-        let len = crate::translate::nbytes(src);
-        let r = from.offset_of(src, 0, len).and_then(|so| {
-            let doff = to.offset_of(dst, 0, len)?;
-            tessera::backend::copy_between(from.buffer.as_ref(), so, to.buffer.as_ref(), doff, len)
+    crate::ggml::guard("buf_cpy_tensor", false, || {
+        // SAFETY: ggml passes our buffer (holding `dst`) and live tensors; `src`'s buffer may be
+        // anyone's, and only ours are used.
+        unsafe {
+            let Some(from) = BufferCtx::of((*src).buffer) else {
+                return false;
+            };
+            let to = buf_ctx(buffer);
+            let len = crate::translate::nbytes(src);
+            let r = from.offset_of(src, 0, len).and_then(|so| {
+                let doff = to.offset_of(dst, 0, len)?;
+                tessera::backend::copy_between(
+                    from.buffer.as_ref(),
+                    so,
+                    to.buffer.as_ref(),
+                    doff,
+                    len,
+                )
                 .map_err(|e| e.to_string())
-        });
-        let ok = r.is_ok();
-        report("cpy_tensor", r);
-        ok
-    }
+            });
+            let ok = r.is_ok();
+            report("cpy_tensor", r);
+            ok
+        }
+    })
 }
 
 unsafe extern "C" fn buf_clear(buffer: sys::ggml_backend_buffer_t, value: u8) {
-    // SAFETY: ggml calls it on our buffer.
-    let ctx = unsafe { buf_ctx(buffer) };
-    report(
-        "clear",
-        ctx.buffer
-            .memset(0, ctx.size, value)
-            .map_err(|e| e.to_string()),
-    );
+    crate::ggml::guard("buf_clear", (), || {
+        // SAFETY: ggml calls it on our buffer.
+        let ctx = unsafe { buf_ctx(buffer) };
+        report(
+            "clear",
+            ctx.buffer
+                .memset(0, ctx.size, value)
+                .map_err(|e| e.to_string()),
+        );
+    })
 }

@@ -34,8 +34,31 @@ pub(crate) struct Api {
     op_name: Option<OpName>,
 }
 
-fn resolve() -> Result<Api, String> {
+/// The loading process's global symbols, or, where the host loaded ggml privately (a Python
+/// extension opens its libraries with RTLD_LOCAL), ggml's base library already in the process.
+fn ggml_library() -> libloading::os::unix::Library {
     let this = libloading::os::unix::Library::this();
+    // SAFETY: a lookup only; nothing is called.
+    if unsafe { this.get::<Version>(b"ggml_version\0") }.is_ok() {
+        return this;
+    }
+    for name in ["libggml-base.so", "libggml-base.so.0"] {
+        // SAFETY: RTLD_NOLOAD only takes a reference to a library already loaded, so no
+        // initialiser runs.
+        if let Ok(lib) = unsafe {
+            libloading::os::unix::Library::open(
+                Some(name),
+                libloading::os::unix::RTLD_NOW | libc::RTLD_NOLOAD,
+            )
+        } {
+            return lib;
+        }
+    }
+    this
+}
+
+fn resolve() -> Result<Api, String> {
+    let this = ggml_library();
     // SAFETY: each symbol is looked up by its C name and read as the type ggml 0.25.3 declares for
     // it (ggml.h, ggml-backend-impl.h, ggml-impl.h); the version check below refuses any other
     // ggml before the pointers are used.
@@ -173,4 +196,22 @@ pub(crate) fn op_name(op: c_uint) -> String {
         // SAFETY: as above.
         .map(|p| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned());
     name.unwrap_or_else(|| format!("op {op}"))
+}
+
+/// Runs the body of a C entry point: a panic (a bug, since Tessera reports failures as errors)
+/// is logged and turned into `fail`, ggml's failure value, instead of unwinding into C (which
+/// would abort the host).
+pub(crate) fn guard<T>(what: &str, fail: T, body: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(p) => {
+            let why = p
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            log(Level::Error, &format!("{what} panicked: {why}"));
+            fail
+        }
+    }
 }

@@ -35,18 +35,22 @@ pub use ggml::{GGML_VERSION, check_version};
 /// logged reason) when the loading process's ggml is not the version these bindings describe.
 #[unsafe(no_mangle)]
 pub extern "C" fn ggml_backend_init() -> sys::ggml_backend_reg_t {
-    registry::init()
+    crate::ggml::guard("ggml_backend_init", std::ptr::null_mut(), || {
+        registry::init()
+    })
 }
 
 /// ggml's score of a dynamic backend (higher is preferred by `ggml_backend_load_best`, 0 means
 /// unusable here): 1 when Tessera has a device and the host's ggml matches, else 0.
 #[unsafe(no_mangle)]
 pub extern "C" fn ggml_backend_score() -> i32 {
-    // ggml asks for the score before it initialises the backend: this is where a host of
-    // another ggml version learns why the plugin stays out.
-    if let Err(e) = check_version() {
-        ggml::log(ggml::Level::Error, &e);
-        return 0;
-    }
-    i32::from(!tessera::registry().devices().is_empty())
+    crate::ggml::guard("ggml_backend_score", 0, || {
+        // ggml asks for the score before it initialises the backend: this is where a host of
+        // another ggml version learns why the plugin stays out.
+        if let Err(e) = check_version() {
+            ggml::log(ggml::Level::Error, &e);
+            return 0;
+        }
+        i32::from(!tessera::registry().devices().is_empty())
+    })
 }

@@ -148,30 +148,36 @@ pub(crate) fn owns_buffer_type(buft: sys::ggml_backend_buffer_type_t) -> bool {
 }
 
 unsafe extern "C" fn reg_get_name(_: sys::ggml_backend_reg_t) -> *const c_char {
-    c"Tessera".as_ptr()
+    crate::ggml::guard("reg_get_name", std::ptr::null(), || c"Tessera".as_ptr())
 }
 
 unsafe extern "C" fn reg_get_device_count(_: sys::ggml_backend_reg_t) -> usize {
-    REGISTRY.get().map_or(0, |r| r.devices.len())
+    crate::ggml::guard("reg_get_device_count", 0, || {
+        REGISTRY.get().map_or(0, |r| r.devices.len())
+    })
 }
 
 unsafe extern "C" fn reg_get_device(
     _: sys::ggml_backend_reg_t,
     i: usize,
 ) -> sys::ggml_backend_dev_t {
-    REGISTRY
-        .get()
-        .and_then(|r| r.devices.get(i).copied())
-        .unwrap_or(std::ptr::null_mut())
+    crate::ggml::guard("reg_get_device", std::ptr::null_mut(), || {
+        REGISTRY
+            .get()
+            .and_then(|r| r.devices.get(i).copied())
+            .unwrap_or(std::ptr::null_mut())
+    })
 }
 
 unsafe extern "C" fn reg_get_proc_address(
     _: sys::ggml_backend_reg_t,
     _name: *const c_char,
 ) -> *mut c_void {
-    // No extension functions: ggml's optional ones (thread counts, comm trio) are declined, so
-    // callers take their defaults.
-    std::ptr::null_mut()
+    crate::ggml::guard("reg_get_proc_address", std::ptr::null_mut(), || {
+        // No extension functions: ggml's optional ones (thread counts, comm trio) are declined, so
+        // callers take their defaults.
+        std::ptr::null_mut()
+    })
 }
 
 const DEVICE_IFACE: sys::ggml_backend_device_i = sys::ggml_backend_device_i {
@@ -193,13 +199,17 @@ const DEVICE_IFACE: sys::ggml_backend_device_i = sys::ggml_backend_device_i {
 };
 
 unsafe extern "C" fn dev_get_name(dev: sys::ggml_backend_dev_t) -> *const c_char {
-    // SAFETY: ggml passes one of our devices.
-    unsafe { device_ctx(dev) }.name.as_ptr()
+    crate::ggml::guard("dev_get_name", std::ptr::null(), || {
+        // SAFETY: ggml passes one of our devices.
+        unsafe { device_ctx(dev) }.name.as_ptr()
+    })
 }
 
 unsafe extern "C" fn dev_get_description(dev: sys::ggml_backend_dev_t) -> *const c_char {
-    // SAFETY: as above.
-    unsafe { device_ctx(dev) }.description.as_ptr()
+    crate::ggml::guard("dev_get_description", std::ptr::null(), || {
+        // SAFETY: as above.
+        unsafe { device_ctx(dev) }.description.as_ptr()
+    })
 }
 
 unsafe extern "C" fn dev_get_memory(
@@ -207,91 +217,109 @@ unsafe extern "C" fn dev_get_memory(
     free: *mut usize,
     total: *mut usize,
 ) {
-    // SAFETY: as above.
-    let m = unsafe { device_ctx(dev) }.device.memory();
-    // SAFETY: ggml passes writable pointers (null ones are skipped).
-    unsafe {
-        if !free.is_null() {
-            *free = m.free;
+    crate::ggml::guard("dev_get_memory", (), || {
+        // SAFETY: as above.
+        let m = unsafe { device_ctx(dev) }.device.memory();
+        // SAFETY: ggml passes writable pointers (null ones are skipped).
+        unsafe {
+            if !free.is_null() {
+                *free = m.free;
+            }
+            if !total.is_null() {
+                *total = m.total;
+            }
         }
-        if !total.is_null() {
-            *total = m.total;
-        }
-    }
+    })
 }
 
 unsafe extern "C" fn dev_get_type(dev: sys::ggml_backend_dev_t) -> sys::ggml_backend_dev_type {
-    // SAFETY: as above.
-    ggml_type(unsafe { device_ctx(dev) }.device.as_ref())
+    crate::ggml::guard(
+        "dev_get_type",
+        sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_IGPU,
+        || {
+            // SAFETY: as above.
+            ggml_type(unsafe { device_ctx(dev) }.device.as_ref())
+        },
+    )
 }
 
 unsafe extern "C" fn dev_get_props(
     dev: sys::ggml_backend_dev_t,
     props: *mut sys::ggml_backend_dev_props,
 ) {
-    if props.is_null() {
-        return;
-    }
-    // SAFETY: ggml passes one of our devices.
-    let ctx = unsafe { device_ctx(dev) };
-    let m = ctx.device.memory();
-    // SAFETY: `props` is writable; the strings live as long as the device.
-    unsafe {
-        *props = sys::ggml_backend_dev_props {
-            name: ctx.name.as_ptr(),
-            description: ctx.description.as_ptr(),
-            memory_free: m.free,
-            memory_total: m.total,
-            type_: ggml_type(ctx.device.as_ref()),
-            device_id: std::ptr::null(),
-            caps: sys::ggml_backend_dev_caps {
-                async_: true,
-                host_buffer: false,
-                buffer_from_host_ptr: false,
-                events: false,
-                mmap_support: false,
-            },
-        };
-    }
+    crate::ggml::guard("dev_get_props", (), || {
+        if props.is_null() {
+            return;
+        }
+        // SAFETY: ggml passes one of our devices.
+        let ctx = unsafe { device_ctx(dev) };
+        let m = ctx.device.memory();
+        // SAFETY: `props` is writable; the strings live as long as the device.
+        unsafe {
+            *props = sys::ggml_backend_dev_props {
+                name: ctx.name.as_ptr(),
+                description: ctx.description.as_ptr(),
+                memory_free: m.free,
+                memory_total: m.total,
+                type_: ggml_type(ctx.device.as_ref()),
+                device_id: std::ptr::null(),
+                caps: sys::ggml_backend_dev_caps {
+                    async_: true,
+                    host_buffer: false,
+                    buffer_from_host_ptr: false,
+                    events: false,
+                    mmap_support: false,
+                },
+            };
+        }
+    })
 }
 
 unsafe extern "C" fn dev_init_backend(
     dev: sys::ggml_backend_dev_t,
     _params: *const c_char,
 ) -> sys::ggml_backend_t {
-    // SAFETY: ggml passes one of our devices.
-    stream::init(dev, unsafe { device_ctx(dev) })
+    crate::ggml::guard("dev_init_backend", std::ptr::null_mut(), || {
+        // SAFETY: ggml passes one of our devices.
+        stream::init(dev, unsafe { device_ctx(dev) })
+    })
 }
 
 unsafe extern "C" fn dev_get_buffer_type(
     dev: sys::ggml_backend_dev_t,
 ) -> sys::ggml_backend_buffer_type_t {
-    // SAFETY: as above.
-    unsafe { device_ctx(dev) }.buffer_type
+    crate::ggml::guard("dev_get_buffer_type", std::ptr::null_mut(), || {
+        // SAFETY: as above.
+        unsafe { device_ctx(dev) }.buffer_type
+    })
 }
 
 unsafe extern "C" fn dev_supports_op(
     dev: sys::ggml_backend_dev_t,
     op: *const sys::ggml_tensor,
 ) -> bool {
-    // SAFETY: as above; `op` is a live tensor whose sources are live.
-    let ctx = unsafe { device_ctx(dev) };
-    if op.is_null() {
-        return false;
-    }
-    // SAFETY: as above.
-    unsafe { translate::supports(ctx.device.as_ref(), op) }.is_ok()
+    crate::ggml::guard("dev_supports_op", false, || {
+        // SAFETY: as above; `op` is a live tensor whose sources are live.
+        let ctx = unsafe { device_ctx(dev) };
+        if op.is_null() {
+            return false;
+        }
+        // SAFETY: as above.
+        unsafe { translate::supports(ctx.device.as_ref(), op) }.is_ok()
+    })
 }
 
 unsafe extern "C" fn dev_supports_buft(
     dev: sys::ggml_backend_dev_t,
     buft: sys::ggml_backend_buffer_type_t,
 ) -> bool {
-    // SAFETY: as above; `buft` is a live buffer type.
-    let ctx = unsafe { device_ctx(dev) };
-    // SAFETY: as above.
-    match unsafe { BufferTypeCtx::of(buft) } {
-        Some(b) => ctx.device.supports_buffer_type(b.tessera.as_ref()),
-        None => false,
-    }
+    crate::ggml::guard("dev_supports_buft", false, || {
+        // SAFETY: as above; `buft` is a live buffer type.
+        let ctx = unsafe { device_ctx(dev) };
+        // SAFETY: as above.
+        match unsafe { BufferTypeCtx::of(buft) } {
+            Some(b) => ctx.device.supports_buffer_type(b.tessera.as_ref()),
+            None => false,
+        }
+    })
 }

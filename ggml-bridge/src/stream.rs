@@ -85,17 +85,21 @@ unsafe fn ctx<'a>(backend: sys::ggml_backend_t) -> &'a StreamCtx {
 }
 
 unsafe extern "C" fn get_name(backend: sys::ggml_backend_t) -> *const c_char {
-    // SAFETY: ggml calls it on our backend.
-    unsafe { ctx(backend) }.name.as_ptr()
+    crate::ggml::guard("get_name", std::ptr::null(), || {
+        // SAFETY: ggml calls it on our backend.
+        unsafe { ctx(backend) }.name.as_ptr()
+    })
 }
 
 unsafe extern "C" fn free(backend: sys::ggml_backend_t) {
-    // SAFETY: ggml frees each backend once; both boxes were made by `init`. Dropping the
-    // Tessera stream waits for its queued work.
-    unsafe {
-        drop(Box::from_raw((*backend).context.cast::<StreamCtx>()));
-        drop(Box::from_raw(backend));
-    }
+    crate::ggml::guard("free", (), || {
+        // SAFETY: ggml frees each backend once; both boxes were made by `init`. Dropping the
+        // Tessera stream waits for its queued work.
+        unsafe {
+            drop(Box::from_raw((*backend).context.cast::<StreamCtx>()));
+            drop(Box::from_raw(backend));
+        }
+    })
 }
 
 fn report(what: &str, device: &StreamCtx, r: Result<(), String>) -> bool {
@@ -118,23 +122,29 @@ unsafe extern "C" fn set_tensor_async(
     offset: usize,
     size: usize,
 ) {
-    // SAFETY: ggml calls it on our backend with a tensor in one of its buffers and `size`
-    // readable bytes at `data` (consumed before return: `write_async` copies them).
-    unsafe {
-        let s = ctx(backend);
-        let r = match BufferCtx::of((*tensor).buffer) {
-            Some(b) => b.offset_of(tensor, offset, size).and_then(|at| {
-                let src = std::slice::from_raw_parts(data.cast::<u8>(), size);
-                s.inner
-                    .lock()
-                    .stream
-                    .write_async(b.buffer.as_ref(), at, src)
-                    .map_err(|e| e.to_string())
-            }),
-            None => Err("the tensor is not in a Tessera buffer".into()),
-        };
-        report("set_tensor_async", s, r);
-    }
+    crate::ggml::guard("set_tensor_async", (), || {
+        if size == 0 {
+            // ggml may pass a null pointer with nothing to copy.
+            return;
+        }
+        // SAFETY: ggml calls it on our backend with a tensor in one of its buffers and `size`
+        // readable bytes at `data` (consumed before return: `write_async` copies them).
+        unsafe {
+            let s = ctx(backend);
+            let r = match BufferCtx::of((*tensor).buffer) {
+                Some(b) => b.offset_of(tensor, offset, size).and_then(|at| {
+                    let src = std::slice::from_raw_parts(data.cast::<u8>(), size);
+                    s.inner
+                        .lock()
+                        .stream
+                        .write_async(b.buffer.as_ref(), at, src)
+                        .map_err(|e| e.to_string())
+                }),
+                None => Err("the tensor is not in a Tessera buffer".into()),
+            };
+            report("set_tensor_async", s, r);
+        }
+    })
 }
 
 unsafe extern "C" fn get_tensor_async(
@@ -144,61 +154,71 @@ unsafe extern "C" fn get_tensor_async(
     offset: usize,
     size: usize,
 ) {
-    // SAFETY: as above, with `size` writable bytes at `data`, filled by the time this returns
-    // or the stream is synchronized (`read_async`'s contract, stronger than ggml's).
-    unsafe {
-        let s = ctx(backend);
-        let r = match BufferCtx::of((*tensor).buffer) {
-            Some(b) => b.offset_of(tensor, offset, size).and_then(|at| {
-                let dst = std::slice::from_raw_parts_mut(data.cast::<u8>(), size);
-                s.inner
-                    .lock()
-                    .stream
-                    .read_async(b.buffer.as_ref(), at, dst)
-                    .map_err(|e| e.to_string())
-            }),
-            None => Err("the tensor is not in a Tessera buffer".into()),
-        };
-        report("get_tensor_async", s, r);
-    }
+    crate::ggml::guard("get_tensor_async", (), || {
+        if size == 0 {
+            // ggml may pass a null pointer with nothing to copy.
+            return;
+        }
+        // SAFETY: as above, with `size` writable bytes at `data`, filled by the time this returns
+        // or the stream is synchronized (`read_async`'s contract, stronger than ggml's).
+        unsafe {
+            let s = ctx(backend);
+            let r = match BufferCtx::of((*tensor).buffer) {
+                Some(b) => b.offset_of(tensor, offset, size).and_then(|at| {
+                    let dst = std::slice::from_raw_parts_mut(data.cast::<u8>(), size);
+                    s.inner
+                        .lock()
+                        .stream
+                        .read_async(b.buffer.as_ref(), at, dst)
+                        .map_err(|e| e.to_string())
+                }),
+                None => Err("the tensor is not in a Tessera buffer".into()),
+            };
+            report("get_tensor_async", s, r);
+        }
+    })
 }
 
 unsafe extern "C" fn synchronize(backend: sys::ggml_backend_t) {
-    // SAFETY: ggml calls it on our backend.
-    let s = unsafe { ctx(backend) };
-    let r = s
-        .inner
-        .lock()
-        .stream
-        .synchronize()
-        .map_err(|e| e.to_string());
-    report("synchronize", s, r);
+    crate::ggml::guard("synchronize", (), || {
+        // SAFETY: ggml calls it on our backend.
+        let s = unsafe { ctx(backend) };
+        let r = s
+            .inner
+            .lock()
+            .stream
+            .synchronize()
+            .map_err(|e| e.to_string());
+        report("synchronize", s, r);
+    })
 }
 
 unsafe extern "C" fn graph_compute(
     backend: sys::ggml_backend_t,
     graph: *mut sys::ggml_cgraph,
 ) -> sys::ggml_status {
-    // SAFETY: ggml calls it on our backend.
-    let s = unsafe { ctx(backend) };
-    let Some(api) = ggml::api() else {
-        return sys::ggml_status_GGML_STATUS_FAILED;
-    };
-    // SAFETY: `graph` is live for the call; its tensors stay live while it runs.
-    let nodes = unsafe { api.graph_nodes(graph) };
-    let mut inner = s.inner.lock();
-    let Inner { stream, cache } = &mut *inner;
-    // SAFETY: as above.
-    let r =
-        unsafe { cache.get(s.device.device.as_ref(), &nodes) }.and_then(|t: &Translated| match &t
-            .graph
-        {
-            Some(g) => stream.compute(g, &t.bindings).map_err(|e| e.to_string()),
-            None => Ok(()),
-        });
-    if report("graph_compute", s, r) {
-        sys::ggml_status_GGML_STATUS_SUCCESS
-    } else {
-        sys::ggml_status_GGML_STATUS_FAILED
-    }
+    crate::ggml::guard("graph_compute", sys::ggml_status_GGML_STATUS_FAILED, || {
+        // SAFETY: ggml calls it on our backend.
+        let s = unsafe { ctx(backend) };
+        let Some(api) = ggml::api() else {
+            return sys::ggml_status_GGML_STATUS_FAILED;
+        };
+        // SAFETY: `graph` is live for the call; its tensors stay live while it runs.
+        let nodes = unsafe { api.graph_nodes(graph) };
+        let mut inner = s.inner.lock();
+        let Inner { stream, cache } = &mut *inner;
+        // SAFETY: as above.
+        let r =
+            unsafe { cache.get(s.device.device.as_ref(), &nodes) }.and_then(|t: &Translated| {
+                match &t.graph {
+                    Some(g) => stream.compute(g, &t.bindings).map_err(|e| e.to_string()),
+                    None => Ok(()),
+                }
+            });
+        if report("graph_compute", s, r) {
+            sys::ggml_status_GGML_STATUS_SUCCESS
+        } else {
+            sys::ggml_status_GGML_STATUS_FAILED
+        }
+    })
 }

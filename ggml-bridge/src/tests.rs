@@ -163,7 +163,12 @@ fn views_become_strided_views_of_the_owner_or_are_declined() {
 fn strides_no_tessera_view_expresses_are_declined() {
     // Every other element of each row: rows are not contiguous and no axis order makes them so.
     let mut m = tensor(DType::F32, [8, 4, 1, 1], sys::ggml_op_GGML_OP_NONE, &[]);
-    let mut v = tensor(DType::F32, [4, 4, 1, 1], sys::ggml_op_GGML_OP_VIEW, &[ptr(&mut m)]);
+    let mut v = tensor(
+        DType::F32,
+        [4, 4, 1, 1],
+        sys::ggml_op_GGML_OP_VIEW,
+        &[ptr(&mut m)],
+    );
     v.nb = [8, 32, 128, 128];
     v.view_src = ptr(&mut m);
     let e = probe(&v).unwrap_err();

@@ -15,7 +15,7 @@
 
 use crate::buffer::BufferCtx;
 use crate::sys;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use tessera::graph::Graph;
 use tessera::ops::{GluOp, RopeMode, RopeParams, UnaryOp};
@@ -164,14 +164,17 @@ fn span(dtype: DType, ne: [usize; 4], nb: [usize; 4]) -> usize {
     if ne.contains(&0) {
         return 0;
     }
+    // Saturating: an impossible layout spans "everything" and fails every bounds check.
     let blck = dtype.block_size();
     let mut bytes = if blck == 1 {
-        dtype.type_size() + (ne[0] - 1) * nb[0]
+        dtype
+            .type_size()
+            .saturating_add((ne[0] - 1).saturating_mul(nb[0]))
     } else {
-        ne[0] / blck * nb[0]
+        (ne[0] / blck).saturating_mul(nb[0])
     };
     for d in 1..4 {
-        bytes += (ne[d] - 1) * nb[d];
+        bytes = bytes.saturating_add((ne[d] - 1).saturating_mul(nb[d]));
     }
     bytes
 }
@@ -201,6 +204,10 @@ struct Translator<'d> {
     nodes: Vec<TensorId>,
     /// Tensors owning memory, with the ggml tensor whose memory it is.
     owners: Vec<(TensorId, G)>,
+    /// Compute mode: the graph's nodes. Any other computed tensor a node reads was computed
+    /// before (an earlier part of the graph, on this device or another): it is read from its
+    /// memory, never computed again.
+    graph_nodes: HashSet<*const sys::ggml_tensor>,
 }
 
 impl<'d> Translator<'d> {
@@ -212,6 +219,7 @@ impl<'d> Translator<'d> {
             ids: HashMap::new(),
             nodes: Vec::new(),
             owners: Vec::new(),
+            graph_nodes: HashSet::new(),
         }
     }
 
@@ -227,6 +235,10 @@ impl<'d> Translator<'d> {
 
     fn make(&mut self, t: G) -> Result<TensorId, Decline> {
         let op = t.t().op;
+        let computed_before = self.mode == Mode::Compute && !self.graph_nodes.contains(&t.0);
+        if computed_before && op != sys::ggml_op_GGML_OP_NONE && !is_view_op(op) {
+            return self.leaf(t, true);
+        }
         if op == sys::ggml_op_GGML_OP_NONE || is_view_op(op) {
             return match t.view_src() {
                 Some(root) => {
@@ -304,7 +316,15 @@ impl<'d> Translator<'d> {
     fn i64_indices(&mut self, t: G, bind: bool) -> Result<TensorId, Decline> {
         let err = |e: tessera::Error| t.decline(e.to_string());
         let ne = t.ne()?;
-        let dense = [8, 8 * ne[0], 8 * ne[0] * ne[1], 8 * ne[0] * ne[1] * ne[2]];
+        let dense = [
+            8,
+            ne[0].saturating_mul(8),
+            ne[0].saturating_mul(ne[1]).saturating_mul(8),
+            ne[0]
+                .saturating_mul(ne[1])
+                .saturating_mul(ne[2])
+                .saturating_mul(8),
+        ];
         if t.t().op != sys::ggml_op_GGML_OP_NONE
             || t.view_src().is_some()
             || ne[3] != 1
@@ -314,7 +334,7 @@ impl<'d> Translator<'d> {
         }
         let root = self
             .ctx
-            .new_tensor(DType::I32, [2 * ne[0], ne[1], ne[2], 1])
+            .new_tensor(DType::I32, [ne[0].saturating_mul(2), ne[1], ne[2], 1])
             .map_err(err)?;
         if bind {
             self.owners.push((root, t));
@@ -650,16 +670,20 @@ pub(crate) struct Translated {
     pub(crate) bindings: Bindings,
 }
 
-/// The last graph's translation, reused while the next graph has the same signature.
+/// Translations a stream keeps: llama.cpp hands a device one or a few parts of its graph per
+/// token (more when ops between them run elsewhere), each the same every token.
+const CACHED: usize = 4;
+
+/// The latest graphs' translations, each reused while a graph has its signature.
 #[derive(Default)]
 pub(crate) struct Cache {
-    signature: Vec<u64>,
-    /// The next graph's signature, built here so that a step allocates nothing once warm.
+    /// (signature, translation), oldest first.
+    entries: Vec<(Vec<u64>, Translated)>,
+    /// The next graph's signature, built here so that a step allocates no new vector once warm.
     next: Vec<u64>,
     index: HashMap<*const sys::ggml_tensor, u64>,
-    translated: Option<Translated>,
-    /// [`crate::buffer::freed`] when `translated` was made: a buffer freed since may be held
-    /// alive only by the translation's bindings, so the translation is dropped with it.
+    /// [`crate::buffer::freed`] when the entries were made: a buffer freed since may be held
+    /// alive only by a translation's bindings, so the entries are dropped with it.
     freed: u64,
 }
 
@@ -675,17 +699,23 @@ impl Cache {
     ) -> Result<&Translated, String> {
         signature(nodes, &mut self.index, &mut self.next);
         let freed = crate::buffer::freed();
-        if self.translated.is_none() || self.next != self.signature || freed != self.freed {
-            self.translated = None;
-            // SAFETY: the caller's contract.
-            let t = unsafe { translate(device, nodes) }.map_err(|d| d.to_string())?;
-            std::mem::swap(&mut self.signature, &mut self.next);
+        if freed != self.freed {
+            self.entries.clear();
             self.freed = freed;
-            self.translated = Some(t);
         }
-        self.translated
-            .as_ref()
-            .ok_or_else(|| "no translation".to_string())
+        let at = match self.entries.iter().position(|(sig, _)| *sig == self.next) {
+            Some(at) => at,
+            None => {
+                // SAFETY: the caller's contract.
+                let t = unsafe { translate(device, nodes) }.map_err(|d| d.to_string())?;
+                if self.entries.len() == CACHED {
+                    self.entries.remove(0);
+                }
+                self.entries.push((self.next.clone(), t));
+                self.entries.len() - 1
+            }
+        };
+        Ok(&self.entries[at].1)
     }
 }
 
@@ -741,6 +771,7 @@ unsafe fn translate(
     nodes: &[*mut sys::ggml_tensor],
 ) -> Result<Translated, Decline> {
     let mut tr = Translator::new(device, Mode::Compute);
+    tr.graph_nodes = nodes.iter().map(|&n| n.cast_const()).collect();
     for &n in nodes {
         tr.tensor(G(n))?;
     }
@@ -748,7 +779,8 @@ unsafe fn translate(
     for &(id, g) in &tr.owners {
         // SAFETY: live tensors (the caller's contract).
         let buffer = unsafe { BufferCtx::of(g.t().buffer) }
-            .ok_or_else(|| g.decline("its memory is not a Tessera buffer of this device"))?;
+            .filter(|b| device.can_access(b.buffer.as_ref()))
+            .ok_or_else(|| g.decline("its memory is not a Tessera buffer this device reads"))?;
         let len = tr.ctx.tensors()[id.index()].nbytes();
         // SAFETY: as above.
         let at = unsafe { buffer.offset_of(g.0, 0, len) }.map_err(|e| g.decline(e))?;

@@ -39,9 +39,17 @@ void main() {
     for (int j = int(gl_LocalInvocationID.x); j < n; j += bs) {
         uint kj = keys[j];
         int rank = 0;
-        for (int l = 0; l < n; l++) {
-            uint kl = keys[l];
-            rank += (kl < kj || (kl == kj && l < j)) ? 1 : 0;
+        // Four keys per iteration: lavapipe ends an invocation's loops after 65,535 iterations
+        // in all, which a 4096-long row at 256 invocations (16 passes of 4096) would exceed.
+        int l = 0;
+        for (; l + 4 <= n; l += 4) {
+            rank += (keys[l] < kj || (keys[l] == kj && l < j)) ? 1 : 0;
+            rank += (keys[l + 1] < kj || (keys[l + 1] == kj && l + 1 < j)) ? 1 : 0;
+            rank += (keys[l + 2] < kj || (keys[l + 2] == kj && l + 2 < j)) ? 1 : 0;
+            rank += (keys[l + 3] < kj || (keys[l + 3] == kj && l + 3 < j)) ? 1 : 0;
+        }
+        for (; l < n; l++) {
+            rank += (keys[l] < kj || (keys[l] == kj && l < j)) ? 1 : 0;
         }
         st_i32(dst, rank, r[1], r[2], r[3], j);
     }

@@ -478,3 +478,50 @@ fn set_rows_then_read_of_another_view_on_another_device_is_ordered() {
         "reader saw stale cache values"
     );
 }
+
+#[test]
+fn a_meta_device_is_scheduled_like_any_other_device() {
+    use tessera_core::meta::{MetaDevice, SplitLayout, SplitState};
+    // Layer 0 on a plain CPU device, layer 1 tensor-parallel on META(CPU0, CPU1): the hidden
+    // state crosses into the meta device, which computes the rest and delivers the output, read
+    // through a view (a reshape, so the scheduler must bind the node it views).
+    let mut net = net(2, DType::F32);
+    // The view is the graph's only output: the node it views must still be bound.
+    net.ctx.set_flags(net.out, TensorFlags::default()).unwrap();
+    let flat = net.ctx.reshape(net.out, [E * T]).unwrap();
+    net.ctx.set_output(flat).unwrap();
+    let cpus: Vec<Arc<dyn Device>> = split_devices(3)
+        .into_iter()
+        .map(|d| Arc::new(d) as Arc<dyn Device>)
+        .collect();
+    let even = |len: usize| vec![len / 2, len - len / 2];
+    let policy = move |t: &tessera_core::TensorDesc, _: &SplitLayout| match t.name() {
+        "blk.1.w1" => SplitState::axis_lens(1, even(t.ne()[1])),
+        "blk.1.w2" => SplitState::axis_lens(0, even(t.ne()[0])),
+        _ => Ok(SplitState::mirrored()),
+    };
+    let meta = MetaDevice::new(&cpus[..2], policy).unwrap();
+    let devices: Vec<Arc<dyn Device>> = vec![cpus[2].clone(), Arc::new(meta)];
+    let (_bufs, weights) = place_weights(&net, &devices, &[0, 1]);
+    let graph = net.ctx.build_forward(flat).unwrap();
+    let mut sched = Scheduler::new(&devices, SchedOptions::default()).unwrap();
+    let want = reference(&net, 2);
+    for round in 0..2 {
+        sched.alloc_graph(&graph, &weights).unwrap();
+        let (x, p) = input_bytes(2);
+        sched.set_input(net.x, &x).unwrap();
+        sched.set_input(net.pos, &p).unwrap();
+        sched.compute().unwrap();
+        sched.synchronize().unwrap();
+        let got = sched.get_f32(flat).unwrap();
+        let e = nmse(&got, &want);
+        assert!(e <= 1e-10, "round {round}: NMSE {e}\n{}", sched.describe());
+    }
+    let splits = sched.splits();
+    assert!(
+        splits.iter().any(|s| s.0 == 0) && splits.iter().any(|s| s.0 == 1),
+        "both devices run a part: {splits:?}"
+    );
+    // The hidden state is copied into the meta device's plain memory.
+    assert!(splits.iter().any(|s| s.0 == 1 && s.2 > 0), "{splits:?}");
+}

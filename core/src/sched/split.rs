@@ -283,11 +283,16 @@ pub(crate) fn plan(sched: &mut Scheduler, graph: &Graph, weights: &Bindings) -> 
             }
         }
     }
-    let outputs: HashSet<TensorId> = graph.outputs().iter().copied().collect();
-    for &n in &compute {
-        if outputs.contains(&n) || orig[n.index()].flags.output {
-            exported.insert(n);
-        }
+    // Outputs are read back through their storage: a view's root, or the destination a
+    // CPY/SET_ROWS wrote (a weight or cache, bound already and so never exported here).
+    for o in graph.outputs().iter().copied().chain(
+        graph
+            .nodes()
+            .iter()
+            .copied()
+            .filter(|n| orig[n.index()].flags.output),
+    ) {
+        exported.insert(root(orig, o));
     }
     exported.retain(|n| assigned.get(n).is_some_and(|a| io[a.device].is_some()));
     let splits: Vec<Split> = split_nodes

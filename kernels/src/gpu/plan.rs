@@ -356,13 +356,6 @@ fn grid_1d(n: usize) -> (u32, u32, u32) {
 }
 
 /// Threads for one block per row: a multiple of 32, at most 256, no more than the row needs.
-/// ARGSORT's threads per row: each ranks its elements with a pass over the whole row, so a long
-/// row takes up to 1024 (also what keeps a 4096-long row within lavapipe's limit of 65,535 loop
-/// iterations per invocation: 4 passes of 4096 instead of 16).
-fn argsort_block(ne0: usize) -> u32 {
-    (ne0.div_ceil(32) * 32).clamp(32, 1024) as u32
-}
-
 fn row_block(ne0: usize) -> u32 {
     (ne0.div_ceil(32) * 32).clamp(32, 256) as u32
 }
@@ -521,7 +514,7 @@ impl Planner<'_> {
                 self.go(
                     "k_argsort",
                     (ta.nrows() as u32, 1, 1),
-                    argsort_block(ta.ne()[0]),
+                    row_block(ta.ne()[0]),
                     &mut args,
                 )
             }
