@@ -12,7 +12,7 @@
 //! | R × f16 | the rows' scales `d` |
 //! | R × f16 | the rows' minimums `m` (Q4_1, Q5_1 only) |
 //! | R × u32 | the rows' fifth bits, reordered on x86 (Q5_0, Q5_1 only): byte `j` holds bits `4j..4j+4` in its low nibble and bits `16+4j..16+4j+4` in its high nibble |
-//! | the quants | chunk `j` holds bytes `Cj..Cj+C` of every row, row `r` at `Cr`, each byte XORed with [`PackLayout::quant_xor`] (x86 Q8_0: `q + 128`; aarch64 Q4_0: nibbles in two's complement) |
+//! | the quants | chunk `j` holds bytes `Cj..Cj+C` of every row, row `r` at `Cr`, each byte XORed with `PackLayout::quant_xor` (x86 Q8_0: `q + 128`; aarch64 Q4_0: nibbles in two's complement) |
 //!
 //! so on x86 (16 rows × 4 bytes) a vector `vpdpbusd` against four broadcast activation bytes
 //! gives sixteen rows' partial dots in sixteen lanes, on aarch64 dotprod (4 × 4) an `sdot` by
