@@ -4,109 +4,35 @@
 //! ggml never dereferences those addresses: every access comes through the functions below.
 
 use crate::ggml::{self, Level};
+use crate::objects::{BufferCtx, BufferTypeCtx};
 use crate::sys;
 use std::ffi::{CString, c_char, c_void};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use tessera::{Buffer, BufferType, Device};
-
-/// What a ggml buffer type of this plugin points at.
-pub(crate) struct BufferTypeCtx {
-    pub(crate) tessera: Arc<dyn BufferType>,
-    name: CString,
-}
-
-impl BufferTypeCtx {
-    /// The buffer type of `device` (ggml device `dev`), leaked: ggml keeps it for the process's
-    /// lifetime.
-    pub(crate) fn leak(
-        dev: sys::ggml_backend_dev_t,
-        device: Arc<dyn Device>,
-    ) -> *mut sys::ggml_backend_buffer_type {
-        let tessera = device.buffer_type();
-        let ctx = Box::into_raw(Box::new(BufferTypeCtx {
-            name: CString::new(format!("Tessera{}", tessera.name()).replace('\0', " "))
-                .unwrap_or_default(),
-            tessera,
-        }));
-        Box::into_raw(Box::new(sys::ggml_backend_buffer_type {
-            iface: BUFFER_TYPE_IFACE,
-            device: dev,
-            context: ctx.cast(),
-        }))
-    }
-
-    /// The context of `buft` if it is one of this plugin's buffer types.
-    ///
-    /// # Safety
-    /// `buft` is null or a live buffer type.
-    pub(crate) unsafe fn of<'a>(
-        buft: sys::ggml_backend_buffer_type_t,
-    ) -> Option<&'a BufferTypeCtx> {
-        if !crate::registry::owns_buffer_type(buft) {
-            return None;
-        }
-        // SAFETY: one of ours, whose context is a `BufferTypeCtx` that is never freed.
-        unsafe { Some(&*(*buft).context.cast::<BufferTypeCtx>()) }
-    }
-}
-
-/// What a ggml buffer of this plugin points at.
-pub(crate) struct BufferCtx {
-    pub(crate) buffer: Arc<dyn Buffer>,
-    /// The address ggml sees as the buffer's start.
-    pub(crate) base: usize,
-    size: usize,
-}
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tessera::Device;
 
 /// Next free address of the ranges handed to ggml as buffer bases: never dereferenced, only
 /// distinct, aligned and above the null page.
 static NEXT_BASE: AtomicUsize = AtomicUsize::new(1 << 40);
 const BASE_ALIGN: usize = 1 << 16;
 
-impl BufferCtx {
-    /// The context of `buffer` if it is one of this plugin's buffers.
-    ///
-    /// # Safety
-    /// `buffer` is null or a live ggml buffer.
-    pub(crate) unsafe fn of<'a>(buffer: sys::ggml_backend_buffer_t) -> Option<&'a BufferCtx> {
-        // SAFETY: the caller's contract. A buffer of one of our types has a `BufferCtx` context,
-        // except ggml's empty stand-in for a zero-byte allocation, whose context is null.
-        unsafe {
-            let b = buffer.as_ref()?;
-            if !crate::registry::owns_buffer_type(b.buft) || b.context.is_null() {
-                return None;
-            }
-            Some(&*b.context.cast::<BufferCtx>())
-        }
-    }
-
-    /// The byte offset in the Tessera buffer of `len` bytes at `offset` into `tensor`'s data.
-    ///
-    /// # Safety
-    /// `tensor` is a live tensor.
-    pub(crate) unsafe fn offset_of(
-        &self,
-        tensor: *const sys::ggml_tensor,
-        offset: usize,
-        len: usize,
-    ) -> Result<usize, String> {
-        // SAFETY: the caller's contract.
-        let data = unsafe { (*tensor).data } as usize;
-        let at = data
-            .checked_sub(self.base)
-            .and_then(|o| o.checked_add(offset))
-            .filter(|o| o.checked_add(len).is_some_and(|e| e <= self.size));
-        at.ok_or_else(|| {
-            format!(
-                "{len} bytes at offset {offset} of a tensor at {data:#x} fall outside {} \
-                 ({} bytes at {:#x})",
-                self.buffer.name(),
-                self.size,
-                self.base
-            )
-        })
-    }
+/// The buffer type of `device` (ggml device `dev`), leaked: ggml keeps it for the process's
+/// lifetime.
+pub(crate) fn new_buffer_type(
+    dev: sys::ggml_backend_dev_t,
+    device: Arc<dyn Device>,
+) -> *mut sys::ggml_backend_buffer_type {
+    let tessera = device.buffer_type();
+    let ctx = Box::into_raw(Box::new(BufferTypeCtx {
+        name: CString::new(format!("Tessera{}", tessera.name()).replace('\0', " "))
+            .unwrap_or_default(),
+        tessera,
+    }));
+    Box::into_raw(Box::new(sys::ggml_backend_buffer_type {
+        iface: BUFFER_TYPE_IFACE,
+        device: dev,
+        context: ctx.cast(),
+    }))
 }
 
 const BUFFER_TYPE_IFACE: sys::ggml_backend_buffer_type_i = sys::ggml_backend_buffer_type_i {
@@ -213,20 +139,11 @@ fn report(what: &str, r: Result<(), String>) {
     }
 }
 
-/// Buffers freed so far.
-static FREED: AtomicU64 = AtomicU64::new(0);
-
-/// How many of this plugin's buffers ggml has freed (translations holding a freed buffer's
-/// memory through their bindings are dropped when this changes).
-pub(crate) fn freed() -> u64 {
-    FREED.load(Ordering::Acquire)
-}
-
 unsafe extern "C" fn buf_free(buffer: sys::ggml_backend_buffer_t) {
     crate::ggml::guard("buf_free", (), || {
         // SAFETY: ggml frees each buffer once; its context is the box `buft_alloc_buffer` made.
         unsafe { drop(Box::from_raw((*buffer).context.cast::<BufferCtx>())) };
-        FREED.fetch_add(1, Ordering::Release);
+        crate::objects::note_freed();
     })
 }
 
@@ -320,7 +237,7 @@ unsafe extern "C" fn buf_cpy_tensor(
                 return false;
             };
             let to = buf_ctx(buffer);
-            let len = crate::translate::nbytes(src);
+            let len = crate::layout::nbytes(src);
             let r = from.offset_of(src, 0, len).and_then(|so| {
                 let doff = to.offset_of(dst, 0, len)?;
                 tessera::backend::copy_between(

@@ -21,6 +21,8 @@
 
 mod buffer;
 mod ggml;
+mod layout;
+mod objects;
 mod registry;
 mod stream;
 #[allow(unsafe_op_in_unsafe_fn)]

@@ -1,36 +1,11 @@
 //! The ggml registry and devices: one ggml device per device of Tessera's registry, made once
 //! and kept for the process's lifetime (ggml holds raw pointers to them).
 
-use crate::buffer::BufferTypeCtx;
 use crate::ggml::{self, Level};
-use crate::{stream, sys, translate};
+use crate::objects::{BufferTypeCtx, DeviceCtx, REGISTRY, Registry, device_ctx};
+use crate::{buffer, stream, sys, translate};
 use std::ffi::{CString, c_char, c_void};
-use std::sync::{Arc, OnceLock};
 use tessera::{Device, DeviceType};
-
-/// What a ggml device of this plugin points at.
-pub(crate) struct DeviceCtx {
-    pub(crate) device: Arc<dyn Device>,
-    pub(crate) name: CString,
-    description: CString,
-    /// The device's buffer type, as ggml sees it (its context is a [`BufferTypeCtx`]).
-    pub(crate) buffer_type: *mut sys::ggml_backend_buffer_type,
-}
-
-/// The registry's objects. Raw pointers to leaked boxes: ggml keeps them as long as the plugin is
-/// loaded, and a loaded ggml backend is never unloaded while its objects are in use.
-struct Registry {
-    reg: *mut sys::ggml_backend_reg,
-    devices: Vec<*mut sys::ggml_backend_device>,
-}
-
-// SAFETY: the pointed-to objects are immutable after `build` and their contexts are `Sync`
-// (Tessera devices are `Send + Sync`); ggml reads them from any thread.
-unsafe impl Send for Registry {}
-// SAFETY: as above.
-unsafe impl Sync for Registry {}
-
-static REGISTRY: OnceLock<Registry> = OnceLock::new();
 
 /// The registry ggml asks for (made once), or null when the host's ggml is another version.
 pub(crate) fn init() -> sys::ggml_backend_reg_t {
@@ -112,7 +87,7 @@ fn build() -> Registry {
             context: ctx.cast(),
         }));
         // SAFETY: `ctx` was just leaked and is not shared yet.
-        unsafe { (*ctx).buffer_type = BufferTypeCtx::leak(dev, device) };
+        unsafe { (*ctx).buffer_type = buffer::new_buffer_type(dev, device) };
         devices.push(dev);
     }
     let names: Vec<String> = devices
@@ -125,26 +100,6 @@ fn build() -> Registry {
         &format!("Tessera devices: {}", names.join(", ")),
     );
     Registry { reg, devices }
-}
-
-/// The context of one of this plugin's devices.
-///
-/// # Safety
-/// `dev` is a device this plugin made.
-pub(crate) unsafe fn device_ctx<'a>(dev: sys::ggml_backend_dev_t) -> &'a DeviceCtx {
-    // SAFETY: the caller's contract; devices and their contexts are never freed.
-    unsafe { &*(*dev).context.cast::<DeviceCtx>() }
-}
-
-/// Whether `buft` is one of this plugin's buffer types.
-pub(crate) fn owns_buffer_type(buft: sys::ggml_backend_buffer_type_t) -> bool {
-    !buft.is_null()
-        && REGISTRY.get().is_some_and(|r| {
-            r.devices
-                .iter()
-                // SAFETY: devices this plugin made.
-                .any(|&d| unsafe { device_ctx(d) }.buffer_type == buft)
-        })
 }
 
 unsafe extern "C" fn reg_get_name(_: sys::ggml_backend_reg_t) -> *const c_char {

@@ -1,9 +1,8 @@
 //! ggml backends (streams): a Tessera stream of the device, and the translation cache of the
 //! graphs it computes.
 
-use crate::buffer::BufferCtx;
 use crate::ggml::{self, Level};
-use crate::registry::DeviceCtx;
+use crate::objects::{BufferCtx, DeviceCtx};
 use crate::sys;
 use crate::translate::{Cache, Translated};
 use parking_lot::Mutex;

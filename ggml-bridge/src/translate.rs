@@ -13,7 +13,8 @@
 //! `graph_compute` translates the whole graph and keeps the result for the next graph of the
 //! same signature (llama.cpp computes the same graph for every token).
 
-use crate::buffer::BufferCtx;
+use crate::layout::span;
+use crate::objects::BufferCtx;
 use crate::sys;
 use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
@@ -146,37 +147,6 @@ impl G {
     fn f32(&self, i: usize) -> f32 {
         f32::from_bits(self.t().op_params[i] as u32)
     }
-}
-
-/// Bytes spanned by `t`'s elements (ggml's `ggml_nbytes`).
-///
-/// # Safety
-/// `t` is a live tensor.
-pub unsafe fn nbytes(t: *const sys::ggml_tensor) -> usize {
-    let g = G(t);
-    let (Ok(dtype), Ok(ne)) = (g.dtype(), g.ne()) else {
-        return 0;
-    };
-    span(dtype, ne, g.nb())
-}
-
-fn span(dtype: DType, ne: [usize; 4], nb: [usize; 4]) -> usize {
-    if ne.contains(&0) {
-        return 0;
-    }
-    // Saturating: an impossible layout spans "everything" and fails every bounds check.
-    let blck = dtype.block_size();
-    let mut bytes = if blck == 1 {
-        dtype
-            .type_size()
-            .saturating_add((ne[0] - 1).saturating_mul(nb[0]))
-    } else {
-        (ne[0] / blck).saturating_mul(nb[0])
-    };
-    for d in 1..4 {
-        bytes = bytes.saturating_add((ne[d] - 1).saturating_mul(nb[d]));
-    }
-    bytes
 }
 
 /// Whether two layouts agree on every axis that has more than one element.
@@ -682,7 +652,7 @@ pub(crate) struct Cache {
     /// The next graph's signature, built here so that a step allocates no new vector once warm.
     next: Vec<u64>,
     index: HashMap<*const sys::ggml_tensor, u64>,
-    /// [`crate::buffer::freed`] when the entries were made: a buffer freed since may be held
+    /// [`crate::objects::freed`] when the entries were made: a buffer freed since may be held
     /// alive only by a translation's bindings, so the entries are dropped with it.
     freed: u64,
 }
@@ -698,7 +668,7 @@ impl Cache {
         nodes: &[*mut sys::ggml_tensor],
     ) -> Result<&Translated, String> {
         signature(nodes, &mut self.index, &mut self.next);
-        let freed = crate::buffer::freed();
+        let freed = crate::objects::freed();
         if freed != self.freed {
             self.entries.clear();
             self.freed = freed;
