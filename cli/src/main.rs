@@ -122,9 +122,9 @@ enum Command {
     /// Time single-op graphs: GFLOP/s and GB/s per op and shape, and the per-node cost of each
     /// device (OVERHEAD: a chain of 64 small element-wise nodes, in µs per node).
     BenchOps {
-        /// Only this op (e.g. MUL_MAT) or label prefix.
+        /// Only this op (e.g. MUL_MAT) or label prefix; repeat for several.
         #[arg(short = 'o', long)]
-        op: Option<String>,
+        op: Vec<String>,
         /// Only devices of this backend or with this name.
         #[arg(short = 'b', long)]
         backend: Option<String>,
@@ -134,9 +134,15 @@ enum Command {
         /// Thread counts to run with, e.g. 1,2 (default: one per core of the device).
         #[arg(short = 't', long)]
         threads: Option<String>,
-        /// Reduction length k of the MUL_MAT shapes (m is 4096).
+        /// Rows m of the MUL_MAT shapes.
+        #[arg(short = 'm', long, default_value_t = 4096, value_parser = commands::args::reduction)]
+        m: usize,
+        /// Reduction length k of the MUL_MAT shapes.
         #[arg(short = 'k', long, default_value_t = 4096, value_parser = commands::args::reduction)]
         k: usize,
+        /// Copies of each MUL_MAT weight, read in turn (a working set past the GPU's L2 cache).
+        #[arg(long, default_value_t = 1, value_parser = commands::args::count)]
+        rotate: usize,
         /// Minimum seconds to measure each case.
         #[arg(long, default_value_t = 1.0, value_parser = commands::args::seconds)]
         min_time: f64,
@@ -324,7 +330,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             backend,
             devices,
             threads,
+            m,
             k,
+            rotate,
             min_time,
         } => {
             let devs = commands::select_devices(devices.as_deref(), backend.as_deref())?;
@@ -342,7 +350,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &commands::bench_ops::Options {
                     op,
                     threads,
+                    m,
                     k,
+                    rotate,
                     min_time,
                 },
             )

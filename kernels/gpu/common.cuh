@@ -86,7 +86,7 @@ __device__ __forceinline__ void raise_error(int* status, int code, int value) {
 
 // ----- f16 / bf16 on bits (round to nearest even, as the `half` crate) -----
 
-__device__ __forceinline__ float h2f(u16 h) {
+__device__ __forceinline__ float h2f_bits(u16 h) {
     u32 sign = ((u32)(h & 0x8000u)) << 16;
     u32 ex = (h >> 10) & 0x1fu;
     u32 mant = h & 0x3ffu;
@@ -98,6 +98,18 @@ __device__ __forceinline__ float h2f(u16 h) {
         return __uint_as_float(sign | 0x7f800000u | (mant << 13));
     }
     return __uint_as_float(sign | ((ex + 112u) << 23) | (mant << 13));
+}
+
+__device__ __forceinline__ float h2f(u16 h) {
+#if defined(TESSERA_CUDA) && !defined(TESSERA_COMPAT)
+    // The hardware conversion (exact, as the bit version): a GEMV over f16 weights ran at a
+    // third of its bf16 twin's speed with the bit version (H200).
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    return h2f_bits(h);
+#endif
 }
 
 __device__ __forceinline__ u16 f2h(float x) {

@@ -160,3 +160,242 @@ extern "C" __global__ void k_mul_mat_tiled(Tensor dst, Tensor w, Tensor x, i64 r
         }
     }
 }
+
+// ----- GEMV at memory bandwidth (one activation column, f32 contiguous along k) -----
+//
+// Every weight type is read in steps of 256 elements per warp, 8 elements per lane, with the
+// widest loads its block layout allows (16 bytes for float rows, 4 or 2 for block formats); a
+// lane's 8 activations are loaded once per step and reused for GV_ROWS rows, so the activation
+// traffic from L1 is a quarter of the weights'. The weight type is a compile-time constant in each
+// entry point (k_gemv_f16, k_gemv_q4_0, ...). Taken by the planner for
+// F32, F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K weights with suitably aligned rows; the other types
+// and layouts use k_mul_mat_vec_q / k_mul_mat_vec_f.
+
+// Weight rows per warp (swept on an H200 by scripts/gpu-perf.sh: 2 was best or near it for
+// every type) and unrolling of the step loop.
+#ifndef GV_ROWS
+#define GV_ROWS 2
+#endif
+#ifndef GV_UNROLL
+#define GV_UNROLL 2
+#endif
+#define GV_STEP 256
+
+struct alignas(16) gv_u4 {
+    u32 x, y, z, w;
+};
+struct alignas(16) gv_f4 {
+    float x, y, z, w;
+};
+struct alignas(8) gv_f2 {
+    float x, y;
+};
+
+__device__ __forceinline__ void gv_ld4(const float* p, float* o) {
+    gv_f4 v = *(const gv_f4*)p;
+    o[0] = v.x;
+    o[1] = v.y;
+    o[2] = v.z;
+    o[3] = v.w;
+}
+
+__device__ __forceinline__ u32 gv_u32_from_u16(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
+// The lane's 8 activations of step `s`, in the order gv_dot multiplies them.
+__device__ __forceinline__ void gv_x(int T, const float* x, i64 s, int lane, float* xv) {
+    i64 k0 = s * GV_STEP;
+    if (T == T_Q4_0) {
+        // Block lane / 4 of the step, part q = lane % 4: elements 4q..4q+3 and 16+4q..16+4q+3.
+        i64 b = k0 + 32 * (lane / 4) + 4 * (lane % 4);
+        gv_ld4(x + b, xv);
+        gv_ld4(x + b + 16, xv + 4);
+    } else if (T == T_Q4_K) {
+        // Sub-block pair i = lane / 8, part p = lane % 8: elements 64i+4p.. (low nibbles) and
+        // 64i+32+4p.. (high nibbles).
+        i64 b = k0 + 64 * (lane / 8) + 4 * (lane % 8);
+        gv_ld4(x + b, xv);
+        gv_ld4(x + b + 32, xv + 4);
+    } else if (T == T_Q6_K) {
+        // Half h = lane / 16, pair l = 2 (lane % 16): elements 128h + 32t + l, l + 1 for t = 0..3.
+        i64 b = k0 + 128 * (lane / 16) + 2 * (lane % 16);
+        for (int t = 0; t < 4; t++) {
+            gv_f2 v = *(const gv_f2*)(x + b + 32 * t);
+            xv[2 * t] = v.x;
+            xv[2 * t + 1] = v.y;
+        }
+    } else {
+        // Floats and Q8_0: elements 8 lane .. 8 lane + 7.
+        gv_ld4(x + k0 + 8 * lane, xv);
+        gv_ld4(x + k0 + 8 * lane + 4, xv + 4);
+    }
+}
+
+// The lane's share of step `s` of one weight row: the dot product of its 8 weights with xv.
+__device__ __forceinline__ float gv_dot(int T, const char* row, i64 s, int lane, const float* xv) {
+    float acc = 0.0f;
+    if (T == T_F32) {
+        const float* w = (const float*)row + s * GV_STEP + 8 * lane;
+        float a[8];
+        gv_ld4(w, a);
+        gv_ld4(w + 4, a + 4);
+        for (int j = 0; j < 8; j++) {
+            acc += a[j] * xv[j];
+        }
+    } else if (T == T_F16 || T == T_BF16) {
+        gv_u4 v = *(const gv_u4*)(row + 2 * (s * GV_STEP + 8 * lane));
+        u32 h[4] = {v.x, v.y, v.z, v.w};
+        for (int j = 0; j < 4; j++) {
+            float lo = T == T_F16 ? h2f((u16)(h[j] & 0xffffu)) : bf2f((u16)(h[j] & 0xffffu));
+            float hi = T == T_F16 ? h2f((u16)(h[j] >> 16)) : bf2f((u16)(h[j] >> 16));
+            acc += lo * xv[2 * j] + hi * xv[2 * j + 1];
+        }
+    } else if (T == T_Q8_0) {
+        const u8* blk = (const u8*)row + (s * 8 + lane / 4) * Q8_0_BYTES;
+        const u8* q = blk + 2 + 8 * (lane % 4);
+        u32 a = gv_u32_from_u16(q), b = gv_u32_from_u16(q + 4);
+        for (int j = 0; j < 4; j++) {
+            acc += (float)(signed char)(a >> (8 * j)) * xv[j] + (float)(signed char)(b >> (8 * j)) * xv[4 + j];
+        }
+        acc *= block_scale((const char*)blk);
+    } else if (T == T_Q4_0) {
+        const u8* blk = (const u8*)row + (s * 8 + lane / 4) * Q4_0_BYTES;
+        u32 q = gv_u32_from_u16(blk + 2 + 4 * (lane % 4));
+        for (int j = 0; j < 4; j++) {
+            u32 byte = (q >> (8 * j)) & 0xffu;
+            acc += (float)((int)(byte & 15u) - 8) * xv[j] + (float)((int)(byte >> 4) - 8) * xv[4 + j];
+        }
+        acc *= block_scale((const char*)blk);
+    } else if (T == T_Q4_K) {
+        const u8* b = (const u8*)row + s * Q4_K_BYTES;
+        int i = lane / 8, p = lane % 8;
+        u32 q = *(const u32*)(b + 16 + 32 * i + 4 * p);
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * i, b + 4, &sc0, &m0);
+        scale_min_k4(2 * i + 1, b + 4, &sc1, &m1);
+        float d = block_scale((const char*)b), dmin = block_scale((const char*)b + 2);
+        float dot0 = 0.0f, dot1 = 0.0f, xs0 = 0.0f, xs1 = 0.0f;
+        for (int j = 0; j < 4; j++) {
+            u32 byte = (q >> (8 * j)) & 0xffu;
+            dot0 += (float)(byte & 15u) * xv[j];
+            dot1 += (float)(byte >> 4) * xv[4 + j];
+            xs0 += xv[j];
+            xs1 += xv[4 + j];
+        }
+        acc = d * ((float)sc0 * dot0 + (float)sc1 * dot1) - dmin * ((float)m0 * xs0 + (float)m1 * xs1);
+    } else if (T == T_Q6_K) {
+        const u8* b = (const u8*)row + s * Q6_K_BYTES;
+        int h = lane / 16, l = 2 * (lane % 16);
+        u32 lo0 = *(const u16*)(b + 64 * h + l);      // t = 0 (low nibbles), t = 2 (high)
+        u32 lo1 = *(const u16*)(b + 64 * h + 32 + l); // t = 1 (low nibbles), t = 3 (high)
+        u32 hb = *(const u16*)(b + 128 + 32 * h + l);
+        const signed char* sc = (const signed char*)(b + 192 + 8 * h + l / 16);
+        for (int t = 0; t < 4; t++) {
+            u32 lo = (t & 1) ? lo1 : lo0;
+            int sh = t < 2 ? 0 : 4;
+            float part = 0.0f;
+            for (int e = 0; e < 2; e++) {
+                int ql = (int)((lo >> (8 * e + sh)) & 15u);
+                int qh = (int)((hb >> (8 * e + 2 * t)) & 3u);
+                part += (float)((ql | (qh << 4)) - 32) * xv[2 * t + e];
+            }
+            acc += (float)sc[2 * t] * part;
+        }
+        acc *= block_scale((const char*)b + 208);
+    }
+    return acc;
+}
+
+// GV_ROWS rows of one column from row0 (those below m): lanes split each step's 256 elements, then a warp sum per row.
+__device__ __forceinline__ void gv_rows(int T, const Tensor& dst, const Tensor& w, const Tensor& x, i64 row0,
+                                        i64 m, i64 col, i64 i2, i64 i3, i64 w2, i64 w3, int lane) {
+    i64 kdim = w.ne[0];
+    i64 steps = (kdim + GV_STEP - 1) / GV_STEP;
+    const float* xr = (const float*)row_ptr(x, col, i2, i3);
+    const char* rows[GV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GV_ROWS; r++) {
+        // Rows past the end read the last row and store nothing.
+        rows[r] = row_ptr(w, row0 + r < m ? row0 + r : m - 1, w2, w3);
+    }
+    float acc[GV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GV_ROWS; r++) {
+        acc[r] = 0.0f;
+    }
+    // Whole steps unrolled GV_UNROLL times (more loads in flight per lane); then a partial last
+    // step (k not a multiple of 256), where lanes whose 8 elements start past k sit out (k is a
+    // multiple of 8, and of 32 for block formats, so none straddles it).
+    i64 whole = kdim / GV_STEP;
+#pragma unroll GV_UNROLL
+    for (i64 s = 0; s < whole; s++) {
+        float xv[8];
+        gv_x(T, xr, s, lane, xv);
+#pragma unroll
+        for (int r = 0; r < GV_ROWS; r++) {
+            acc[r] += gv_dot(T, rows[r], s, lane, xv);
+        }
+    }
+    if (whole < steps && whole * GV_STEP + (T == T_Q4_0 ? 32 * (lane / 4) : 8 * lane) < kdim) {
+        float xv[8];
+        gv_x(T, xr, whole, lane, xv);
+#pragma unroll
+        for (int r = 0; r < GV_ROWS; r++) {
+            acc[r] += gv_dot(T, rows[r], whole, lane, xv);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GV_ROWS; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0 && row0 + r < m) {
+            st(dst, row0 + r, col, i2, i3, v);
+        }
+    }
+}
+
+// blockDim 128 (4 warps); a block takes GV_BLOCK_ROWS (16) rows of one column and plane, its
+// warps GV_ROWS rows at a time; blocks numbered row-block fastest, then column, then plane, as
+// k_mul_mat_vec_q. The plan's grid depends on GV_BLOCK_ROWS alone, so GV_ROWS can be swept with
+// a define (TESSERA_CUDA_DEFINES=GV_ROWS=1) without a new plan. One entry point per weight type
+// (k_gemv_*), so that each gets the registers its own decoding needs: one kernel switching over
+// all seven took the most any of them needs (96 to 140 on sm_90) and ran fewer warps.
+#define GV_BLOCK_ROWS 16
+__device__ __forceinline__ void gv_kernel(int T, const Tensor& dst, const Tensor& w, const Tensor& x, i64 r2,
+                                          i64 r3) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    i64 m = w.ne[1], n = x.ne[1];
+    i64 rblocks = (m + GV_BLOCK_ROWS - 1) / GV_BLOCK_ROWS;
+    i64 first = (blockIdx.x % rblocks) * GV_BLOCK_ROWS;
+    i64 end = first + GV_BLOCK_ROWS < m ? first + GV_BLOCK_ROWS : m;
+    i64 rest = blockIdx.x / rblocks;
+    i64 col = rest % n;
+    i64 i2, i3, w2, w3;
+    plane_of(rest / n, dst, r2, r3, &i2, &i3, &w2, &w3);
+    for (i64 row0 = first + warp * GV_ROWS; row0 < end; row0 += GEMV_WARPS * GV_ROWS) {
+        gv_rows(T, dst, w, x, row0, end, col, i2, i3, w2, w3, lane);
+    }
+}
+
+extern "C" __global__ void k_gemv_f32(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
+    gv_kernel(T_F32, dst, w, x, r2, r3);
+}
+extern "C" __global__ void k_gemv_f16(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
+    gv_kernel(T_F16, dst, w, x, r2, r3);
+}
+extern "C" __global__ void k_gemv_bf16(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
+    gv_kernel(T_BF16, dst, w, x, r2, r3);
+}
+extern "C" __global__ void k_gemv_q8_0(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
+    gv_kernel(T_Q8_0, dst, w, x, r2, r3);
+}
+extern "C" __global__ void k_gemv_q4_0(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
+    gv_kernel(T_Q4_0, dst, w, x, r2, r3);
+}
+extern "C" __global__ void k_gemv_q4_k(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
+    gv_kernel(T_Q4_K, dst, w, x, r2, r3);
+}
+extern "C" __global__ void k_gemv_q6_k(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
+    gv_kernel(T_Q6_K, dst, w, x, r2, r3);
+}

@@ -84,7 +84,9 @@ bool ts_f32_pairs(int count) {
 // divisors of 2^32 - 1 and above leave such a dividend whole, as b itself would. 64-bit division
 // is a library call per lane on CPU devices.
 uint ts_u32_divisor(int64_t b) {
-    return uint(clamp(b, int64_t(1), int64_t(0xffffffff)));
+    // 0xffffffffu: an unsuffixed 0xffffffff is the int -1 in GLSL, which made the upper bound
+    // below the lower one (and every divisor 0xffffffff: plane and column indices all 0).
+    return uint(clamp(b, int64_t(1), int64_t(0xffffffffu)));
 }
 
 // This invocation's index in the grid (the first element of a grid-stride loop).

@@ -351,6 +351,23 @@ impl LlamaConfig {
         }
     }
 
+    /// A llama-shaped model of about 1.1B parameters (Llama 3.2 1B's width and depth with a
+    /// 32000-token vocabulary): width 2048, 16 layers of 32 query / 8 KV heads of 64,
+    /// feed-forward 8192, context 1024, Q8_0 weights; for GPU benchmarks, where the 100M model
+    /// is too small to fill the device.
+    pub fn synthetic_1b() -> LlamaConfig {
+        LlamaConfig {
+            n_embd: 2048,
+            n_layer: 16,
+            n_head: 32,
+            n_head_kv: 8,
+            head_dim: 64,
+            n_ff: 8192,
+            n_ctx: 1024,
+            ..LlamaConfig::synthetic_100m()
+        }
+    }
+
     /// [`LlamaConfig::synthetic_100m`] with Mixtral's layout: every feed-forward block a mixture
     /// of 8 experts of width 512, 2 used per token (181M parameters, 96M active).
     pub fn synthetic_moe() -> LlamaConfig {

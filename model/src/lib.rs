@@ -75,6 +75,7 @@ pub use split_policy::{ExpertSplit, LlamaSplitPolicy};
 pub use tessera_tokenizer::synthetic_vocab;
 pub use tokenizer::{Token, Tokenizer, TokenizerError};
 pub use tp::TensorParallel;
+pub use weights::encode_rows_in_parallel;
 
 /// Normalised mean squared error `Σ(a−b)² / Σb²` of `a` against the reference `b` (∞ if the
 /// lengths differ, 0 for two empty slices).

@@ -770,7 +770,7 @@ impl LlamaModel {
         };
         let mut values = vec![0f32; t.nelements()];
         SplitMix::for_tensor(self.seed, t.name()).fill_uniform(&mut values, center, half);
-        encode_f32(t.dtype(), &values)
+        crate::weights::encode_rows_in_parallel(t.dtype(), &values, t.ne()[0])
     }
 
     /// The index into `devices` of each parameter's device: block `i` on `layer_device[i]`, the

@@ -129,6 +129,20 @@ fn weights_are_deterministic_and_named_as_gguf() {
 }
 
 #[test]
+fn weights_encoded_on_every_core_are_the_bytes_of_one_call() {
+    // 520 rows of 4096: past the size that splits, and not a multiple of the part count.
+    let (rows, row_len) = (520usize, 4096usize);
+    let mut values = vec![0f32; rows * row_len];
+    crate::weights::SplitMix::for_tensor(7, "w").fill_uniform(&mut values, 0.0, 1.0);
+    for dtype in [DType::Q4_K, DType::Q8_0, DType::F16] {
+        let whole = tessera::encode_f32(dtype, &values).unwrap();
+        let parallel = crate::weights::encode_rows_in_parallel(dtype, &values, row_len).unwrap();
+        assert_eq!(whole.len(), parallel.len(), "{dtype}");
+        assert!(whole == parallel, "{dtype}: the parts differ from one call");
+    }
+}
+
+#[test]
 fn step_shapes_inputs_and_limits() {
     let model = LlamaModel::new(LlamaConfig::tiny(), SEED).unwrap();
     let step = model.build_step(2, 3, Outputs::All).unwrap();

@@ -998,6 +998,11 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
     shapes.push((16, 3, 64, [2, 1], [2, 2], Layout::Contiguous));
     shapes.push((16, 5, 64, [2, 1], [1, 1], Layout::Permuted));
     shapes.push((24, 4, 96, [1, 1], [3, 1], Layout::Permuted));
+    // GEMV (n = 1) where the GPUs' bandwidth kernel takes 256 elements per step: k past one
+    // step, and under one, with a row count that leaves part of a warp's rows empty, over
+    // broadcast batches.
+    shapes.push((19, 1, 320, [1, 1], [1, 1], Layout::Contiguous));
+    shapes.push((19, 1, 96, [2, 3], [2, 1], Layout::Contiguous));
     // K-quants need k in whole super-blocks of 256: GEMV and GEMM at several k, a batch with
     // broadcast, and a permuted activation.
     let mut k_shapes: Vec<MulMatShape> = Vec::new();
@@ -1007,6 +1012,7 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
         }
     }
     k_shapes.push((19, 1, 2048, [1, 1], [1, 1], Layout::Contiguous));
+    k_shapes.push((19, 1, 512, [2, 3], [2, 1], Layout::Contiguous));
     k_shapes.push((16, 3, 256, [2, 1], [2, 2], Layout::Contiguous));
     k_shapes.push((16, 5, 512, [2, 1], [1, 1], Layout::Permuted));
     for type_a in types {

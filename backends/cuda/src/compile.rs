@@ -7,6 +7,10 @@
 //! version, so a changed kernel or compiler never loads a stale image. `TESSERA_CUDA_CACHE=0`
 //! turns the cache off. Writes go through a temporary file and a rename, so concurrent processes
 //! never read a partial image.
+//!
+//! `TESSERA_CUDA_DEFINES` (e.g. `GV_ROWS=2`, space- or comma-separated) adds preprocessor
+//! definitions to every compile, for sweeping a kernel's tuning constants without a rebuild
+//! (`scripts/gpu-perf.sh` does); they are part of the cache key.
 
 use crate::sys::driver::{Gpu, Module};
 use crate::sys::nvrtc::{Nvrtc, Target};
@@ -32,9 +36,41 @@ pub fn cache_dir() -> Option<PathBuf> {
     cache::cache_dir("cuda", "TESSERA_CUDA_CACHE")
 }
 
+/// The `-D` options `TESSERA_CUDA_DEFINES` asks for: each `NAME` or `NAME=VALUE` of letters,
+/// digits and underscores. Anything else is left out with a warning (the variable is read at
+/// every compile, and a typo must not become a compiler flag).
+pub fn defines() -> Vec<String> {
+    std::env::var("TESSERA_CUDA_DEFINES")
+        .map(|v| parse_defines(&v))
+        .unwrap_or_default()
+}
+
+fn parse_defines(v: &str) -> Vec<String> {
+    let ok = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    v.split([' ', ','])
+        .filter(|d| !d.is_empty())
+        .filter_map(|d| {
+            let (name, value) = d.split_once('=').unwrap_or((d, "1"));
+            if ok(name) && ok(value) {
+                Some(format!("-D{name}={value}"))
+            } else {
+                tracing::warn!(
+                    define = d,
+                    "TESSERA_CUDA_DEFINES: not NAME or NAME=VALUE; ignored"
+                );
+                None
+            }
+        })
+        .collect()
+}
+
 /// The cache file name of source `name` compiled for `target` by `nvrtc`.
 pub fn cache_file_name(nvrtc: &Nvrtc, name: &str, source: &str, target: Target) -> String {
+    let defines = defines();
     let mut parts: Vec<&[u8]> = vec![source.as_bytes()];
+    for d in &defines {
+        parts.push(d.as_bytes());
+    }
     for (n, t) in HEADERS {
         parts.push(n.as_bytes());
         parts.push(t.as_bytes());
@@ -56,7 +92,9 @@ pub fn cache_file_name(nvrtc: &Nvrtc, name: &str, source: &str, target: Target) 
 pub fn compile_cached(nvrtc: &Nvrtc, name: &str, source: &str, target: Target) -> Result<Vec<u8>> {
     let path = cache_dir().map(|d| d.join(cache_file_name(nvrtc, name, source, target)));
     cache::cached(path.as_deref(), || {
-        let compiled = nvrtc.compile(name, source, HEADERS, target, &[])?;
+        let defines = defines();
+        let options: Vec<&str> = defines.iter().map(String::as_str).collect();
+        let compiled = nvrtc.compile(name, source, HEADERS, target, &options)?;
         if !compiled.log.is_empty() {
             tracing::debug!(source = name, log = %compiled.log, "NVRTC log");
         }
@@ -77,4 +115,16 @@ pub(crate) fn load_module(gpu: &Arc<Gpu>, nvrtc: &Nvrtc, file: &str) -> Result<M
     let target = target_for(nvrtc, gpu.compute_capability());
     let image = compile_cached(nvrtc, file, source, target)?;
     Module::load(gpu, &image, matches!(target, Target::Ptx(_)))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn defines_are_names_and_values_only() {
+        assert_eq!(
+            super::parse_defines("GV_ROWS=2, FAST ,X=-1 Y;rm"),
+            vec!["-DGV_ROWS=2".to_string(), "-DFAST=1".to_string()]
+        );
+        assert!(super::parse_defines("").is_empty());
+    }
 }

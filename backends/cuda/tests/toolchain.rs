@@ -149,6 +149,80 @@ fn unit_trial(nvrtc: Arc<Nvrtc>, kernel: &'static str) -> Trial {
     })
 }
 
+/// Sources whose kernels must not spill registers to local memory: the GEMV, GEMM and attention
+/// kernels, where a spill turns register traffic into memory traffic on the hot path.
+const NO_SPILL: [&str; 2] = ["matmul.cu", "attn.cu"];
+
+/// `source` compiled to CUBIN for sm_`arch` with ptxas's resource report (`-Xptxas -v`): fails
+/// naming every function with spill stores or loads, and prints each kernel's registers.
+fn spill_trial(nvrtc: Arc<Nvrtc>, file: &'static str, source: &'static str, arch: u32) -> Trial {
+    Trial::test(format!("nvrtc/resources/{file}/sm_{arch}"), move || {
+        // With the tuning constants TESSERA_CUDA_DEFINES sets, as the kernels run with them.
+        let defines = tessera_cuda::compile::defines();
+        let mut options = vec!["-Xptxas=-v"];
+        options.extend(defines.iter().map(String::as_str));
+        let out = nvrtc
+            .compile(file, source, HEADERS, Target::Cubin(arch), &options)
+            .map_err(|e| Failed::from(e.to_string()))?;
+        let report = resource_report(&out.log);
+        if report.is_empty() {
+            return Err(Failed::from(format!(
+                "no resource report in the compiler output:\n{}",
+                out.log
+            )));
+        }
+        let mut spills = Vec::new();
+        for (function, registers, spill_bytes) in &report {
+            println!(
+                "{file} sm_{arch}: {function}: {registers} registers, {spill_bytes} bytes spilled"
+            );
+            if *spill_bytes > 0 {
+                spills.push(format!("{function} ({spill_bytes} bytes)"));
+            }
+        }
+        if spills.is_empty() {
+            Ok(())
+        } else {
+            Err(Failed::from(format!("spills in {}", spills.join(", "))))
+        }
+    })
+}
+
+/// ptxas's `-v` report as (function, registers, spill store + load bytes) per function: a
+/// `Compiling entry function 'NAME'` or `Function properties for NAME` line names it, then
+/// `N bytes spill stores, M bytes spill loads` and `Used R registers` follow.
+fn resource_report(log: &str) -> Vec<(String, u32, u32)> {
+    let mut out: Vec<(String, u32, u32)> = Vec::new();
+    let number_before = |line: &str, word: &str| -> Option<u32> {
+        let at = line.find(word)?;
+        line[..at].split_whitespace().last()?.parse().ok()
+    };
+    for line in log.lines() {
+        if let Some(rest) = line.split("Function properties for ").nth(1) {
+            let name = rest.trim().to_string();
+            if !out.iter().any(|(f, _, _)| *f == name) {
+                out.push((name, 0, 0));
+            }
+        } else if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or(rest).to_string();
+            if !out.iter().any(|(f, _, _)| *f == name) {
+                out.push((name, 0, 0));
+            }
+        } else if let Some(last) = out.last_mut() {
+            if let (Some(st), Some(ld)) = (
+                number_before(line, "bytes spill stores"),
+                number_before(line, "bytes spill loads"),
+            ) {
+                last.2 = st + ld;
+            }
+            if let Some(r) = number_before(line, "registers") {
+                last.1 = r;
+            }
+        }
+    }
+    out
+}
+
 fn main() {
     let args = Arguments::from_args();
     let mut trials = Vec::new();
@@ -174,7 +248,30 @@ fn main() {
             for &(_, k) in KERNELS {
                 trials.push(unit_trial(nvrtc.clone(), k));
             }
+            for (f, s) in SOURCES.iter().filter(|(f, _)| NO_SPILL.contains(f)) {
+                for &a in &ARCHS {
+                    trials.push(spill_trial(nvrtc.clone(), f, s, a));
+                }
+            }
             trials.push(cache_trial(nvrtc));
+            trials.push(Trial::test("nvrtc/resources/report_parses", || {
+                // As ptxas -v prints it (NVRTC 12.9), one clean kernel and one that spills.
+                let log = "ptxas info    : Compiling entry function 'k_a' for 'sm_90'\n\
+                    ptxas info    : Function properties for k_a\n\
+                    \x20   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                    ptxas info    : Used 40 registers, used 0 barriers, 400 bytes cmem[0]\n\
+                    ptxas info    : Compiling entry function 'k_b' for 'sm_90'\n\
+                    ptxas info    : Function properties for k_b\n\
+                    \x20   8 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n\
+                    ptxas info    : Used 255 registers, used 1 barriers, 400 bytes cmem[0]\n";
+                let r = resource_report(log);
+                let want = vec![("k_a".to_string(), 40, 0), ("k_b".to_string(), 255, 12)];
+                if r == want {
+                    Ok(())
+                } else {
+                    Err(Failed::from(format!("parsed {r:?}, expected {want:?}")))
+                }
+            }));
         }
         Err(e) => {
             let reason = e.to_string();
@@ -183,6 +280,11 @@ fn main() {
             }
             for &(_, k) in KERNELS {
                 trials.push(missing(format!("nvrtc/unit/{k}"), &reason));
+            }
+            for f in NO_SPILL {
+                for a in ARCHS {
+                    trials.push(missing(format!("nvrtc/resources/{f}/sm_{a}"), &reason));
+                }
             }
             trials.push(missing("nvrtc/disk_cache".into(), &reason));
         }

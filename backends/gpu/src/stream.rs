@@ -27,9 +27,10 @@ pub(crate) fn supports<D: Driver>(
     if D::ALL_KERNELS || !matches!(s, tessera_core::Support::Yes) {
         return s;
     }
-    // Addresses do not change which kernel a node plans.
+    // Addresses choose only among kernels the device has (the fast GEMV needs aligned rows, and
+    // a device without it gets the general one), so zeros tell whether the node can run.
     let zeros = vec![0u64; tensors.len()];
-    match plan::plan(tensors, &zeros, 0, node) {
+    match plan::plan_with(tensors, &zeros, 0, node, &|k| D::has_kernel(gpu, k)) {
         Some(l) if !D::has_kernel(gpu, l.kernel) => tessera_core::Support::No(format!(
             "kernel {} is not yet ported to {}",
             l.kernel,
@@ -136,8 +137,9 @@ impl<D: Driver> Backend for GpuStream<D> {
             Ok(self.device_buffer(b, what)?.ptr())
         })?;
         let status = D::mem_ptr(&self.status);
+        let has = |k: &str| D::ALL_KERNELS || D::has_kernel(gpu, k);
         for &n in graph.nodes() {
-            let Some(l) = plan::plan(tensors, &ptrs, status, n) else {
+            let Some(l) = plan::plan_with(tensors, &ptrs, status, n, &has) else {
                 continue;
             };
             let f = self.kernels.for_launch(&l)?;

@@ -86,6 +86,22 @@ pub fn reduction(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `bench --weight-type`: a dtype by its ggml name (`q4_0`, `q4_K`, `f16`; any case) that
+/// weights can be stored in: a float or a block format.
+pub fn dtype(s: &str) -> Result<tessera::DType, String> {
+    let weights = tessera::DType::ALL
+        .iter()
+        .filter(|d| d.is_float() || d.is_quantized());
+    weights
+        .clone()
+        .find(|d| d.to_string().eq_ignore_ascii_case(s))
+        .copied()
+        .ok_or_else(|| {
+            let names: Vec<String> = weights.map(|d| d.to_string()).collect();
+            format!("unknown weight type {s:?} (accepted: {})", names.join(", "))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +125,15 @@ mod tests {
         assert_eq!(count("3").unwrap(), 3);
         assert!(reduction("0").is_err() && reduction("65537").is_err());
         assert_eq!(ratio(" 2 ").unwrap(), 2.0);
+    }
+
+    #[test]
+    fn weight_types_parse_by_ggml_name() {
+        assert_eq!(dtype("q4_k").unwrap(), tessera::DType::Q4_K);
+        assert_eq!(dtype("Q8_0").unwrap(), tessera::DType::Q8_0);
+        assert_eq!(dtype("bf16").unwrap(), tessera::DType::BF16);
+        let err = dtype("i32").unwrap_err();
+        assert!(err.contains("accepted") && err.contains("q4_0"), "{err}");
+        assert!(dtype("q9_9").is_err());
     }
 }

@@ -55,6 +55,9 @@ pub struct BenchArgs {
         default_value = "synthetic-100m"
     )]
     pub model: ModelPreset,
+    /// Weight type of the synthetic model (default: the preset's, Q8_0), e.g. q4_0 or q4_k.
+    #[arg(long, value_parser = super::args::dtype)]
+    pub weight_type: Option<tessera::DType>,
     /// A GGUF model file (an architecture `tessera run --help` lists) instead of the synthetic
     /// model.
     #[arg(short = 'm', long = "model-file")]
@@ -326,7 +329,10 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
             LlamaModel::from_gguf(file, Some(n_ctx))?
         }
         None => {
-            let config = args.model.config();
+            let mut config = args.model.config();
+            if let Some(t) = args.weight_type {
+                config.weight_dtype = t;
+            }
             for (flag, n) in [("-p", args.n_prompt), ("-n", args.n_gen)] {
                 if n > config.n_ctx {
                     anyhow::bail!("{flag} {n} exceeds the model's context of {}", config.n_ctx);
@@ -369,6 +375,7 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
             "synthetic-llama {} {:?}",
             match args.model {
                 ModelPreset::Synthetic100m => "100M",
+                ModelPreset::Synthetic1b => "1.1B",
                 ModelPreset::SyntheticMoe => "8x2 MoE",
                 ModelPreset::Tiny => "tiny",
             },

@@ -21,6 +21,13 @@ impl Rng {
     }
 }
 
+/// Uniform floats in [-1, 1) for `desc`, encoded to its dtype (which must be a float or a block
+/// format), rows on every core (a quantized 14336 x 4096 weight is seconds of one core's work).
+pub fn encode(desc: &TensorDesc, rng: &mut Rng) -> Result<Vec<u8>> {
+    let v: Vec<f32> = (0..desc.nelements()).map(|_| rng.uniform()).collect();
+    tessera_model::encode_rows_in_parallel(desc.dtype(), &v, desc.ne()[0])
+}
+
 /// Fills leaf `id`: floats uniform in [-1, 1) encoded to the tensor's dtype, i32 as `0..n` modulo
 /// `i32_modulo`.
 pub fn fill(

@@ -115,6 +115,9 @@ pub enum ModelPreset {
     /// About 100M parameters, Q8_0 weights (`LlamaConfig::synthetic_100m`).
     #[value(name = "synthetic-100m")]
     Synthetic100m,
+    /// About 1.1B parameters, Q8_0 weights (`LlamaConfig::synthetic_1b`), for GPUs.
+    #[value(name = "synthetic-1b")]
+    Synthetic1b,
     /// A Mixtral-layout mixture of experts (`LlamaConfig::synthetic_moe`): the 100M model's
     /// attention with 8 experts of 512 per block, 2 used per token; Q8_0, 181M parameters.
     #[value(name = "synthetic-moe")]
@@ -128,6 +131,7 @@ impl ModelPreset {
     pub fn config(self) -> LlamaConfig {
         match self {
             ModelPreset::Synthetic100m => LlamaConfig::synthetic_100m(),
+            ModelPreset::Synthetic1b => LlamaConfig::synthetic_1b(),
             ModelPreset::SyntheticMoe => LlamaConfig::synthetic_moe(),
             ModelPreset::Tiny => LlamaConfig::tiny(),
         }

@@ -376,10 +376,24 @@ fn alibi(max_bias: f32, n_head: usize) -> (i32, f32, f32, i32) {
 /// `status` the address of the stream's status words (`int[2]`), where kernels report index
 /// errors. The node must be one [`supports`] accepts, in a validated graph.
 pub fn plan(tensors: &[TensorDesc], ptrs: &[u64], status: u64, node: TensorId) -> Option<Launch> {
+    plan_with(tensors, ptrs, status, node, &|_| true)
+}
+
+/// [`plan`] for a backend that may lack some kernels: `has(name)` says whether it has kernel
+/// `name`. Where a faster kernel is optional (the GEMV at memory bandwidth, `k_gemv_*`), a
+/// backend without it gets the general one.
+pub fn plan_with(
+    tensors: &[TensorDesc],
+    ptrs: &[u64],
+    status: u64,
+    node: TensorId,
+    has: &dyn Fn(&str) -> bool,
+) -> Option<Launch> {
     Planner {
         status,
         tensors,
         ptrs,
+        has,
     }
     .node(node)
 }
@@ -388,6 +402,7 @@ struct Planner<'a> {
     status: u64,
     tensors: &'a [TensorDesc],
     ptrs: &'a [u64],
+    has: &'a dyn Fn(&str) -> bool,
 }
 
 impl Planner<'_> {
@@ -698,6 +713,39 @@ impl Planner<'_> {
         }
     }
 
+    /// The GEMV at memory bandwidth (`k_gemv_*` in matmul.cu) for MUL_MAT `node` (one column),
+    /// if the device has it and the node fits it: a weight type it reads, f32 activations
+    /// contiguous along k, and every row it loads at the alignment of its widest load (16 bytes
+    /// for float weights and the activations, 4 for Q4_K, 2 for the other block formats); k a
+    /// multiple of 8 (its lanes take 8 elements each).
+    fn fast_gemv(&self, node: TensorId, w: TensorId, x: TensorId) -> Option<&'static str> {
+        let (t, tw, tx) = (self.desc(node), self.desc(w), self.desc(x));
+        let (kernel, align) = match tw.dtype() {
+            DType::F32 => ("k_gemv_f32", 16),
+            DType::F16 => ("k_gemv_f16", 16),
+            DType::BF16 => ("k_gemv_bf16", 16),
+            DType::Q8_0 => ("k_gemv_q8_0", 2),
+            DType::Q4_0 => ("k_gemv_q4_0", 2),
+            DType::Q4_K => ("k_gemv_q4_k", 4),
+            DType::Q6_K => ("k_gemv_q6_k", 2),
+            _ => return None,
+        };
+        let aligned = |id: TensorId, a: u64| {
+            let d = self.desc(id);
+            self.ptrs[id.index()].is_multiple_of(a)
+                && d.nb()[1..].iter().all(|&nb| (nb as u64).is_multiple_of(a))
+        };
+        let fits = (self.has)(kernel)
+            && t.dtype() == DType::F32
+            && tx.dtype() == DType::F32
+            && tx.nb()[0] == 4
+            && tw.nb()[0] == tw.dtype().type_size()
+            && tw.ne()[0].is_multiple_of(8)
+            && aligned(w, align)
+            && aligned(x, 16);
+        fits.then_some(kernel)
+    }
+
     fn mul_mat(&self, node: TensorId, dst: &[u8; 80]) -> Option<Launch> {
         let t = self.desc(node);
         let (w, x) = (self.src(node, 0), self.src(node, 1));
@@ -712,7 +760,16 @@ impl Planner<'_> {
             .push_bytes(&self.kt(x))
             .i64(r2)
             .i64(r3);
-        if ncols == 1 {
+        let fast = if ncols == 1 {
+            self.fast_gemv(node, w, x)
+        } else {
+            None
+        };
+        if let Some(kernel) = fast {
+            // GV_BLOCK_ROWS (16) rows per block (matmul.cu).
+            let blocks = m.div_ceil(16) * planes;
+            self.go(kernel, (blocks as u32, 1, 1), 128, &mut args)
+        } else if ncols == 1 {
             let blocks = m.div_ceil(4) * ncols * planes;
             let k = if tw.dtype().is_quantized() {
                 "k_mul_mat_vec_q"

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Reads what scripts/gpu-perf.sh left in OUT (ceilings.json, ops-*.log, model-*.log), writes
+OUT/perf.json and OUT/perf.md, and prints the ratio table: each Tessera figure over the ceiling
+that the same call measured through torch, next to the issue's target."""
+import glob
+import json
+import os
+import re
+import sys
+
+QUANT = {"q8_0", "q4_0", "q4_K", "q6_K", "q4_k", "q6_k"}
+
+
+def table_rows(path):
+    rows = []
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("|") and not line.startswith("|-") and not line.startswith("| -"):
+                    rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    except OSError:
+        pass
+    return rows[1:] if rows else []
+
+
+def num(s):
+    m = re.match(r"[-+0-9.eE]+", s)
+    return float(m.group(0)) if m else None
+
+
+def main():
+    out = sys.argv[1]
+    try:
+        ceil = json.load(open(os.path.join(out, "ceilings.json")))
+    except (OSError, ValueError):
+        ceil = {}
+    copy = ceil.get("copy_bytes_per_s")
+    mm = ceil.get("bf16_gemm_n512_flops")
+    mm_big = ceil.get("bf16_gemm_8192_flops")
+    sdpa = ceil.get("sdpa_causal_2048_ms")
+    res = []
+
+    def add(what, dev, value, unit, ceiling, ratio, target):
+        res.append({"what": what, "device": dev, "value": value, "unit": unit,
+                    "ceiling": ceiling, "ratio": ratio, "target": target})
+
+    for log in sorted(glob.glob(os.path.join(out, "ops-*.log"))):
+        for r in table_rows(log):
+            if len(r) < 8 or r[3].startswith("error"):
+                if len(r) >= 4:
+                    add(r[0], r[1], None, "error", None, None, None)
+                continue
+            label, dev = r[0], r[1]
+            variant = re.search(r"ops-gv-(.+)\.log$", log)
+            if variant:
+                dev = f"{dev} {variant.group(1)}"
+            us, us_node, gflops, gbs = num(r[4]), num(r[5]), num(r[6]), num(r[7])
+            vk = dev.startswith("VK")
+            m = re.match(r"MUL_MAT\(type_a=(\w+),type_b=f32,m=(\d+),n=(\d+),k=(\d+)\)", label)
+            if m:
+                t, n = m.group(1), int(m.group(3))
+                if n == 1:
+                    ratio = gbs * 1e9 / copy if copy else None
+                    add(f"GEMV {t} {m.group(2)}x{m.group(4)}", dev, gbs, "GB/s",
+                        copy and copy / 1e9, ratio, 0.4 if vk else 0.6)
+                else:
+                    ratio = gflops * 1e9 / mm if mm else None
+                    add(f"GEMM {t} n={n}", dev, gflops / 1e3, "TFLOP/s", mm and mm / 1e12, ratio,
+                        0.3 if t in QUANT else 0.5)
+            elif label.startswith("FLASH_ATTN_EXT") and "nb=2048" in label:
+                add("attention 2048 causal (ms)", dev, us / 1e3, "ms", sdpa,
+                    sdpa / (us / 1e3) if sdpa else None, 0.3)
+            elif label.startswith("FLASH_ATTN_EXT"):
+                add(label.split("(")[1].rstrip(")"), dev, gflops / 1e3, "TFLOP/s", None, None, None)
+            elif label.startswith("OVERHEAD"):
+                target = 20.0 if vk else 5.0
+                add("per-node cost (OVERHEAD)", dev, us_node, "us/node", target, target / us_node, 1.0)
+            elif label.startswith("RMS_NORM"):
+                add("RMS_NORM 4096x512", dev, gbs, "GB/s", copy and copy / 1e9,
+                    gbs * 1e9 / copy if copy else None, None)
+    tg = {}
+    for log in sorted(glob.glob(os.path.join(out, "model-*.log"))):
+        for r in table_rows(log):
+            if len(r) < 8 or not r[6].startswith(("pp", "tg")):
+                continue
+            model, size, params, dev, split, test = r[0], num(r[1]), num(r[2]), r[4], r[5], r[6]
+            speed = num(r[7])
+            if speed is None:
+                continue
+            wtype = model.split()[-1]
+            if test.startswith("tg"):
+                roof = copy / (size * 2**20) if copy and size else None
+                tg[(wtype, dev, split)] = speed
+                add(f"{model.replace('synthetic-llama ', '')} {test} {split}", dev, speed, "t/s", roof,
+                    speed / roof if roof else None, 0.5)
+            else:
+                flops = 2 * params * 1e6 * speed
+                add(f"{model.replace('synthetic-llama ', '')} {test} {split}", dev, speed, "t/s", mm_big and mm_big / 1e12,
+                    flops / mm_big if mm_big else None, 0.25)
+    for (w, dev, split), v in list(tg.items()):
+        if split.startswith("tensor"):
+            base = next((b for (w2, d2, s2), b in tg.items() if w2 == w and s2 == "none"), None)
+            if base:
+                add(f"meta device: tensor / none tg {w}", dev, v, "t/s", base, v / base, 0.8)
+        if dev.startswith("VK") and split == "none":
+            cuda = tg.get((w, "CUDA0", "none"))
+            if cuda:
+                add(f"Vulkan / CUDA tg {w}", dev, v, "t/s", cuda, v / cuda, 0.5)
+
+    def fmt(x, p=3):
+        return "-" if x is None else (f"{x:.{p}g}" if isinstance(x, float) else str(x))
+
+    lines = [f"GPU: {ceil.get('gpu', '?')}; torch {ceil.get('torch', '?')}; ceilings: copy "
+             f"{fmt(copy and copy / 1e9)} GB/s (read+write), bf16 GEMM n=512 "
+             f"{fmt(mm and mm / 1e12)} TFLOP/s, 8192^3 {fmt(mm_big and mm_big / 1e12)} TFLOP/s, "
+             f"bf16 GEMV {fmt(ceil.get('bf16_gemv_bytes_per_s', 0) / 1e9)} GB/s, SDPA causal "
+             f"2048 {fmt(sdpa)} ms",
+             "",
+             "| what | device | value | unit | ceiling | ratio | target | met |",
+             "|---|---|---|---|---|---|---|---|"]
+    for x in res:
+        met = "-" if x["ratio"] is None or x["target"] is None else (
+            "yes" if x["ratio"] >= x["target"] else "no")
+        lines.append(f"| {x['what']} | {x['device']} | {fmt(x['value'], 4)} | {x['unit']} | "
+                     f"{fmt(x['ceiling'], 4)} | {fmt(x['ratio'])} | {fmt(x['target'])} | {met} |")
+    text = "\n".join(lines)
+    with open(os.path.join(out, "perf.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(out, "perf.json"), "w") as f:
+        json.dump({"ceilings": ceil, "results": res}, f, indent=1)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
