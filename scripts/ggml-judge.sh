@@ -9,10 +9,10 @@
 #      device and prints a table per op of passed / failed / not supported; any failure fails;
 #   4. with --models FILE[=PROMPT_FILE],..: llama-completion greedy (16 tokens) on each model once
 #      on ggml's CPU backend and once with every layer on TesseraCPU (the same text, or failure),
-#      and llama-bench of both.
+#      and llama-bench of both (not with --no-bench: CI, where speed means nothing).
 #
 #   scripts/ggml-judge.sh [--devices SPEC,..] [--models A.gguf,B.gguf] [--features cpu,vulkan]
-#                         [--profile release|test] [--jobs N]
+#                         [--profile release|test] [--jobs N] [--no-bench]
 #
 # A device SPEC is a ggml device name (TesseraCPU, TesseraSYCL0, TesseraVK0), optionally with the
 # ops to test and a regex over their parameters, as test-backend-ops' -o and -p take them:
@@ -33,6 +33,7 @@ MODELS=""
 FEATURES=cpu
 PROFILE=release
 JOBS=1
+BENCH=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --devices) DEVICES="${2:?--devices needs a list}"; shift 2 ;;
@@ -40,6 +41,7 @@ while [ $# -gt 0 ]; do
     --features) FEATURES="${2:?--features needs a list}"; shift 2 ;;
     --profile) PROFILE="${2:?--profile needs a name}"; shift 2 ;;
     --jobs) JOBS="${2:?--jobs needs a number}"; shift 2 ;;
+    --no-bench) BENCH=0; shift ;;
     -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
@@ -66,7 +68,8 @@ isa_flags() {
 }
 
 TARGETS="test-backend-ops ggml-cpu"
-[ -n "$MODELS" ] && TARGETS="$TARGETS llama-completion llama-bench"
+[ -n "$MODELS" ] && TARGETS="$TARGETS llama-completion"
+[ -n "$MODELS" ] && [ "$BENCH" = 1 ] && TARGETS="$TARGETS llama-bench"
 need_build=0
 for t in $TARGETS; do
   case "$t" in
@@ -155,6 +158,7 @@ if [ -n "$MODELS" ]; then
       log "$name: the greedy texts differ"
       status=1
     fi
+    [ "$BENCH" = 1 ] || continue
     log "llama-bench of $name: ggml's CPU backend, then TesseraCPU"
     bench=(-m "$m" -p 64 -n 16 -r 3 -o md)
     (cd "$BIN" && GGML_BACKEND_PATH='' ./llama-bench "${bench[@]}" 2>/dev/null | grep '^|') || status=1

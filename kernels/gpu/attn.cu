@@ -90,3 +90,165 @@ extern "C" __global__ void k_flash_attn_ext(Tensor dst, Tensor q, Tensor k, Tens
         }
     }
 }
+
+// ----- prompts: many queries per block, keys staged through shared memory -----
+//
+// k_flash_attn_tiled: a block of FT_WARPS warps takes FT_Q queries of one (head, batch), each warp
+// FT_QW of them; keys go in tiles of FT_KT through shared memory (as f32, rows padded by one
+// float so that lanes reading one column of different rows hit different banks), loaded once
+// per block and used by all its queries. Scores: lane j takes key j of the tile for the warp's
+// queries (q read as shared broadcasts); softmax over the tile with warp shuffles; then lane c
+// accumulates columns c, c + 32, ... of P·V. A key tile that the mask hides from every query of
+// the block (a causal mask's upper triangle) is skipped whole. d == dv, a multiple of 32 up to
+// FT_MAX_D; the planner sends other shapes and decoding (few queries) to k_flash_attn_ext.
+#define FT_WARPS 4
+#define FT_QW 4
+#define FT_Q (FT_WARPS * FT_QW)
+#define FT_KT 32
+#define FT_MAX_D 128
+
+extern "C" __global__ void k_flash_attn_tiled(Tensor dst, Tensor q, Tensor k, Tensor v, Tensor mask, int has_mask,
+                                              float scale, float softcap, int alibi, float m0, float m1,
+                                              int n_head_log2, Tensor sinks, int has_sinks) {
+    TSHARED(float, ks, [FT_KT][FT_MAX_D + 1]);
+    TSHARED(float, vs, [FT_KT][FT_MAX_D + 1]);
+    TSHARED(float, qs, [FT_Q][FT_MAX_D]);
+    TSHARED(float, ps, [FT_WARPS][FT_QW][FT_KT]);
+    TSHARED(int, live, [1]);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    i64 n_q = q.ne[1], n_head = q.ne[2];
+    i64 qblocks = (n_q + FT_Q - 1) / FT_Q;
+    i64 q0 = (blockIdx.x % qblocks) * FT_Q;
+    i64 h = (blockIdx.x / qblocks) % n_head;
+    i64 b = blockIdx.x / (qblocks * n_head);
+    i64 hk = h / (n_head / k.ne[2]);
+    int d = (int)q.ne[0];
+    int nt = d / 32;
+    i64 n_kv = k.ne[1];
+    float slope = 1.0f;
+    if (alibi) {
+        slope = h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
+    }
+    for (int e = threadIdx.x; e < FT_Q * d; e += FT_WARPS * 32) {
+        int qi = e / d, c = e % d;
+        i64 iq = q0 + qi;
+        qs[qi][c] = iq < n_q ? ld(q, c, iq, h, b) : 0.0f;
+    }
+    float acc[FT_QW][FT_MAX_D / 32];
+    float mmax[FT_QW], sum[FT_QW];
+#pragma unroll
+    for (int i = 0; i < FT_QW; i++) {
+        mmax[i] = NEG_INF;
+        sum[i] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < FT_MAX_D / 32; t++) {
+            acc[i][t] = 0.0f;
+        }
+    }
+    for (i64 j0 = 0; j0 < n_kv; j0 += FT_KT) {
+        __syncthreads(); // the previous tile's readers are done
+        if (threadIdx.x == 0) {
+            live[0] = 0;
+        }
+        __syncthreads();
+        // Does any (query, key) pair of the tile survive the mask?
+        for (int e = threadIdx.x; e < FT_Q * FT_KT; e += FT_WARPS * 32) {
+            i64 iq = q0 + e / FT_KT, j = j0 + e % FT_KT;
+            if (iq < n_q && j < n_kv && (!has_mask || ld(mask, j, iq, 0, 0) != NEG_INF)) {
+                live[0] = 1;
+            }
+        }
+        __syncthreads();
+        if (live[0] == 0) {
+            continue;
+        }
+        for (int e = threadIdx.x; e < FT_KT * d; e += FT_WARPS * 32) {
+            int jj = e / d, c = e % d;
+            i64 j = j0 + jj;
+            ks[jj][c] = j < n_kv ? ld(k, c, j, hk, b) : 0.0f;
+            vs[jj][c] = j < n_kv ? ld(v, c, j, hk, b) : 0.0f;
+        }
+        __syncthreads();
+        // Scores of key j0 + lane for the warp's queries.
+        i64 j = j0 + lane;
+        float s[FT_QW];
+#pragma unroll
+        for (int i = 0; i < FT_QW; i++) {
+            s[i] = 0.0f;
+        }
+        for (int c = 0; c < d; c++) {
+            float kv = ks[lane][c];
+#pragma unroll
+            for (int i = 0; i < FT_QW; i++) {
+                s[i] += qs[warp * FT_QW + i][c] * kv;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < FT_QW; i++) {
+            i64 iq = q0 + warp * FT_QW + i;
+            float x = s[i] * scale;
+            if (softcap != 0.0f) {
+                x = softcap * tanhf(x);
+            }
+            float mv = 0.0f;
+            if (j >= n_kv || iq >= n_q) {
+                mv = NEG_INF;
+            } else if (has_mask) {
+                mv = slope * ld(mask, j, iq, 0, 0);
+            }
+            x = mv == NEG_INF ? NEG_INF : x + mv;
+            // Online softmax over the tile: the new maximum, the rescale of what was summed.
+            float tmax = warp_max(x);
+            float newmax = fmaxf(mmax[i], tmax);
+            float p = newmax == NEG_INF ? 0.0f : expf(x - newmax);
+            float corr = mmax[i] == NEG_INF ? 0.0f : expf(mmax[i] - newmax);
+            sum[i] = sum[i] * corr + warp_sum(p);
+            mmax[i] = newmax;
+#pragma unroll
+            for (int t = 0; t < FT_MAX_D / 32; t++) {
+                acc[i][t] *= corr;
+            }
+            ps[warp][i][lane] = p;
+        }
+        TSYNCWARP();
+        for (int jj = 0; jj < FT_KT; jj++) {
+#pragma unroll
+            for (int t = 0; t < FT_MAX_D / 32; t++) {
+                if (t < nt) {
+                    float vv = vs[jj][lane + 32 * t];
+#pragma unroll
+                    for (int i = 0; i < FT_QW; i++) {
+                        acc[i][t] += ps[warp][i][jj] * vv;
+                    }
+                }
+            }
+        }
+        TSYNCWARP(); // ps is rewritten by the next tile
+    }
+#pragma unroll
+    for (int i = 0; i < FT_QW; i++) {
+        i64 iq = q0 + warp * FT_QW + i;
+        if (iq >= n_q) {
+            continue;
+        }
+        float total = sum[i];
+        float scale_out = 1.0f;
+        if (has_sinks) {
+            float sk = ld(sinks, h, 0, 0, 0);
+            if (sk > mmax[i]) {
+                // The sink becomes the maximum: rescale what was summed (zeros if no key was seen).
+                scale_out = mmax[i] == NEG_INF ? 0.0f : expf(mmax[i] - sk);
+                total = total * scale_out + 1.0f;
+            } else if (sk > NEG_INF) {
+                total += expf(sk - mmax[i]);
+            }
+        }
+        float inv = total > 0.0f ? scale_out / total : 0.0f;
+#pragma unroll
+        for (int t = 0; t < FT_MAX_D / 32; t++) {
+            if (t < nt) {
+                st(dst, lane + 32 * t, h, iq, b, acc[i][t] * inv);
+            }
+        }
+    }
+}

@@ -355,13 +355,14 @@ __device__ __forceinline__ void gv_rows(int T, const Tensor& dst, const Tensor& 
     }
 }
 
-// blockDim 128 (4 warps); a block takes GV_BLOCK_ROWS (16) rows of one column and plane, its
+// blockDim 128 (4 warps); a block takes GV_BLOCK_ROWS (8) rows of one column and plane, its
 // warps GV_ROWS rows at a time; blocks numbered row-block fastest, then column, then plane, as
 // k_mul_mat_vec_q. The plan's grid depends on GV_BLOCK_ROWS alone, so GV_ROWS can be swept with
-// a define (TESSERA_CUDA_DEFINES=GV_ROWS=1) without a new plan. One entry point per weight type
+// a define (TESSERA_CUDA_DEFINES=GV_ROWS=1) without a new plan. (16 rows per block left an H200
+// with 27 resident warps per SM for a 14336-row GEMV, a third of what its registers allow.) One entry point per weight type
 // (k_gemv_*), so that each gets the registers its own decoding needs: one kernel switching over
 // all seven took the most any of them needs (96 to 140 on sm_90) and ran fewer warps.
-#define GV_BLOCK_ROWS 16
+#define GV_BLOCK_ROWS 8
 __device__ __forceinline__ void gv_kernel(int T, const Tensor& dst, const Tensor& w, const Tensor& x, i64 r2,
                                           i64 r3) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -85,6 +85,12 @@ pub enum Init {
     /// An attention / softmax mask: uniform in `[-1, 1)` with about a quarter of the entries
     /// `-inf`, never the first element of a row (so no row is fully masked).
     Mask,
+    /// A causal attention mask after `past` cached positions: row r (a query) sees keys
+    /// `0..=r + past` (uniform in `[-1, 1)`), the rest are `-inf`.
+    Causal {
+        /// Keys every query sees before its own position.
+        past: usize,
+    },
 }
 
 /// A deterministic pseudo-random generator (SplitMix64).
@@ -159,6 +165,17 @@ pub fn generate(
             }
             out
         }
+        Init::Causal { past } => (0..n)
+            .map(|i| {
+                let v = rng.next_f64() * 2.0 - 1.0;
+                let (key, row) = (i % ne[0].max(1), i / ne[0].max(1));
+                if key <= row + past {
+                    v
+                } else {
+                    f64::NEG_INFINITY
+                }
+            })
+            .collect(),
         Init::Mask => (0..n)
             .map(|i| {
                 let v = rng.next_f64() * 2.0 - 1.0;
@@ -1069,6 +1086,8 @@ struct Fa {
     softcap: f32,
     kv: DType,
     sinks: bool,
+    /// A causal mask (`Init::Causal`) instead of a random one.
+    causal: bool,
 }
 
 fn flash_attn_case(c: Fa) -> Case {
@@ -1087,6 +1106,7 @@ fn flash_attn_case(c: Fa) -> Case {
         c.softcap,
         c.kv
     );
+    let params = if c.causal { params + ",causal" } else { params };
     let tol = if c.kv == DType::F32 {
         Tolerance::Nmse(NMSE_F32_MATH)
     } else {
@@ -1108,7 +1128,9 @@ fn flash_attn_case(c: Fa) -> Case {
             ctx.flash_attn_ext_add_sinks(y, s)?;
             built = built.init(s, Init::Uniform { lo: -2.0, hi: 4.0 });
         }
+        let past = c.n_kv.saturating_sub(c.n_q);
         Ok(match m {
+            Some(m) if c.causal => built.init(m, Init::Causal { past }),
             Some(m) => built.init(m, Init::Mask),
             None => built,
         })
@@ -1129,6 +1151,7 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
         softcap: 0.0,
         kv: DType::F16,
         sinks: false,
+        causal: false,
     };
     for kv in [DType::F16, DType::F32] {
         // gpt-oss: attention sinks, one query and a block of queries.
@@ -1161,6 +1184,52 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
                 }
             }
         }
+    }
+    // Prompts, where the GPUs take 16 queries per block with keys in tiles of 32 through shared
+    // memory: partial query blocks and key tiles, GQA, soft-capping, sinks, ALiBi, a batch; a
+    // causal mask from an empty cache, whose upper key tiles no query of a block sees (skipped).
+    for kv in [DType::F16, DType::F32] {
+        let prompt = Fa {
+            n_q: 21,
+            n_kv: 70,
+            kv,
+            ..base
+        };
+        for (mask, softcap, d) in [
+            (None, 0.0, 64),
+            (Some(DType::F16), 0.0, 128),
+            (Some(DType::F16), 30.0, 64),
+        ] {
+            v.push(flash_attn_case(Fa {
+                mask,
+                softcap,
+                d,
+                dv: d,
+                ..prompt
+            }));
+        }
+        v.push(flash_attn_case(Fa {
+            mask: Some(DType::F16),
+            sinks: true,
+            h_kv: 1,
+            ..prompt
+        }));
+        v.push(flash_attn_case(Fa {
+            mask: Some(DType::F32),
+            max_bias: 8.0,
+            h_kv: 4,
+            batch: 2,
+            ..prompt
+        }));
+        v.push(flash_attn_case(Fa {
+            n_q: 40,
+            n_kv: 40,
+            d: 128,
+            dv: 128,
+            mask: Some(DType::F16),
+            causal: true,
+            ..prompt
+        }));
     }
     for kv in [DType::F16, DType::F32] {
         // One query (token generation), no GQA.

@@ -30,6 +30,7 @@ pub const SOURCES: &[(&str, &str)] = &[
 /// Every kernel entry point, as `(source file, kernel name)`.
 pub const KERNELS: &[(&str, &str)] = &[
     ("attn.cu", "k_flash_attn_ext"),
+    ("attn.cu", "k_flash_attn_tiled"),
     ("comm.cu", "k_f32_to_bf16"),
     ("comm.cu", "k_bf16_to_f32"),
     ("comm.cu", "k_add_f32"),

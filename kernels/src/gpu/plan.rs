@@ -648,12 +648,25 @@ impl Planner<'_> {
                     .i32(nl2)
                     .push_bytes(&self.kt(sinks.unwrap_or(q)))
                     .i32(sinks.is_some() as i32);
-                self.go(
-                    "k_flash_attn_ext",
-                    (tasks.div_ceil(4) as u32, 1, 1),
-                    128,
-                    &mut args,
-                )
+                // Prompts: FT_Q (16) queries per block of one head, keys through shared memory
+                // (attn.cu); d == dv, a multiple of 32 up to 128.
+                let (d, dv) = (tq.ne()[0], self.desc(v).ne()[0]);
+                let tiled = tq.ne()[1] >= 8
+                    && d == dv
+                    && d.is_multiple_of(32)
+                    && d <= 128
+                    && (self.has)("k_flash_attn_tiled");
+                if tiled {
+                    let blocks = tq.ne()[1].div_ceil(16) * tq.ne()[2] * tq.ne()[3];
+                    self.go("k_flash_attn_tiled", (blocks as u32, 1, 1), 128, &mut args)
+                } else {
+                    self.go(
+                        "k_flash_attn_ext",
+                        (tasks.div_ceil(4) as u32, 1, 1),
+                        128,
+                        &mut args,
+                    )
+                }
             }
             Op::Cont | Op::Cpy => {
                 let s = self.src(node, 0);
@@ -766,8 +779,8 @@ impl Planner<'_> {
             None
         };
         if let Some(kernel) = fast {
-            // GV_BLOCK_ROWS (16) rows per block (matmul.cu).
-            let blocks = m.div_ceil(16) * planes;
+            // GV_BLOCK_ROWS (8) rows per block (matmul.cu).
+            let blocks = m.div_ceil(8) * planes;
             self.go(kernel, (blocks as u32, 1, 1), 128, &mut args)
         } else if ncols == 1 {
             let blocks = m.div_ceil(4) * ncols * planes;
