@@ -18,8 +18,8 @@ budget (default 330 s), each step logged to OUT (default $OUT, else target/gpu-p
               RMS_NORM, OVERHEAD (64 chained nodes)
   ops-vulkan  the same on VK0 through NVIDIA's Vulkan driver
   ops-gv-*    the GEMVs again with other tuning constants of the k_gemv_* kernels through
-              TESSERA_CUDA_DEFINES: GV_ROWS (weight rows per warp; default 2) 1 and 4,
-              GV_UNROLL (steps unrolled; default 2) 1 and 4
+              TESSERA_CUDA_DEFINES: GV_INT8=0 (f32 activations for Q8_0 / Q4_0), GV_ROWS
+              (weight rows per warp; default 2) 4, GV_UNROLL (steps unrolled; default 2) 4
   model-*     bench on the synthetic 1.1B llama: pp512 and tg128 on CUDA0 with Q4_0, Q8_0 and
               Q4_K weights, Q4_0 split tensor-parallel over cuda:2, tg on VK0 (--quick: Q4_0 only)
   table       every figure as a ratio to its ceiling (scripts/gpu-perf-table.py), printed last
@@ -81,7 +81,7 @@ OPS+=(-o FLASH_ATTN_EXT -o RMS_NORM -o OVERHEAD)
 step ops-cuda 100 "$BIN" bench-ops --devices CUDA0 -m "$M" -k "$K" --rotate 4 --min-time 0.1 "${OPS[@]}"
 GEMV=()
 for t in f16 bf16 q8_0 q4_0 q4_K q6_K; do GEMV+=(-o "MUL_MAT(type_a=$t,type_b=f32,m=$M,n=1,"); done
-for v in GV_ROWS=1 GV_ROWS=4 GV_UNROLL=1 GV_UNROLL=4 "GV_ROWS=1 GV_UNROLL=4"; do
+for v in GV_INT8=0 GV_ROWS=4 GV_UNROLL=4 "GV_ROWS=4 GV_UNROLL=4"; do
   step "ops-gv-${v//[ =]/}" 60 env TESSERA_CUDA_DEFINES="$v" "$BIN" bench-ops --devices CUDA0 -m "$M" \
     -k "$K" --rotate 4 --min-time 0.1 "${GEMV[@]}"
 done

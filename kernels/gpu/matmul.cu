@@ -165,11 +165,11 @@ extern "C" __global__ void k_mul_mat_tiled(Tensor dst, Tensor w, Tensor x, i64 r
 //
 // Every weight type is read in steps of 256 elements per warp, 8 elements per lane, with the
 // widest loads its block layout allows (16 bytes for float rows, 4 or 2 for block formats); a
-// lane's 8 activations are loaded once per step and reused for GV_ROWS rows, so the activation
-// traffic from L1 is a quarter of the weights'. The weight type is a compile-time constant in each
-// entry point (k_gemv_f16, k_gemv_q4_0, ...). Taken by the planner for
-// F32, F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K weights with suitably aligned rows; the other types
-// and layouts use k_mul_mat_vec_q / k_mul_mat_vec_f.
+// lane's 8 activations are loaded once per step and reused for GV_ROWS rows (for Q8_0 and Q4_0
+// rounded to 8 bits and multiplied with dp4a: GV_INT8). The weight type is a compile-time
+// constant in each entry point (k_gemv_f16, k_gemv_q4_0, ...). Taken by the planner for F32, F16,
+// BF16, Q8_0, Q4_0, Q4_K and Q6_K weights with suitably aligned rows; the other types and layouts
+// use k_mul_mat_vec_q / k_mul_mat_vec_f.
 
 // Weight rows per warp (swept on an H200 by scripts/gpu-perf.sh: 2 was best or near it for
 // every type) and unrolling of the step loop.
@@ -308,11 +308,76 @@ __device__ __forceinline__ float gv_dot(int T, const char* row, i64 s, int lane,
     return acc;
 }
 
+// Integer dot products for Q8_0 and Q4_0 weights (GV_INT8, default on): each lane's activations
+// are rounded to 8 bits per 32-element block, as ggml rounds them for these weights
+// (quantize_row_q8_0: d = amax / 127 kept as f16, q = round(x / d), halves away from zero), and
+// multiplied with dp4a, so the products are llama.cpp's and a weight byte costs a quarter of
+// the float path's multiplies. GV_INT8=0 keeps f32 activations.
+#ifndef GV_INT8
+#define GV_INT8 1
+#endif
+
+// a · b over four signed bytes, plus c.
+__device__ __forceinline__ int gv_dp4a(int a, int b, int c) {
+#if defined(TESSERA_CUDA) && !defined(TESSERA_COMPAT)
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else
+    for (int i = 0; i < 4; i++) {
+        c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+    }
+    return c;
+#endif
+}
+
+// The lane's 8 activations rounded to 8 bits (packed four per int in xq) with the scale of their
+// 32-element block, whose four lanes (4 (lane / 4) .. + 3, in the Q8_0 and Q4_0 orders of gv_x)
+// share the maximum through two shuffles; returns the scale as f16 would hold it. Every lane of
+// the warp must call it.
+__device__ __forceinline__ float gv_quantize_x(const float* xv, int* xq) {
+    float amax = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        amax = fmaxf(amax, fabsf(xv[j]));
+    }
+    amax = fmaxf(amax, TSHFL_XOR(amax, 1));
+    amax = fmaxf(amax, TSHFL_XOR(amax, 2));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int h = 0; h < 2; h++) {
+        u32 packed = 0;
+        for (int j = 0; j < 4; j++) {
+            int q = (int)roundf(xv[4 * h + j] * id);
+            packed |= ((u32)q & 0xffu) << (8 * j);
+        }
+        xq[h] = (int)packed;
+    }
+    return h2f(f2h(d));
+}
+
+// gv_dot with the activations as gv_quantize_x left them (Q8_0 and Q4_0 weights).
+__device__ __forceinline__ float gv_dot_int(int T, const char* row, i64 s, int lane, const int* xq, float dx) {
+    int isum = 0;
+    const u8* blk;
+    if (T == T_Q8_0) {
+        blk = (const u8*)row + (s * 8 + lane / 4) * Q8_0_BYTES;
+        const u8* q = blk + 2 + 8 * (lane % 4);
+        isum = gv_dp4a((int)gv_u32_from_u16(q), xq[0], gv_dp4a((int)gv_u32_from_u16(q + 4), xq[1], 0));
+    } else {
+        blk = (const u8*)row + (s * 8 + lane / 4) * Q4_0_BYTES;
+        u32 q = gv_u32_from_u16(blk + 2 + 4 * (lane % 4));
+        int lo = (int)(q & 0x0f0f0f0fu), hi = (int)((q >> 4) & 0x0f0f0f0fu);
+        // Levels are nibble - 8: subtract 8 times the activations' sum.
+        int xsum = gv_dp4a(0x01010101, xq[0], gv_dp4a(0x01010101, xq[1], 0));
+        isum = gv_dp4a(lo, xq[0], gv_dp4a(hi, xq[1], 0)) - 8 * xsum;
+    }
+    return (float)isum * block_scale((const char*)blk) * dx;
+}
+
 // GV_ROWS rows of one column from row0 (those below m): lanes split each step's 256 elements, then a warp sum per row.
 __device__ __forceinline__ void gv_rows(int T, const Tensor& dst, const Tensor& w, const Tensor& x, i64 row0,
                                         i64 m, i64 col, i64 i2, i64 i3, i64 w2, i64 w3, int lane) {
     i64 kdim = w.ne[0];
-    i64 steps = (kdim + GV_STEP - 1) / GV_STEP;
     const float* xr = (const float*)row_ptr(x, col, i2, i3);
     const char* rows[GV_ROWS];
 #pragma unroll
@@ -326,24 +391,55 @@ __device__ __forceinline__ void gv_rows(int T, const Tensor& dst, const Tensor& 
         acc[r] = 0.0f;
     }
     // Whole steps unrolled GV_UNROLL times (more loads in flight per lane); then a partial last
-    // step (k not a multiple of 256), where lanes whose 8 elements start past k sit out (k is a
-    // multiple of 8, and of 32 for block formats, so none straddles it).
+    // step (k not a multiple of 256), where lanes whose 8 elements start past k add nothing (k
+    // is a multiple of 8, and of 32 for block formats, so none straddles it).
     i64 whole = kdim / GV_STEP;
+    bool partial = whole * GV_STEP < kdim;
+    bool in_last = whole * GV_STEP + (T == T_Q4_0 ? 32 * (lane / 4) : 8 * lane) < kdim;
+    if (GV_INT8 && (T == T_Q8_0 || T == T_Q4_0)) {
 #pragma unroll GV_UNROLL
-    for (i64 s = 0; s < whole; s++) {
-        float xv[8];
-        gv_x(T, xr, s, lane, xv);
+        for (i64 s = 0; s < whole; s++) {
+            float xv[8];
+            int xq[2];
+            gv_x(T, xr, s, lane, xv);
+            float dx = gv_quantize_x(xv, xq);
 #pragma unroll
-        for (int r = 0; r < GV_ROWS; r++) {
-            acc[r] += gv_dot(T, rows[r], s, lane, xv);
+            for (int r = 0; r < GV_ROWS; r++) {
+                acc[r] += gv_dot_int(T, rows[r], s, lane, xq, dx);
+            }
         }
-    }
-    if (whole < steps && whole * GV_STEP + (T == T_Q4_0 ? 32 * (lane / 4) : 8 * lane) < kdim) {
-        float xv[8];
-        gv_x(T, xr, whole, lane, xv);
+        if (partial) {
+            // Every lane quantizes (the shuffles need the whole warp).
+            float xv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            int xq[2];
+            if (in_last) {
+                gv_x(T, xr, whole, lane, xv);
+            }
+            float dx = gv_quantize_x(xv, xq);
+            if (in_last) {
 #pragma unroll
-        for (int r = 0; r < GV_ROWS; r++) {
-            acc[r] += gv_dot(T, rows[r], whole, lane, xv);
+                for (int r = 0; r < GV_ROWS; r++) {
+                    acc[r] += gv_dot_int(T, rows[r], whole, lane, xq, dx);
+                }
+            }
+        }
+    } else {
+#pragma unroll GV_UNROLL
+        for (i64 s = 0; s < whole; s++) {
+            float xv[8];
+            gv_x(T, xr, s, lane, xv);
+#pragma unroll
+            for (int r = 0; r < GV_ROWS; r++) {
+                acc[r] += gv_dot(T, rows[r], s, lane, xv);
+            }
+        }
+        if (partial && in_last) {
+            float xv[8];
+            gv_x(T, xr, whole, lane, xv);
+#pragma unroll
+            for (int r = 0; r < GV_ROWS; r++) {
+                acc[r] += gv_dot(T, rows[r], whole, lane, xv);
+            }
         }
     }
 #pragma unroll
