@@ -7,7 +7,7 @@ readonly ROOT="$PWD"
 
 usage() {
   cat <<'EOF2'
-Usage: scripts/gpu-perf.sh --prebuilt DIR [--out DIR] [--budget SECONDS] [--quick]
+Usage: scripts/gpu-perf.sh --prebuilt DIR [--out DIR] [--budget SECONDS] [--quick] [--no-vulkan]
 
 On a machine with an NVIDIA GPU, torch and a bundle from scripts/gpu-bundle.sh DIR, within the
 budget (default 330 s), each step logged to OUT (default $OUT, else target/gpu-perf):
@@ -22,6 +22,7 @@ budget (default 330 s), each step logged to OUT (default $OUT, else target/gpu-p
               (weight rows per warp; default 2) 4, GV_UNROLL (steps unrolled; default 2) 4
   model-*     bench on the synthetic 1.1B llama: pp512 and tg128 on CUDA0 with Q4_0, Q8_0 and
               Q4_K weights, Q4_0 split tensor-parallel over cuda:2, tg on VK0 (--quick: Q4_0 only)
+  --no-vulkan leaves out ops-vulkan and the VK0 model run (when only CUDA changed)
   table       every figure as a ratio to its ceiling (scripts/gpu-perf-table.py), printed last
               and written as OUT/perf.json and OUT/perf.md
 EOF2
@@ -31,12 +32,14 @@ PREBUILT=""
 OUTDIR="${OUT:-$ROOT/target/gpu-perf}"
 BUDGET=330
 QUICK=0
+VULKAN=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) PREBUILT="${2:?--prebuilt needs the folder gpu-bundle.sh wrote}"; shift 2 ;;
     --out) OUTDIR="${2:?--out needs a folder}"; shift 2 ;;
     --budget) BUDGET="${2:?--budget needs seconds}"; shift 2 ;;
     --quick) QUICK=1; shift ;;
+    --no-vulkan) VULKAN=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-perf: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -85,7 +88,7 @@ for v in GV_INT8=0 GV_ROWS=4 GV_UNROLL=4 "GV_ROWS=4 GV_UNROLL=4"; do
   step "ops-gv-${v//[ =]/}" 60 env TESSERA_CUDA_DEFINES="$v" "$BIN" bench-ops --devices CUDA0 -m "$M" \
     -k "$K" --rotate 4 --min-time 0.1 "${GEMV[@]}"
 done
-step ops-vulkan 100 "$BIN" bench-ops --devices VK0 -m "$M" -k "$K" --rotate 4 --min-time 0.1 "${OPS[@]}"
+[ "$VULKAN" = 1 ] && step ops-vulkan 100 "$BIN" bench-ops --devices VK0 -m "$M" -k "$K" --rotate 4 --min-time 0.1 "${OPS[@]}"
 TYPES=(q4_0 q8_0 q4_k)
 [ "$QUICK" = 1 ] && TYPES=(q4_0)
 for t in "${TYPES[@]}"; do
@@ -94,6 +97,6 @@ for t in "${TYPES[@]}"; do
 done
 step model-cuda-tp-q4_0 60 "$BIN" bench --preset synthetic-1b --weight-type q4_0 --devices cuda:2 \
   --split-mode none,tensor -p 512 -n 128 -r 2
-step model-vulkan-q4_0 60 "$BIN" bench --preset synthetic-1b --weight-type q4_0 --devices VK0 \
+[ "$VULKAN" = 1 ] && step model-vulkan-q4_0 60 "$BIN" bench --preset synthetic-1b --weight-type q4_0 --devices VK0 \
   --split-mode none -p 64 -n 32 -r 1
 python3 "$ROOT/scripts/gpu-perf-table.py" "$OUTDIR"
