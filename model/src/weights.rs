@@ -43,27 +43,6 @@ impl SplitMix {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn streams_are_deterministic_bounded_and_distinct() {
-        let gen_vals = |seed, name| {
-            let mut v = vec![0f32; 1001];
-            SplitMix::for_tensor(seed, name).fill_uniform(&mut v, 1.0, 0.1);
-            v
-        };
-        let a = gen_vals(7, "blk.0.attn_q.weight");
-        assert_eq!(a, gen_vals(7, "blk.0.attn_q.weight"));
-        assert_ne!(a, gen_vals(8, "blk.0.attn_q.weight"));
-        assert_ne!(a, gen_vals(7, "blk.1.attn_q.weight"));
-        assert!(a.iter().all(|x| (0.9..1.1).contains(x)));
-        let mean = a.iter().sum::<f32>() / a.len() as f32;
-        assert!((mean - 1.0).abs() < 0.01, "{mean}");
-    }
-}
-
 /// [`encode_f32`] of whole rows of `row_len` values, on every core for a large tensor: the
 /// K-quant search makes a synthetic 1B model's weights a minute and a half of one core's work.
 /// Rows encode independently, so the bytes are those of one call.
@@ -104,4 +83,25 @@ pub fn encode_rows_in_parallel(dtype: DType, values: &[f32], row_len: usize) -> 
         out.extend_from_slice(&part?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_are_deterministic_bounded_and_distinct() {
+        let gen_vals = |seed, name| {
+            let mut v = vec![0f32; 1001];
+            SplitMix::for_tensor(seed, name).fill_uniform(&mut v, 1.0, 0.1);
+            v
+        };
+        let a = gen_vals(7, "blk.0.attn_q.weight");
+        assert_eq!(a, gen_vals(7, "blk.0.attn_q.weight"));
+        assert_ne!(a, gen_vals(8, "blk.0.attn_q.weight"));
+        assert_ne!(a, gen_vals(7, "blk.1.attn_q.weight"));
+        assert!(a.iter().all(|x| (0.9..1.1).contains(x)));
+        let mean = a.iter().sum::<f32>() / a.len() as f32;
+        assert!((mean - 1.0).abs() < 0.01, "{mean}");
+    }
 }
