@@ -179,6 +179,14 @@ extern "C" __global__ void k_mul_mat_tiled(Tensor dst, Tensor w, Tensor x, i64 r
 #ifndef GV_UNROLL
 #define GV_UNROLL 2
 #endif
+// How the step loop is unrolled: NVRTC unrolls a loop of unknown trip count GV_UNROLL times;
+// hipRTC's clang warns that it cannot (and warnings fail the toolchain test), and the SYCL
+// compiler is left to its own choice.
+#if defined(TESSERA_CUDA) && !defined(TESSERA_COMPAT)
+#define GV_UNROLL_STEPS _Pragma("unroll GV_UNROLL")
+#else
+#define GV_UNROLL_STEPS
+#endif
 #define GV_STEP 256
 
 struct alignas(16) gv_u4 {
@@ -397,7 +405,7 @@ __device__ __forceinline__ void gv_rows(int T, const Tensor& dst, const Tensor& 
     bool partial = whole * GV_STEP < kdim;
     bool in_last = whole * GV_STEP + (T == T_Q4_0 ? 32 * (lane / 4) : 8 * lane) < kdim;
     if (GV_INT8 && (T == T_Q8_0 || T == T_Q4_0)) {
-#pragma unroll GV_UNROLL
+        GV_UNROLL_STEPS
         for (i64 s = 0; s < whole; s++) {
             float xv[8];
             int xq[2];
@@ -424,7 +432,7 @@ __device__ __forceinline__ void gv_rows(int T, const Tensor& dst, const Tensor& 
             }
         }
     } else {
-#pragma unroll GV_UNROLL
+        GV_UNROLL_STEPS
         for (i64 s = 0; s < whole; s++) {
             float xv[8];
             gv_x(T, xr, s, lane, xv);
