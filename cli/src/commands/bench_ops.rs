@@ -255,11 +255,15 @@ fn time_case(
             for &w in &weights {
                 let desc = ctx.tensor(w)?;
                 let key = (desc.dtype(), desc.ne().to_vec());
-                let bytes = match cache.borrow().get(&key) {
-                    Some(b) => Rc::clone(b),
-                    None => Rc::new(encode(desc, &mut rng)?),
+                let cached = cache.borrow().get(&key).cloned();
+                let bytes = match cached {
+                    Some(b) => b,
+                    None => {
+                        let b = Rc::new(encode(desc, &mut rng)?);
+                        cache.borrow_mut().insert(key, Rc::clone(&b));
+                        b
+                    }
                 };
-                cache.borrow_mut().insert(key, Rc::clone(&bytes));
                 wbuf.set(w, &bytes)?;
                 encoded.push(bytes);
             }

@@ -42,8 +42,7 @@ pub fn fill(
         let v: Vec<f32> = (0..n).map(|i| (i % i32_modulo.max(1)) as f32).collect();
         tessera::encode_f32(DType::I32, &v)?
     } else {
-        let v: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
-        tessera::encode_f32(desc.dtype(), &v)?
+        encode(desc, rng)?
     };
     buf.set(id, &bytes)
 }
