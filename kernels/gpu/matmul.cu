@@ -79,6 +79,7 @@ extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r
             int per = quant_block_elems(w.type) / QK;
             const char* blk = wr + (b / per) * quant_block_bytes(w.type);
             int j0 = (int)(b % per) * QK;
+            TLOOP_ROLLED
             for (int j = 0; j < QK; j++) {
                 part += lowbit_elem(blk, w.type, j0 + j) * ld(x, k0 + j, col, i2, i3);
             }
@@ -124,12 +125,14 @@ extern "C" __global__ void k_mul_mat_tiled(Tensor dst, Tensor w, Tensor x, i64 r
         }
     }
     for (i64 k0 = 0; k0 < kdim; k0 += TK) {
+        TLOOP_ROLLED
         for (int t = 0; t < (TM * TK) / 256; t++) {
             int l = tid + 256 * t;
             int kk = l % TK, rr = l / TK;
             i64 row = m0 + rr, k = k0 + kk;
             ws[kk][rr] = (row < m && k < kdim) ? ld(w, k, row, w2, w3) : 0.0f;
         }
+        TLOOP_ROLLED
         for (int t = 0; t < (TN * TK) / 256; t++) {
             int l = tid + 256 * t;
             int kk = l % TK, cc = l / TK;

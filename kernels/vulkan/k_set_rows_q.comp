@@ -1,16 +1,18 @@
 #version 460
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
+#include "specialize.glsl"
 #include "quantize.glsl"
 
 // SET_ROWS into a quantized dst: one invocation per (block of a row, plane), rows in order.
+// Specialized on the types, as k_quantize (its block loop is the same).
 layout(buffer_reference, scalar) readonly buffer Args { Tensor dst; Tensor src; Tensor ids; uint64_t status; int64_t n; };
 
 void main() {
     Args args = Args(pc.args);
-    Tensor dst = args.dst;
-    Tensor src = args.src;
-    Tensor ids = args.ids;
+    Tensor dst = ts_spec(args.dst, 0);
+    Tensor src = ts_spec(args.src, 1);
+    Tensor ids = ts_spec(args.ids, 2);
     uint64_t status = args.status;
     int64_t n = args.n;
     int64_t per_row = src.ne[0] / QK;
