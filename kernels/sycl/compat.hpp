@@ -13,7 +13,8 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 
 #define TESSERA_COMPAT 1
 #define TESSERA_WARP 32
-// common.cuh: loops the OpenCL CPU compiler would unroll into minutes of JIT.
+// common.cuh: weight-decoding loops the OpenCL CPU compiler would unroll (several seconds of JIT
+// per kernel unit).
 #define TLOOP_ROLLED _Pragma("nounroll")
 // struct Tensor holds its address as an integer (see common.cuh).
 #define TESSERA_TENSOR_DATA 1
