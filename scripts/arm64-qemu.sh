@@ -31,8 +31,9 @@
 # them); without them its real-model tests skip with a message.
 #
 # Installs the cross compiler, qemu-user and the Rust target when missing (Debian/Ubuntu).
-# Usage: scripts/arm64-qemu.sh [--quick | --every-mode | --every-level]
+# Usage: scripts/arm64-qemu.sh [--quick | --every-mode | --every-level | --build-only]
 #   --quick        kernel tests, repack tests and op conformance only
+#   --build-only   the installs and the cross build, nothing run (CI builds early, in the background)
 #   --every-mode   the reference suite on `max` in every split mode (about 4.5 more minutes)
 #   --every-level  the real models (unsplit) on cortex-a53 too
 set -euo pipefail
@@ -42,12 +43,14 @@ TARGET=aarch64-unknown-linux-gnu
 QUICK=0
 TOP_MODES=none
 EVERY_LEVEL=0
+BUILD_ONLY=0
 case "${1:-}" in
   --quick) QUICK=1 ;;
+  --build-only) BUILD_ONLY=1 ;;
   --every-mode) TOP_MODES=none,layer,tensor,expert ;;
   --every-level) EVERY_LEVEL=1 ;;
   "") ;;
-  *) echo "usage: $0 [--quick | --every-mode | --every-level]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--quick | --every-mode | --every-level | --build-only]" >&2; exit 2 ;;
 esac
 
 if ! command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || ! command -v qemu-aarch64 >/dev/null 2>&1; then
@@ -65,6 +68,7 @@ mkdir -p target/ci
 cargo test --locked --release --target "$TARGET" -p tessera-kernels -p tessera-model -p tessera-tests \
   -p tessera-cpu --lib --test conformance --test repack --no-run --message-format=json-render-diagnostics \
   >target/ci/arm64-binaries.json
+[ "$BUILD_ONLY" = 1 ] && exit 0
 binary() {
   python3 - "$1" <<'EOF'
 import json, sys

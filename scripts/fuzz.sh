@@ -7,6 +7,8 @@
 #   scripts/fuzz.sh tokenizer 60 -jobs=2     # extra arguments go to libFuzzer
 #   FUZZ_SANITIZER=none scripts/fuzz.sh gguf 3600   # no AddressSanitizer: 2-3x the executions
 #                                                  # (long campaigns; CI keeps the default)
+#   FUZZ_JOBS=2 scripts/fuzz.sh all 8        # two targets at a time (CI: one per core)
+#   scripts/fuzz.sh --build-only             # the tools and the sanitizer build, nothing run
 #
 # Targets: gguf, tokenizer, chat_template, plugin_codec, devices, meta_propagate
 # (fuzz/fuzz_targets/). Installs the nightly toolchain (rustup) and cargo-fuzz 0.13.2
@@ -21,12 +23,17 @@ cd "$(dirname "$0")/.."
 TARGETS=(gguf tokenizer chat_template plugin_codec devices meta_propagate)
 target="${1:-}"
 seconds="${2:-}"
+BUILD_ONLY=0
+if [ "$target" = --build-only ]; then
+  BUILD_ONLY=1
+  seconds=0
+fi
 if [ -z "$target" ] || [ -z "$seconds" ]; then
   echo "usage: $0 TARGET|all SECONDS [libFuzzer args...]" >&2
   echo "targets: ${TARGETS[*]}" >&2
   exit 2
 fi
-shift 2
+shift $(($# < 2 ? $# : 2))
 
 if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
   export PATH="$HOME/.cargo/bin:$PATH"
@@ -59,10 +66,15 @@ if [ "$san" != address ]; then
 fi
 # One build for all targets (the sanitizer build of the whole crate family takes minutes).
 (cd fuzz && cargo +nightly fuzz build "${sanitizer[@]}")
+[ "$BUILD_ONLY" = 1 ] && exit 0
 
-status=0
-summary=()
-for t in "${list[@]}"; do
+# Each target's run writes its summary line to $results/TARGET; FUZZ_JOBS of them run at once
+# (each libFuzzer process is one thread).
+jobs="${FUZZ_JOBS:-1}"
+results="$(mktemp -d)"
+trap 'rm -rf "$results"' EXIT
+fuzz_one() {
+  local t="$1" log result runs cov
   mkdir -p "fuzz/corpus/$t" "fuzz/seeds/$t" "fuzz/artifacts/$t" fuzz/logs
   # Not in artifacts/: cargo-fuzz lists every file there as a failing input after a stopped run.
   log="fuzz/logs/$t-last-run.log"
@@ -71,17 +83,36 @@ for t in "${list[@]}"; do
   # -rss_limit_mb: so must one needing over 2 GiB.
   if (cd fuzz && cargo +nightly fuzz run "${sanitizer[@]}" "$t" "corpus/$t" "seeds/$t" -- \
       -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-      -artifact_prefix="artifacts/$t/" -print_final_stats=1 "$@") >"$log" 2>&1; then
+      -artifact_prefix="artifacts/$t/" -print_final_stats=1 "${extra[@]}") >"$log" 2>&1; then
     result=ok
   else
     result="FAILED (see $log)"
-    status=1
     tail -n 40 "$log" >&2
   fi
   runs="$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -n 1)"
   cov="$(grep -oE 'cov: [0-9]+' "$log" | tail -n 1 | grep -oE '[0-9]+')"
-  summary+=("$(printf '%-16s %12s executions  cov %6s  %s' "$t" "${runs:-?}" "${cov:-?}" "$result")")
+  printf '%-16s %12s executions  cov %6s  %s\n' "$t" "${runs:-?}" "${cov:-?}" "$result" >"$results/$t"
+}
+extra=("$@")
+running=0
+for t in "${list[@]}"; do
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  fuzz_one "$t" &
+  running=$((running + 1))
 done
+wait || true
+status=0
 echo "== fuzz summary (${seconds}s per target)"
-printf '%s\n' "${summary[@]}"
+for t in "${list[@]}"; do
+  if [ -f "$results/$t" ]; then
+    cat "$results/$t"
+    grep -q ' ok$' "$results/$t" || status=1
+  else
+    printf '%-16s %s\n' "$t" "FAILED (no result)"
+    status=1
+  fi
+done
 exit "$status"

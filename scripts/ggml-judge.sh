@@ -12,7 +12,10 @@
 #      and llama-bench of both (not with --no-bench: CI, where speed means nothing).
 #
 #   scripts/ggml-judge.sh [--devices SPEC,..] [--models A.gguf,B.gguf] [--features cpu,vulkan]
-#                         [--profile release|test] [--jobs N] [--no-bench]
+#                         [--profile release|test] [--jobs N] [--no-bench] [--build-only]
+#
+# --build-only stops after step 1, having built what the same arguments would run (CI builds
+# llama.cpp early, in the background, then runs the judge with the same --models and --no-bench).
 #
 # A device SPEC is a ggml device name (TesseraCPU, TesseraSYCL0, TesseraVK0), optionally with the
 # ops to test and a regex over their parameters, as test-backend-ops' -o and -p take them:
@@ -34,6 +37,7 @@ FEATURES=cpu
 PROFILE=release
 JOBS=1
 BENCH=1
+BUILD_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --devices) DEVICES="${2:?--devices needs a list}"; shift 2 ;;
@@ -42,7 +46,8 @@ while [ $# -gt 0 ]; do
     --profile) PROFILE="${2:?--profile needs a name}"; shift 2 ;;
     --jobs) JOBS="${2:?--jobs needs a number}"; shift 2 ;;
     --no-bench) BENCH=0; shift ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    --build-only) BUILD_ONLY=1; shift ;;
+    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -102,6 +107,7 @@ if [ "$need_build" = 1 ]; then
     { tail -n 30 "$LLAMA_DL_DIR/build.log" >&2; die "building llama.cpp failed"; }
   log "llama.cpp built in $((SECONDS - t0)) s"
 fi
+[ "$BUILD_ONLY" = 1 ] && exit 0
 
 log "building the plugin (features $FEATURES, profile $PROFILE)"
 t0=$SECONDS
