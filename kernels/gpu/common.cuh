@@ -215,6 +215,33 @@ __device__ __forceinline__ bool is_lowbit(int type) {
            IS_T(type, T_MXFP4) || is_kquant(type);
 }
 
+// Weight types whose dot products llama.cpp's CPU backend takes against activations rounded to
+// 8-bit blocks of 32 (ggml's vec_dot_type: Q8_0, or Q8_1 for the affine Q4_1 / Q5_1, whose levels
+// round the same way). The GPU kernels multiply such weights by activations rounded likewise, so
+// that their results round as the reference's do (exact f32 activations are closer to the true
+// product than llama.cpp is, and drift from its logits on long chains of layers).
+__device__ __forceinline__ bool act_q8(int type) {
+    return IS_T(type, T_Q8_0) || IS_T(type, T_Q4_0) || IS_T(type, T_Q5_0) || IS_T(type, T_IQ4_NL) ||
+           IS_T(type, T_MXFP4) || IS_T(type, T_Q4_1) || IS_T(type, T_Q5_1);
+}
+
+// quantize_row_q8_0 of a block whose largest magnitude is amax: levels roundf(x * inv) with
+// inv = 1 / d, d = amax / 127, each worth `scale` (d as its f16 holds it).
+struct Q8Round {
+    float inv, scale;
+};
+__device__ __forceinline__ Q8Round q8_round_of(float amax) {
+    Q8Round q;
+    float d = amax / 127.0f;
+    q.inv = d != 0.0f ? 1.0f / d : 0.0f;
+    q.scale = h2f(f2h(d));
+    return q;
+}
+// x as the rounded block holds it (its level times the scale).
+__device__ __forceinline__ float q8_rounded(Q8Round q, float x) {
+    return roundf(x * q.inv) * q.scale;
+}
+
 __device__ __forceinline__ bool is_quant(int type) {
     return IS_T(type, T_Q8_0) || IS_T(type, T_Q4_0) || IS_T(type, T_Q4_1) || IS_T(type, T_Q5_1) ||
            is_lowbit(type);

@@ -60,19 +60,33 @@ extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r
     float s = 0.0f;
     for (i64 b = lane; b < nblk; b += 32) {
         i64 k0 = b * QK;
+        // The group's activations, rounded as llama.cpp rounds them for this weight type (act_q8).
+        float xb[QK];
+        float amax = 0.0f;
+        TLOOP_ROLLED
+        for (int j = 0; j < QK; j++) {
+            xb[j] = ld(x, k0 + j, col, i2, i3);
+            amax = fmaxf(amax, fabsf(xb[j]));
+        }
+        if (act_q8(w.type)) {
+            Q8Round q = q8_round_of(amax);
+            for (int j = 0; j < QK; j++) {
+                xb[j] = q8_rounded(q, xb[j]);
+            }
+        }
         float part = 0.0f;
         if (IS_T(w.type, T_Q8_0)) {
             const char* blk = wr + b * Q8_0_BYTES;
             for (int j = 0; j < QK; j++) {
-                part += (float)((signed char)blk[2 + j]) * ld(x, k0 + j, col, i2, i3);
+                part += (float)((signed char)blk[2 + j]) * xb[j];
             }
             s += part * block_scale(blk);
         } else if (IS_T(w.type, T_Q4_0)) {
             const char* blk = wr + b * Q4_0_BYTES;
             for (int j = 0; j < QK / 2; j++) {
                 u8 q = (u8)blk[2 + j];
-                part += (float)((int)(q & 15) - 8) * ld(x, k0 + j, col, i2, i3);
-                part += (float)((int)(q >> 4) - 8) * ld(x, k0 + j + QK / 2, col, i2, i3);
+                part += (float)((int)(q & 15) - 8) * xb[j];
+                part += (float)((int)(q >> 4) - 8) * xb[j + QK / 2];
             }
             s += part * block_scale(blk);
         } else if (is_lowbit(w.type)) {
@@ -81,7 +95,7 @@ extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r
             int j0 = (int)(b % per) * QK;
             TLOOP_ROLLED
             for (int j = 0; j < QK; j++) {
-                part += lowbit_elem(blk, w.type, j0 + j) * ld(x, k0 + j, col, i2, i3);
+                part += lowbit_elem(blk, w.type, j0 + j) * xb[j];
             }
             s += part;
         } else if (IS_T(w.type, T_Q4_1) || IS_T(w.type, T_Q5_1)) {
@@ -89,9 +103,8 @@ extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r
             const char* blk = wr + b * quant_block_bytes(w.type);
             float xsum = 0.0f;
             for (int j = 0; j < QK; j++) {
-                float xv = ld(x, k0 + j, col, i2, i3);
-                part += (float)affine_level(blk, w.type, j) * xv;
-                xsum += xv;
+                part += (float)affine_level(blk, w.type, j) * xb[j];
+                xsum += xb[j];
             }
             s += part * block_scale(blk) + xsum * block_scale(blk + 2);
         }
@@ -107,7 +120,8 @@ extern "C" __global__ void k_mul_mat_vec_q(Tensor dst, Tensor w, Tensor x, i64 r
 #define TK 32
 
 // Tiled GEMM for any weight type: a 64 x 64 output tile per block of 256 threads, 4 x 4 outputs
-// per thread, k in steps of 32 (one quant block) staged through shared memory as f32.
+// per thread, k in steps of 32 (one quant block) staged through shared memory as f32 (the
+// activations rounded to 8-bit blocks for the weight types of act_q8).
 // grid = (ceil(m / 64), ceil(n / 64), planes).
 extern "C" __global__ void k_mul_mat_tiled(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
     TSHARED(float, ws, [TK][TM + 1]);
@@ -140,6 +154,23 @@ extern "C" __global__ void k_mul_mat_tiled(Tensor dst, Tensor w, Tensor x, i64 r
             xs[kk][cc] = (col < n && k < kdim) ? ld(x, k, col, i2, i3) : 0.0f;
         }
         __syncthreads();
+        if (act_q8(w.type)) {
+            // A column's 32 staged activations are one block (k0 is a multiple of 32), rounded as
+            // llama.cpp rounds them for this weight type: four threads per column (neighbouring
+            // lanes of a warp), eight values each.
+            int cc = tid / 4, part = tid % 4;
+            float amax = 0.0f;
+            for (int j = 0; j < 8; j++) {
+                amax = fmaxf(amax, fabsf(xs[8 * part + j][cc]));
+            }
+            amax = fmaxf(amax, TSHFL_XOR(amax, 1));
+            amax = fmaxf(amax, TSHFL_XOR(amax, 2));
+            Q8Round q = q8_round_of(amax);
+            for (int j = 0; j < 8; j++) {
+                xs[8 * part + j][cc] = q8_rounded(q, xs[8 * part + j][cc]);
+            }
+            __syncthreads();
+        }
         for (int kk = 0; kk < TK; kk++) {
             float av[4], bv[4];
             for (int a = 0; a < 4; a++) {
@@ -323,7 +354,8 @@ __device__ __forceinline__ float gv_dot(int T, const char* row, i64 s, int lane,
 // are rounded to 8 bits per 32-element block, as ggml rounds them for these weights
 // (quantize_row_q8_0: d = amax / 127 kept as f16, q = round(x / d), halves away from zero), and
 // multiplied with dp4a, so the products are llama.cpp's and a weight byte costs a quarter of
-// the float path's multiplies. GV_INT8=0 keeps f32 activations.
+// the float path's multiplies. GV_INT8=0 keeps f32 activations (a speed comparison only: every
+// other kernel rounds them as llama.cpp does, act_q8).
 #ifndef GV_INT8
 #define GV_INT8 1
 #endif

@@ -8,8 +8,9 @@
 #define MMID_WARPS 4
 
 // MUL_MAT_ID: dst[m, n_used, T] (f32); column (i, t) = w[:, :, ids[i, t]]^T · x[:, i % n_b, t]
-// with w [k, m, n_expert] (any type `ld` reads: the float types and Q8_0 / Q4_0 / Q4_1 / Q5_1,
-// through the shared dequantisation of common.cuh), x [k, n_b, T] float, ids i32 [n_used, T].
+// with w [k, m, n_expert] (any type `ld` reads, through the shared dequantisation of
+// common.cuh; activations rounded to 8-bit blocks for the types of act_q8), x [k, n_b, T] float,
+// ids i32 [n_used, T].
 // One warp per (weight row, slot, token), blockDim 128. Work blocks are numbered row-block
 // fastest, then slot, then token, and the grid strides over them, so any size fits one launch.
 // With `local` set (expert parallelism), w holds experts first..first + ne2 only: a pair routed
@@ -46,8 +47,15 @@ extern "C" __global__ void k_mul_mat_id(Tensor dst, Tensor w, Tensor x, Tensor i
         }
         i64 col = slot % x.ne[1];
         float s = 0.0f;
+        bool round = act_q8(w.type);
         for (i64 k = lane; k < kdim; k += 32) {
-            s += ld(w, k, row, e, 0) * ld(x, k, col, tok, 0);
+            float xv = ld(x, k, col, tok, 0);
+            if (round) {
+                // A step's 32 activations are one block (k is a multiple of 32 for these types),
+                // rounded as llama.cpp rounds them for this weight type.
+                xv = q8_rounded(q8_round_of(warp_max(fabsf(xv))), xv);
+            }
+            s += ld(w, k, row, e, 0) * xv;
         }
         s = warp_sum(s);
         if (lane == 0) {

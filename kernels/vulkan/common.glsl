@@ -26,6 +26,7 @@
 //   scalar access:  ld_scalar st_scalar
 //   quantized:      block_scale is_lowbit is_quant quant_block_bytes quant_block_elems
 //                   iq4nl_level mxfp4_level e8m0_half nibble32 lowbit_elem affine_level ld_quant
+//   activations:    act_q8 q8_round_of q8_rounded (rounded as llama.cpp rounds them)
 //   tensors:        row_ptr ld st ld_i32 st_i32 unravel unravel_row
 //   errors:         raise_error(uint64_t status, int code, int value)
 //   reductions:     warp_sum warp_max block_sum block_max (see above)
@@ -186,6 +187,27 @@ uint f2h(float x) {
 }
 
 float bf2f(uint b) { return uintBitsToFloat((b & 0xffffu) << 16); }
+
+// ----- activations rounded as llama.cpp's CPU rounds them (act_q8 in kernels/gpu/common.cuh) -----
+
+// Weight types whose dot products llama.cpp takes against activations rounded to 8-bit blocks
+// of 32 (vec_dot_type Q8_0, or Q8_1 for Q4_1 / Q5_1, whose levels round the same way).
+bool act_q8(int type) {
+    return type == T_Q8_0 || type == T_Q4_0 || type == T_Q5_0 || type == T_IQ4_NL ||
+           type == T_MXFP4 || type == T_Q4_1 || type == T_Q5_1;
+}
+// quantize_row_q8_0 of a block whose largest magnitude is amax: (1 / d, d as its f16 holds it)
+// with d = amax / 127.
+vec2 q8_round_of(float amax) {
+    precise float d = amax / 127.0;
+    precise float inv = d != 0.0 ? 1.0 / d : 0.0;
+    return vec2(inv, h2f(f2h(d)));
+}
+// x as the rounded block holds it: its level roundf(x / d) times the scale.
+float q8_rounded(vec2 q, float x) {
+    precise float v = roundf_c(x * q.x) * q.y;
+    return v;
+}
 
 uint f2bf(float x) {
     uint f = floatBitsToUint(x);

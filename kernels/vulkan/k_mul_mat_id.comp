@@ -1,12 +1,14 @@
 // MUL_MAT_ID (port of k_mul_mat_id, kernels/gpu/moe.cu): dst[m, n_used, T] (f32); column (i, t) =
-// w[:, :, ids[i, t]]^T · x[:, i % n_b, t] with w [k, m, n_expert] (any type `ld` reads), x [k, n_b, T]
-// float, ids i32 [n_used, T]. One 32-invocation "warp" per (weight row, slot, token), block 128.
+// w[:, :, ids[i, t]]^T · x[:, i % n_b, t] with w [k, m, n_expert] (any type `ld` reads; the
+// activations rounded to 8-bit blocks for the types of act_q8), x [k, n_b, T] float, ids i32
+// [n_used, T]. One 32-invocation "warp" per (weight row, slot, token), block 128.
 // Work blocks are numbered row-block fastest, then slot, then token; the grid strides over them.
 // With `local` set (expert parallelism), w holds experts first..first + ne2 only: a pair routed
 // elsewhere gets a zero column and only a negative id is an error. Ids outside the experts raise
 // ERR_EXPERT with the id.
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #define MM_WARP_SUM 1024
 #include "matmul_common.glsl"
@@ -52,8 +54,27 @@ void main() {
             } else {
                 what = 1;
                 int64_t col = slot % x.ne[1];
-                for (int64_t k = lane; k < kdim; k += 32) {
-                    s += ld(w, k, row, e, 0) * ld(x, k, col, tok, 0);
+                if (act_q8(w.type)) {
+                    // Activations rounded as llama.cpp rounds them for this weight type, so each
+                    // lane takes whole 32-element blocks (k is a multiple of 32 for these types).
+                    // Rolled: unrolled, every iteration inlines ld's decoders (lavapipe's compiler
+                    // then takes minutes).
+                    for (int64_t b = lane; b < kdim / 32; b += 32) {
+                        float xb[32];
+                        float amax = 0.0;
+                        [[dont_unroll]] for (int j = 0; j < 32; j++) {
+                            xb[j] = ld(x, 32 * b + j, col, tok, 0);
+                            amax = max(amax, abs(xb[j]));
+                        }
+                        vec2 q = q8_round_of(amax);
+                        [[dont_unroll]] for (int j = 0; j < 32; j++) {
+                            s += ld(w, 32 * b + j, row, e, 0) * q8_rounded(q, xb[j]);
+                        }
+                    }
+                } else {
+                    for (int64_t k = lane; k < kdim; k += 32) {
+                        s += ld(w, k, row, e, 0) * ld(x, k, col, tok, 0);
+                    }
                 }
             }
         }

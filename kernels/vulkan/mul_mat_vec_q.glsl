@@ -194,8 +194,9 @@ float gemv_block_int8(int wt, uint64_t win[5], int s, int qx[QK / 4], float dx) 
 }
 #endif
 
-// Activations of one 32-element group: the values and their sum, and (int8 types of the int8
-// variant) the values rounded to Q8_0.
+// Activations of one 32-element group: the values (for the act_q8 types of the float path,
+// rounded as llama.cpp rounds them) and their sum, and (int8 types of the int8 variant) the
+// values rounded to Q8_0.
 struct GemvX {
     float v[QK];
     float sum;
@@ -207,19 +208,31 @@ struct GemvX {
 
 GemvX gemv_prep(Gemv g, int wt, int64_t b) {
     GemvX x;
-    x.sum = 0.0;
+    float amax = 0.0;
     [[unroll]] for (int j = 0; j < QK; j += 2) {
         vec2 v = gemv_x2(g, b * QK + j);
         x.v[j] = v.x;
         x.v[j + 1] = v.y;
-        x.sum += v.x;
-        x.sum += v.y;
+        amax = max(amax, max(abs(v.x), abs(v.y)));
     }
+    bool round = act_q8(wt);
 #ifdef GEMV_INT8
     if (gemv_int8_type(wt)) {
         x.d = gemv_q8(x.v, x.q);
+        round = false;
     }
 #endif
+    // The float path of the act_q8 types multiplies the values rounded as llama.cpp rounds them.
+    if (round) {
+        vec2 q = q8_round_of(amax);
+        [[unroll]] for (int j = 0; j < QK; j++) {
+            x.v[j] = q8_rounded(q, x.v[j]);
+        }
+    }
+    x.sum = 0.0;
+    [[unroll]] for (int j = 0; j < QK; j++) {
+        x.sum += x.v[j];
+    }
     return x;
 }
 

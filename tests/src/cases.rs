@@ -21,7 +21,15 @@
 //! - [`NMSE_QUANTIZE`] 5e-4: copies into quantized tensors (the backend's quantizer may break
 //!   rounding ties differently from ggml's reference quantizer).
 //! - [`Tolerance::Exact`]: integer outputs (ARGMAX, i32 tables) and pure copies.
+//!
+//! The cases labelled `rounding=llama` ([`Case::llama_rounding`]) check something else: that a
+//! backend rounds the activations of MUL_MAT and MUL_MAT_ID to 8-bit blocks where llama.cpp's CPU
+//! backend does (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4, Q4_1, Q5_1 weights). Their reference rounds them
+//! too, and the bound, [`NMSE_LLAMA_ROUNDING`] 2e-6, is about a seventh of what exact f32
+//! activations give against it (1.5e-5 for the uniform `[-1, 1)` fills): a backend that does not
+//! round fails them, which is what keeps its logits off llama.cpp's over a model's many layers.
 
+use crate::reference::rounds_activations_to_q8;
 use std::fmt;
 use std::sync::Arc;
 use tessera_core::{Context, DType, GluOp, Result, RopeMode, RopeParams, TensorId, UnaryOp};
@@ -40,6 +48,9 @@ pub const NMSE_MUL_MAT_F16: f64 = 1e-5;
 pub const NMSE_MUL_MAT_BF16: f64 = 5e-4;
 /// Copies and row writes into quantized tensors.
 pub const NMSE_QUANTIZE: f64 = 5e-4;
+/// The `rounding=llama` cases: MUL_MAT / MUL_MAT_ID against a reference whose activations are
+/// rounded as llama.cpp rounds them (the module docs say why this bound).
+pub const NMSE_LLAMA_ROUNDING: f64 = 2e-6;
 
 /// How close a device's output must be to the reference.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -234,6 +245,7 @@ pub struct Case {
     op: String,
     label: String,
     tolerance: Tolerance,
+    llama_rounding: bool,
     build: Arc<BuildFn>,
 }
 
@@ -260,8 +272,21 @@ impl Case {
             op: op.to_string(),
             label: format!("{op}({params})"),
             tolerance,
+            llama_rounding: false,
             build: Arc::new(build),
         }
+    }
+
+    /// The case compared with a reference whose MUL_MAT / MUL_MAT_ID activations are rounded as
+    /// llama.cpp's CPU backend rounds them ([`crate::reference::RefMemory::set_llama_rounding`]).
+    pub fn with_llama_rounding(mut self) -> Case {
+        self.llama_rounding = true;
+        self
+    }
+
+    /// Whether the reference rounds activations as llama.cpp does (see the module docs).
+    pub fn llama_rounding(&self) -> bool {
+        self.llama_rounding
     }
 
     /// The op name (`MUL_MAT`, `SILU`, `SWIGLU`).
@@ -1052,23 +1077,53 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
                 nr[1],
                 layout.tag()
             );
-            v.push(Case::new(
-                "MUL_MAT",
+            v.push(mul_mat_case(
+                type_a,
+                (m, n, k, bs, nr, layout),
                 params,
                 mul_mat_tol(type_a),
-                move |ctx| {
-                    let a = ctx.new_tensor(type_a, [k, m, bs[0], bs[1]])?;
-                    let b = source(
-                        ctx,
-                        DType::F32,
-                        [k, n, bs[0] * nr[0], bs[1] * nr[1]],
-                        layout,
-                    )?;
-                    Ok(Built::out(ctx.mul_mat(a, b)?))
-                },
             ));
         }
     }
+    // Activations rounded as llama.cpp rounds them (rounding=llama): the GEMV over more than one
+    // 256-element step and a part of one, a batch of GEMVs, and the GEMM.
+    let rounded: [MulMatShape; 3] = [
+        (19, 1, 288, [1, 1], [1, 1], Layout::Contiguous),
+        (16, 1, 96, [2, 1], [1, 2], Layout::Contiguous),
+        (32, 7, 256, [1, 1], [1, 1], Layout::Contiguous),
+    ];
+    for type_a in types.into_iter().filter(|&t| rounds_activations_to_q8(t)) {
+        for (m, n, k, bs, nr, layout) in rounded {
+            let params = format!(
+                "type_a={type_a},type_b=f32,m={m},n={n},k={k},bs=[{},{}],nr=[{},{}],rounding=llama",
+                bs[0], bs[1], nr[0], nr[1]
+            );
+            v.push(
+                mul_mat_case(
+                    type_a,
+                    (m, n, k, bs, nr, layout),
+                    params,
+                    Tolerance::Nmse(NMSE_LLAMA_ROUNDING),
+                )
+                .with_llama_rounding(),
+            );
+        }
+    }
+}
+
+/// MUL_MAT of `type_a` weights and f32 activations of `shape`.
+fn mul_mat_case(type_a: DType, shape: MulMatShape, params: String, tol: Tolerance) -> Case {
+    let (m, n, k, bs, nr, layout) = shape;
+    Case::new("MUL_MAT", params, tol, move |ctx| {
+        let a = ctx.new_tensor(type_a, [k, m, bs[0], bs[1]])?;
+        let b = source(
+            ctx,
+            DType::F32,
+            [k, n, bs[0] * nr[0], bs[1] * nr[1]],
+            layout,
+        )?;
+        Ok(Built::out(ctx.mul_mat(a, b)?))
+    })
 }
 
 /// One FLASH_ATTN_EXT configuration.
@@ -1307,6 +1362,28 @@ fn moe_cases(v: &mut Vec<Case>) {
                 },
             ));
         }
+    }
+    // Activations rounded as llama.cpp rounds them (rounding=llama).
+    for type_a in types.into_iter().filter(|&t| rounds_activations_to_q8(t)) {
+        let (k, m, n_expert, n_used, n_tok) = (128, 24, 4, 2, 5);
+        let params = format!(
+            "type_a={type_a},type_b=f32,n_mats={n_expert},n_used={n_used},b=0,m={m},n={n_tok},k={k},rounding=llama"
+        );
+        v.push(
+            Case::new(
+                "MUL_MAT_ID",
+                params,
+                Tolerance::Nmse(NMSE_LLAMA_ROUNDING),
+                move |ctx| {
+                    let a = ctx.new_tensor(type_a, [k, m, n_expert])?;
+                    let b = ctx.new_tensor(DType::F32, [k, 1, n_tok])?;
+                    let ids = ctx.new_tensor(DType::I32, [n_used, n_tok])?;
+                    let y = ctx.mul_mat_id(a, b, ids)?;
+                    Ok(Built::out(y).init(ids, Init::DistinctIds { n: n_expert }))
+                },
+            )
+            .with_llama_rounding(),
+        );
     }
     // The local-range form of expert parallelism: a device holding experts 2..5 of 8.
     for type_a in [DType::F32, DType::Q8_0, DType::Q4_K] {

@@ -622,6 +622,38 @@ fn softmax_in_place(w: &mut [f64]) {
 pub struct RefMemory {
     tensors: Vec<TensorDesc>,
     data: Vec<Vec<u8>>,
+    llama_rounding: bool,
+}
+
+/// Whether llama.cpp's CPU backend multiplies weights of type `w` by activations rounded to
+/// 8-bit blocks of 32 (ggml's `vec_dot_type` Q8_0, or Q8_1 for Q4_1 / Q5_1, whose levels round
+/// the same way): Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4, Q4_1 and Q5_1.
+pub fn rounds_activations_to_q8(w: DType) -> bool {
+    matches!(
+        w,
+        DType::Q8_0
+            | DType::Q4_0
+            | DType::Q5_0
+            | DType::IQ4_NL
+            | DType::MXFP4
+            | DType::Q4_1
+            | DType::Q5_1
+    )
+}
+
+/// `x` (an activation row, a multiple of 32 long) as ggml's `quantize_row_q8_0_ref` leaves it:
+/// each block's levels times its f16 scale.
+fn round_to_q8_0(x: &[f64]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(x.len());
+    let mut block = [0u8; 34];
+    let mut vals = [0f32; QK];
+    for chunk in x.chunks(QK) {
+        let xs: Vec<f32> = chunk.iter().map(|&v| v as f32).collect();
+        quantize_q8_0_block(&xs, &mut block);
+        dequantize_q8_0_block(&block, &mut vals);
+        out.extend(vals.iter().map(|&v| f64::from(v)));
+    }
+    out
 }
 
 impl RefMemory {
@@ -640,6 +672,24 @@ impl RefMemory {
         RefMemory {
             tensors: tensors.to_vec(),
             data,
+            llama_rounding: false,
+        }
+    }
+
+    /// With `on`, MUL_MAT and MUL_MAT_ID multiply weights of the types of
+    /// [`rounds_activations_to_q8`] by activations rounded as llama.cpp's CPU backend rounds
+    /// them (Q8_0 blocks), instead of the exact values: the reference of the conformance cases
+    /// that check a backend rounds as llama.cpp does ([`crate::Case::llama_rounding`]).
+    pub fn set_llama_rounding(&mut self, on: bool) {
+        self.llama_rounding = on;
+    }
+
+    /// Activation row `x` as the product with weights of type `w` sees it.
+    fn activations_for(&self, w: DType, x: Vec<f64>) -> Vec<f64> {
+        if self.llama_rounding && rounds_activations_to_q8(w) && x.len().is_multiple_of(QK) {
+            round_to_q8_0(&x)
+        } else {
+            x
         }
     }
 
@@ -1070,16 +1120,20 @@ impl RefMemory {
     fn mul_mat(&mut self, id: TensorId, a: TensorId, b: TensorId) -> RefResult<()> {
         let [k, m, a2, a3] = self.desc(a)?.ne();
         let [_, n, b2, b3] = self.desc(b)?.ne();
+        let wtype = self.desc(a)?.dtype();
         let (va, vb) = (self.read(a)?, self.read(b)?);
         let (r2, r3) = (b2 / a2, b3 / a3);
         let mut out = Vec::with_capacity(m * n * b2 * b3);
         for i3 in 0..b3 {
             for i2 in 0..b2 {
                 for i1 in 0..n {
-                    let brow = &vb[flat([k, n, b2, b3], [0, i1, i2, i3])..][..k];
+                    let brow = self.activations_for(
+                        wtype,
+                        vb[flat([k, n, b2, b3], [0, i1, i2, i3])..][..k].to_vec(),
+                    );
                     for i0 in 0..m {
                         let arow = &va[flat([k, m, a2, a3], [0, i0, i2 / r2, i3 / r3])..][..k];
-                        out.push(arow.iter().zip(brow).map(|(x, y)| x * y).sum());
+                        out.push(arow.iter().zip(&brow).map(|(x, y)| x * y).sum());
                     }
                 }
             }
@@ -1114,7 +1168,8 @@ impl RefMemory {
                         }
                     }
                 };
-                let x = self.read_row(b, i % n_b, t, 0)?;
+                let x =
+                    self.activations_for(self.desc(a)?.dtype(), self.read_row(b, i % n_b, t, 0)?);
                 let out = (0..m)
                     .map(|r| {
                         let w = self.read_row(a, r, e, 0)?;

@@ -289,6 +289,7 @@ fn run_status(device: &dyn Device, backend: &mut dyn Backend, case: &Case) -> St
     // The reference, on the same leaf bytes.
     let want = guarded("the reference", || {
         let mut mem = RefMemory::new(ctx.tensors());
+        mem.set_llama_rounding(case.llama_rounding());
         for (id, bytes) in &leaves {
             mem.set_bytes(*id, bytes)?;
         }
@@ -456,11 +457,12 @@ mod tests {
         Refuse,
     }
 
+    /// The fake device: its fault, and whether it rounds activations as llama.cpp does.
     #[derive(Debug)]
-    struct RefDevice(Fault);
+    struct RefDevice(Fault, bool);
 
     #[derive(Debug)]
-    struct RefBackend(Fault);
+    struct RefBackend(Fault, bool);
 
     impl Device for RefDevice {
         fn name(&self) -> &str {
@@ -498,7 +500,7 @@ mod tests {
             Ok(None)
         }
         fn init_backend(&self, _opts: &BackendOptions) -> Result<Box<dyn Backend>> {
-            Ok(Box::new(RefBackend(self.0)))
+            Ok(Box::new(RefBackend(self.0, self.1)))
         }
     }
 
@@ -523,6 +525,7 @@ mod tests {
                 reason: e,
             };
             let mut mem = RefMemory::new(tensors);
+            mem.set_llama_rounding(self.1);
             for &leaf in graph.leafs() {
                 let t = &tensors[leaf.index()];
                 let (buf, off) = bindings.resolve(tensors, leaf)?;
@@ -570,8 +573,12 @@ mod tests {
         }
     }
 
+    /// `case` on the fake device, rounding activations where the case's reference does.
     fn run_with(fault: Fault, case: &Case) -> CaseOutcome {
-        let dev = RefDevice(fault);
+        run_on(RefDevice(fault, case.llama_rounding()), case)
+    }
+
+    fn run_on(dev: RefDevice, case: &Case) -> CaseOutcome {
         let mut backend = match dev.init_backend(&BackendOptions::default()) {
             Ok(b) => b,
             Err(e) => panic!("{e}"),
@@ -620,6 +627,33 @@ mod tests {
             matches!(&o.status, Status::Fail { reason, .. } if reason.contains("NaN")),
             "{o:?}"
         );
+    }
+
+    #[test]
+    fn rounding_cases_need_llama_cpps_rounding() {
+        // A device multiplying by exact f32 activations fails every rounding=llama case; one
+        // that rounds as llama.cpp does passes them, and the ordinary cases of the same weight
+        // types, whose reference keeps exact activations, within their usual bound.
+        let cases = all_cases();
+        let rounding: Vec<&Case> = cases.iter().filter(|c| c.llama_rounding()).collect();
+        assert!(rounding.len() >= 20, "{} rounding cases", rounding.len());
+        for case in &rounding {
+            let exact = run_on(RefDevice(Fault::None, false), case);
+            assert!(!exact.passed(), "{}", format_line(&exact));
+            let rounded = run_on(RefDevice(Fault::None, true), case);
+            assert!(rounded.passed(), "{}", format_line(&rounded));
+        }
+        let mut ordinary = 0;
+        for case in cases.iter().filter(|c| {
+            !c.llama_rounding()
+                && c.label().starts_with("MUL_MAT")
+                && (c.label().contains("type_a=q8_0,") || c.label().contains("type_a=q4_1,"))
+        }) {
+            let o = run_on(RefDevice(Fault::None, true), case);
+            assert!(o.passed(), "{}", format_line(&o));
+            ordinary += 1;
+        }
+        assert!(ordinary > 10, "{ordinary} ordinary cases");
     }
 
     #[test]
