@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds what scripts/gpu-check.sh --prebuilt runs, on a machine with the toolchain, for a GPU
 # machine that has none (no network, no cargo): the release `tessera` with the cuda and vulkan
-# features, the tessera-cuda / tessera-vulkan test binaries, stripped, and the Vulkan loader's
-# Debian packages, in one folder (about 30 MiB).
+# features, the tessera-cuda / tessera-vulkan test binaries and the model crate's unit tests with
+# the cuda feature (the llama.cpp reference suite), stripped, and the Vulkan loader's Debian
+# packages, in one folder (about 50 MiB).
 #
 # Usage: scripts/gpu-bundle.sh [DIR]   (default .gpu; then scripts/gpu-check.sh --prebuilt DIR)
 # The binaries link glibc and nothing else at build time: libcuda, NVRTC, NCCL and libvulkan are
@@ -15,7 +16,10 @@ rm -f "$DIR"/bin/*
 cargo build --release --features cuda,vulkan
 cp target/release/tessera "$DIR/bin/tessera"
 # Each test binary's path from cargo's JSON messages, named <crate>-<test>.
-cargo test --release -p tessera-cuda -p tessera-vulkan --no-run --message-format=json |
+{
+  cargo test --release -p tessera-cuda -p tessera-vulkan --no-run --message-format=json
+  cargo test --release -p tessera-model --features cuda --lib --no-run --message-format=json
+} |
   python3 -c '
 import json, shutil, sys
 out = sys.argv[1]

@@ -22,6 +22,9 @@ HIP), then, within the time budget (default 570 s, to fit 10 minutes on one H100
   toolchain-test, conformance
                 cargo test --release -p tessera-VENDOR --test toolchain / --test conformance
                 (TESSERA_REQUIRE=VENDOR: a missing device fails instead of skipping)
+  reference     the llama.cpp reference suite on the GPU: the 33 synthetic models of
+                tests/reference/synthetic against llama.cpp's logits, unsplit, on VENDOR:1
+                (TESSERA_REFERENCE_BACKEND=VENDOR, TESSERA_REFERENCE_MODES=none)
   allreduce-vendor, test-tp-vendor
                 NCCL/RCCL: bench-allreduce --path vendor and test-tp over VENDOR:N with N the
                 GPU count (needs two GPUs: one rank per GPU)
@@ -167,7 +170,7 @@ detect() {
 }
 detect
 
-STEPS=(toolchain wheels model build devices toolchain-test conformance test-ops allreduce-vendor
+STEPS=(toolchain wheels model build devices toolchain-test conformance reference test-ops allreduce-vendor
        test-tp-vendor test-tp bench-ops bench-allreduce run-vs-cpu bench vulkan-conformance vulkan-test-tp
        vulkan-mixed-tp vulkan-bench-ops)
 if [ "$NGPU" -eq 0 ]; then
@@ -282,6 +285,18 @@ step toolchain-test 120 $(test_cmd "$VENDOR" toolchain)
 # shellcheck disable=SC2046
 step conformance 240 $(test_cmd "$VENDOR" conformance)
 unset TESSERA_REQUIRE
+# The reference suite: the model crate's unit-test binary (its reference texts are read from
+# this checkout, wherever the binary was built).
+export TESSERA_REFERENCE_BACKEND="$VENDOR" TESSERA_REFERENCE_MODES=none
+export TESSERA_REFERENCE_DIR="$ROOT/tests/reference/synthetic"
+if [ -n "$PREBUILT" ] && [ ! -x "$PREBUILT/bin/tessera-model-unit" ]; then
+  skip reference "no tessera-model-unit in $PREBUILT/bin (a bundle from before gpu-bundle.sh added it)"
+elif [ -n "$PREBUILT" ]; then
+  step reference 180 "$PREBUILT/bin/tessera-model-unit" tests_reference::synthetic --nocapture
+else
+  step reference 300 cargo test --release -p tessera-model --features "$VENDOR" --lib tests_reference::synthetic -- --nocapture
+fi
+unset TESSERA_REFERENCE_BACKEND TESSERA_REFERENCE_MODES TESSERA_REFERENCE_DIR
 DEV0="${VENDOR^^}0"
 step test-ops 180 "$BIN" test-ops --devices "$DEV0" --quiet
 

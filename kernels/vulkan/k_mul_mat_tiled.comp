@@ -1,7 +1,6 @@
 // Tiled MUL_MAT for any weight type (port of k_mul_mat_tiled, kernels/gpu/matmul.cu): a 64 x 64
 // output tile per workgroup of 256 invocations, 4 x 4 outputs per invocation, k in steps of 32 (one
-// quant block) staged through shared memory as f32 (the activations rounded to 8-bit blocks for
-// the weight types of act_q8). grid = (ceil(m / 64), ceil(n / 64), planes).
+// quant block) staged through shared memory as f32. grid = (ceil(m / 64), ceil(n / 64), planes).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -49,21 +48,6 @@ void main() {
             xs[kk][cc] = (col < n && k < kdim) ? ld(x, k, col, i2, i3) : 0.0;
         }
         barrier();
-        if (act_q8(w.type)) {
-            // A column's 32 staged activations are one block (k0 is a multiple of 32), rounded as
-            // llama.cpp rounds them for this weight type: one invocation per column.
-            if (tid < TN) {
-                float amax = 0.0;
-                for (int kk = 0; kk < TK; kk++) {
-                    amax = max(amax, abs(xs[kk][tid]));
-                }
-                vec2 q = q8_round_of(amax);
-                for (int kk = 0; kk < TK; kk++) {
-                    xs[kk][tid] = q8_rounded(q, xs[kk][tid]);
-                }
-            }
-            barrier();
-        }
         for (int kk = 0; kk < TK; kk++) {
             float av[4], bv[4];
             for (int p = 0; p < 4; p++) {

@@ -413,12 +413,16 @@ pub(super) fn check_against_reference(
     report
 }
 
+/// The recorded llama.cpp output of `m`: from `TESSERA_REFERENCE_DIR` when set (a test binary
+/// run away from the checkout it was built in, as on a GPU machine), else from this checkout.
 fn reference_text(m: &ReferenceModel) -> String {
-    let path = format!(
-        "{}/../tests/reference/synthetic/{}.txt",
-        env!("CARGO_MANIFEST_DIR"),
-        m.name
-    );
+    let dir = std::env::var("TESSERA_REFERENCE_DIR").unwrap_or_else(|_| {
+        format!(
+            "{}/../tests/reference/synthetic",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    });
+    let path = format!("{dir}/{}.txt", m.name);
     std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{path}: {e} (run tests/reference/make_references.sh)"))
 }

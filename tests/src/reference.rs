@@ -642,8 +642,9 @@ pub fn rounds_activations_to_q8(w: DType) -> bool {
 }
 
 /// `x` (an activation row, a multiple of 32 long) as ggml's `quantize_row_q8_0_ref` leaves it:
-/// each block's levels times its f16 scale.
-fn round_to_q8_0(x: &[f64]) -> Vec<f64> {
+/// each block's levels times its f16 scale (what weights of the types of
+/// [`rounds_activations_to_q8`] are multiplied by in llama.cpp).
+pub fn round_to_q8_0(x: &[f64]) -> Vec<f64> {
     let mut out = Vec::with_capacity(x.len());
     let mut block = [0u8; 34];
     let mut vals = [0f32; QK];
