@@ -157,13 +157,12 @@ float gemv_q8(float xv[QK], out int qx[QK / 4]) {
     [[unroll]] for (int j = 0; j < QK; j++) {
         amax = max(amax, abs(xv[j]));
     }
-    precise float d = amax / 127.0;
-    precise float id = d != 0.0 ? 1.0 / d : 0.0;
+    vec2 q = q8_round_of(amax);
     [[unroll]] for (int j = 0; j < QK; j += 4) {
-        qx[j / 4] = gemv_pack4(int(roundf_c(xv[j] * id)), int(roundf_c(xv[j + 1] * id)),
-                               int(roundf_c(xv[j + 2] * id)), int(roundf_c(xv[j + 3] * id)));
+        qx[j / 4] = gemv_pack4(int(roundf_c(xv[j] * q.x)), int(roundf_c(xv[j + 1] * q.x)),
+                               int(roundf_c(xv[j + 2] * q.x)), int(roundf_c(xv[j + 3] * q.x)));
     }
-    return h2f(f2h(d));
+    return q.y;
 }
 
 // Weight level j (0..31) of a block, as the integer ggml's dot product uses.
