@@ -6,15 +6,23 @@
 # put there: the system packages, the rustup toolchains (`rustup toolchain install` writes to
 # the real RUSTUP_HOME) and the Gemma model that its PyPI package assembles under ~/.cache.
 #
-#   scripts/ci-cold.sh             # in a new folder under /tmp, kept afterwards
-#   scripts/ci-cold.sh DIR         # in DIR (must not exist yet)
+#   scripts/ci-cold.sh [--keep]          # in a new folder under /tmp
+#   scripts/ci-cold.sh [--keep] DIR      # in DIR (must not exist yet)
 #
-# Prints .ci/run's output, then its table of stage times; the whole log is DIR/ci.log.
+# Prints .ci/run's output, then its table of stage times; the whole log is DIR/ci.log. A run
+# leaves about 9 GiB behind (the clone with its target folder and venv, the caches); afterwards
+# only ci.log stays, unless --keep. Left behind, a few runs fill the disk, and a machine image
+# taken from that disk hands the next CI run a full one.
 # The whole script is one function, read before it runs: editing the file during a run (which
 # takes half an hour) cannot change what the run does.
 main() {
   set -euo pipefail
   repo="$(cd "$(dirname "$0")/.." && pwd)"
+  keep=0
+  if [ "${1:-}" = "--keep" ]; then
+    keep=1
+    shift
+  fi
   work="${1:-$(mktemp -d /tmp/tessera-ci-cold.XXXXXX)}"
   if [ -n "${1:-}" ]; then
     if [ -e "$work" ]; then
@@ -58,6 +66,10 @@ main() {
   env XDG_CACHE_HOME="$work/cache" CARGO_HOME="$work/cargo-home" \
     RUSTUP_HOME="${RUSTUP_HOME:-$HOME/.rustup}" PATH="$toolbin:$(without "$realbin" "$PATH")" CI=true \
     bash .ci/run 2>&1 | tee "$work/ci.log" || status=$?
+  cd "$work"
+  if [ "$keep" = 0 ]; then
+    rm -rf "$work/tessera" "$work/cache" "$work/cargo-home" "$work/toolchain-bin"
+  fi
   echo "ci-cold: exit $status; log in $work/ci.log"
   exit "$status"
 }
