@@ -3,7 +3,8 @@
 # machine that has none (no network, no cargo): the release `tessera` with the cuda and vulkan
 # features, the tessera-cuda / tessera-vulkan test binaries and the model crate's unit tests with
 # the cuda feature (the llama.cpp reference suite), stripped, and the Vulkan loader's Debian
-# packages, in one folder (about 50 MiB).
+# packages, in one folder (47 MiB on 2026-11-27; the run carries it with the working tree, about
+# 10.5 MiB, under the 64 MiB the device tool carries).
 #
 # Usage: scripts/gpu-bundle.sh [DIR]   (default .gpu; then scripts/gpu-check.sh --prebuilt DIR)
 # The binaries link glibc and nothing else at build time: libcuda, NVRTC, NCCL and libvulkan are

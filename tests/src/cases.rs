@@ -1132,8 +1132,10 @@ fn mul_mat_case(type_a: DType, shape: MulMatShape, params: String, tol: Toleranc
 pub fn known_gap(backend: &str, case: &Case) -> Option<&'static str> {
     // The rounding=llama GEMMs (n > 1). Vulkan's tiled GEMM rounded its staged activations
     // correctly in these cases, but a tensor-parallel split of the tiny Q8_0 llama over two
-    // logical lavapipe devices then disagreed with the unsplit run (NMSE 6.4e-5 against 1e-5),
-    // unexplained so far; until it is, prompts on Vulkan multiply exact f32 activations.
+    // logical lavapipe devices then disagreed with the unsplit run (NMSE 6.4e-5 against 1e-5):
+    // one activation of the unsplit run, near a half level, rounded the other way (see
+    // docs/src/backends/vulkan.md). Until test-tp compares rounding splits another way, prompts
+    // on Vulkan multiply exact f32 activations.
     let gemm = case.op() == "MUL_MAT" && !case.label().contains(",n=1,");
     (backend == "vulkan" && case.llama_rounding() && gemm)
         .then_some("the tiled GEMM multiplies exact f32 activations (issue 30)")
