@@ -68,7 +68,8 @@ main() {
     bash .ci/run 2>&1 | tee "$work/ci.log" || status=$?
   cd "$work"
   if [ "$keep" = 0 ]; then
-    rm -rf "$work/tessera" "$work/cache" "$work/cargo-home" "$work/toolchain-bin"
+    rm -rf "$work/tessera" "$work/cache" "$work/cargo-home" "$work/toolchain-bin" ||
+      echo "ci-cold: could not remove all of $work; delete it by hand" >&2
   fi
   echo "ci-cold: exit $status; log in $work/ci.log"
   exit "$status"
