@@ -150,13 +150,9 @@ int gemv_pack4(int a, int b, int c, int d) {
     return (a & 0xff) | ((b & 0xff) << 8) | ((c & 0xff) << 16) | (d << 24);
 }
 
-// quantize_row_q8_0 of one block of activations (amax / 127, the reciprocal, C roundf, an fp16
-// scale): the levels packed four to an int, and the scale.
-float gemv_q8(float xv[QK], out int qx[QK / 4]) {
-    float amax = 0.0;
-    [[unroll]] for (int j = 0; j < QK; j++) {
-        amax = max(amax, abs(xv[j]));
-    }
+// quantize_row_q8_0 of one block of activations whose largest magnitude is amax (amax / 127, the
+// reciprocal, C roundf, an fp16 scale): the levels packed four to an int, and the scale.
+float gemv_q8(float xv[QK], float amax, out int qx[QK / 4]) {
     vec2 q = q8_round_of(amax);
     [[unroll]] for (int j = 0; j < QK; j += 4) {
         qx[j / 4] = gemv_pack4(int(roundf_c(xv[j] * q.x)), int(roundf_c(xv[j + 1] * q.x)),
@@ -217,7 +213,7 @@ GemvX gemv_prep(Gemv g, int wt, int64_t b) {
     bool round = act_q8(wt);
 #ifdef GEMV_INT8
     if (gemv_int8_type(wt)) {
-        x.d = gemv_q8(x.v, x.q);
+        x.d = gemv_q8(x.v, amax, x.q);
         round = false;
     }
 #endif
