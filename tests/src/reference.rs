@@ -19,6 +19,7 @@
 
 use half::{bf16, f16};
 use tessera_core::{DType, GluOp, Graph, Op, RopeMode, TensorDesc, TensorId, UnaryOp};
+use tessera_kernels::cpu::{ActType, WeightType, act_type};
 
 /// Elements per Q8_0 / Q4_0 block.
 pub const QK: usize = 32;
@@ -627,18 +628,10 @@ pub struct RefMemory {
 
 /// Whether llama.cpp's CPU backend multiplies weights of type `w` by activations rounded to
 /// 8-bit blocks of 32 (ggml's `vec_dot_type` Q8_0, or Q8_1 for Q4_1 / Q5_1, whose levels round
-/// the same way): Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4, Q4_1 and Q5_1.
+/// the same way): Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4, Q4_1 and Q5_1. The CPU kernels' table of
+/// ggml's `vec_dot_type` ([`act_type`]) says which.
 pub fn rounds_activations_to_q8(w: DType) -> bool {
-    matches!(
-        w,
-        DType::Q8_0
-            | DType::Q4_0
-            | DType::Q5_0
-            | DType::IQ4_NL
-            | DType::MXFP4
-            | DType::Q4_1
-            | DType::Q5_1
-    )
+    WeightType::of_dtype(w).is_some_and(|wt| matches!(act_type(wt), ActType::Q8_0 | ActType::Q8_1))
 }
 
 /// `x` (an activation row, a multiple of 32 long) as ggml's `quantize_row_q8_0_ref` leaves it:

@@ -54,7 +54,7 @@ impl CpuBufferType {
     /// whole row groups written with `set_tensor`), or `None` if they keep ggml's layout.
     pub fn pack_layout(&self, dtype: DType) -> Option<PackLayout> {
         let isa = self.packs?;
-        PackLayout::for_isa(isa, crate::ops::weight_type(dtype)?)
+        PackLayout::for_isa(isa, tessera_kernels::cpu::WeightType::of_dtype(dtype)?)
     }
 }
 

@@ -46,14 +46,14 @@ impl Packed {
 
 /// The packed layout weights of type `t` get in a buffer packing for level `isa`, if any.
 pub(crate) fn layout_of(isa: Isa, t: &TensorDesc) -> Option<PackLayout> {
-    PackLayout::for_isa(isa, crate::ops::weight_type(t.dtype())?)
+    PackLayout::for_isa(isa, WeightType::of_dtype(t.dtype())?)
 }
 
 /// Tensor `t` in `layout`, if it can be: a type the layout has, contiguous, rows of whole
 /// blocks and a row count per plane that is a multiple of the layout's group (so groups never
 /// straddle planes).
 fn packed_as(t: &TensorDesc, layout: PackLayout) -> Option<Packed> {
-    let wt = crate::ops::weight_type(t.dtype()).filter(|&wt| layout.packs(wt))?;
+    let wt = WeightType::of_dtype(t.dtype()).filter(|&wt| layout.packs(wt))?;
     let ne = t.ne();
     let fits = t.is_contiguous()
         && ne[0] > 0

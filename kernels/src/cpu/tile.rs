@@ -14,6 +14,7 @@ use super::kquant::{
 };
 use super::lowbit::{BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES};
 use super::quant::{BLOCK_Q4_0_BYTES, BLOCK_Q8_0_BYTES, QK4_0, QK8_0, quantize_row_q8_0};
+use tessera_core::DType;
 
 /// Weight element type of a matmul.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +56,29 @@ pub enum WeightType {
 }
 
 impl WeightType {
+    /// The weight type of tensors of dtype `d`, or `None` where the kernels have none.
+    pub fn of_dtype(d: DType) -> Option<WeightType> {
+        Some(match d {
+            DType::F32 => WeightType::F32,
+            DType::F16 => WeightType::F16,
+            DType::BF16 => WeightType::BF16,
+            DType::Q8_0 => WeightType::Q8_0,
+            DType::Q4_0 => WeightType::Q4_0,
+            DType::Q5_0 => WeightType::Q5_0,
+            DType::Q4_1 => WeightType::Q4_1,
+            DType::Q5_1 => WeightType::Q5_1,
+            DType::Q4_K => WeightType::Q4_K,
+            DType::Q5_K => WeightType::Q5_K,
+            DType::Q6_K => WeightType::Q6_K,
+            DType::Q2_K => WeightType::Q2_K,
+            DType::Q3_K => WeightType::Q3_K,
+            DType::IQ4_NL => WeightType::IQ4_NL,
+            DType::IQ4_XS => WeightType::IQ4_XS,
+            DType::MXFP4 => WeightType::MXFP4,
+            _ => return None,
+        })
+    }
+
     /// All weight types.
     pub const ALL: [WeightType; 16] = [
         WeightType::F32,

@@ -5,7 +5,7 @@
 use super::{Exec, ThreadScratch, row_index, split_range};
 use crate::tview::TView;
 use std::sync::atomic::Ordering;
-use tessera_core::{DType, TensorDesc, TensorId};
+use tessera_core::{TensorDesc, TensorId};
 use tessera_kernels::cpu::{self as k, ActType, WeightType};
 
 /// Weight rows per chunk when there is one column (GEMV): small, so all threads stay busy (and a
@@ -27,37 +27,13 @@ pub(crate) const GEMM_ROWS: usize = 64;
 /// Activation columns per chunk for GEMM.
 pub(crate) const GEMM_COLS: usize = 64;
 
-/// The kernels' weight type for a MUL_MAT weight dtype, or `None` if there is no kernel for it
-/// (`supports` refuses those nodes).
-pub(crate) fn weight_type(d: DType) -> Option<WeightType> {
-    Some(match d {
-        DType::F32 => WeightType::F32,
-        DType::F16 => WeightType::F16,
-        DType::BF16 => WeightType::BF16,
-        DType::Q8_0 => WeightType::Q8_0,
-        DType::Q4_0 => WeightType::Q4_0,
-        DType::Q5_0 => WeightType::Q5_0,
-        DType::Q4_1 => WeightType::Q4_1,
-        DType::Q5_1 => WeightType::Q5_1,
-        DType::Q4_K => WeightType::Q4_K,
-        DType::Q5_K => WeightType::Q5_K,
-        DType::Q6_K => WeightType::Q6_K,
-        DType::Q2_K => WeightType::Q2_K,
-        DType::Q3_K => WeightType::Q3_K,
-        DType::IQ4_NL => WeightType::IQ4_NL,
-        DType::IQ4_XS => WeightType::IQ4_XS,
-        DType::MXFP4 => WeightType::MXFP4,
-        _ => return None,
-    })
-}
-
 /// Shared scratch bytes for the prepared activations of MUL_MAT node `t`.
 pub(crate) fn act_bytes(tensors: &[TensorDesc], t: &TensorDesc) -> usize {
     let (Some(a), Some(b)) = (t.src(0), t.src(1)) else {
         return 0;
     };
     let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
-    let Some(wt) = weight_type(a.dtype()) else {
+    let Some(wt) = WeightType::of_dtype(a.dtype()) else {
         return 0;
     };
     k::act_row_bytes(k::act_type(wt), b.ne()[0]) * b.nrows()
@@ -72,7 +48,7 @@ pub(crate) fn mul_mat(
 ) {
     let (dst, w, x) = (exec.view(node), exec.src(node, 0), exec.src(node, 1));
     let kdim = w.ne[0];
-    let Some(wt) = weight_type(w.dtype) else {
+    let Some(wt) = WeightType::of_dtype(w.dtype) else {
         // `supports` refuses such nodes before a run; report rather than compute garbage.
         if ith == 0 {
             exec.fail(format!(

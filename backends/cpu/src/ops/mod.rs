@@ -10,7 +10,6 @@ mod elementwise;
 mod matmul;
 mod moe;
 
-pub(crate) use matmul::weight_type;
 mod norm;
 mod rope;
 
@@ -224,7 +223,8 @@ pub(crate) fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
         }
         // Q8_K is an activation format (as in ggml): no weight kernel takes it.
         k @ (OpKind::MulMat | OpKind::MulMatId)
-            if src_dtype(0).is_some_and(|d| matmul::weight_type(d).is_none()) =>
+            if src_dtype(0)
+                .is_some_and(|d| tessera_kernels::cpu::WeightType::of_dtype(d).is_none()) =>
         {
             Support::No(format!(
                 "{k} has no CPU kernel for {} weights",

@@ -8,7 +8,6 @@
 
 use super::matmul::{
     GEMM_COLS, GEMM_ROWS, GEMV_ROWS, PACKED_GEMV_MAX_ROWS, prepare_column, tile_product,
-    weight_type,
 };
 use super::{Exec, ThreadScratch, my_rows, split_range};
 use crate::tview::TView;
@@ -94,7 +93,7 @@ pub(crate) fn act_bytes(tensors: &[TensorDesc], t: &TensorDesc) -> usize {
         return 0;
     };
     let (a, b) = (&tensors[a.index()], &tensors[b.index()]);
-    let Some(wt) = weight_type(a.dtype()) else {
+    let Some(wt) = k::WeightType::of_dtype(a.dtype()) else {
         return 0;
     };
     k::act_row_bytes(k::act_type(wt), b.ne()[0]) * t.ne()[1] * t.ne()[2]
@@ -130,7 +129,7 @@ fn mul_mat_id_routed(
         exec.src(node, 2),
     );
     let label = || exec.graph.label(node);
-    let Some(wt) = weight_type(w.dtype) else {
+    let Some(wt) = k::WeightType::of_dtype(w.dtype) else {
         if ith == 0 {
             exec.fail(format!(
                 "MUL_MAT_ID {}: no kernel for {} weights",
