@@ -562,6 +562,13 @@ impl Session {
         Ok(())
     }
 
+    /// The stream of the scheduler's device `device` (in [`Session::devices`] order), for its
+    /// reports through [`tessera::Backend::as_any`] (a GPU stream's programs, a meta stream's
+    /// all-reduces).
+    pub fn backend(&self, device: usize) -> Option<&dyn tessera::Backend> {
+        self.sched.backend(device)
+    }
+
     /// Compute buffers the scheduler has allocated so far (a re-run of a planned shape adds
     /// none).
     pub fn scheduler_allocations(&self) -> usize {

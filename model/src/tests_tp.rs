@@ -292,6 +292,46 @@ fn sycl_devices_match_single_cpu_device() {
     }
 }
 
+/// A decode loop on a GPU device plans its launches once (issue: GPU plans become programs): 32
+/// tokens one at a time from position 0 on SYCL0 stay within one `KV_PAD` span, so the session
+/// reuses its step graph and the stream reuses the program it planned for it 31 times, with the
+/// same logits as the CPU. Without a SYCL runtime it prints why and returns, unless
+/// `TESSERA_REQUIRE=sycl` (CI) makes that a failure.
+#[cfg(feature = "sycl")]
+#[test]
+fn sycl_decode_loop_plans_its_program_once() {
+    if let Some(why) = tessera::sycl::SyclRegistry::new().reason() {
+        let required = std::env::var("TESSERA_REQUIRE")
+            .is_ok_and(|v| v.split(',').any(|b| b.trim() == "sycl"));
+        assert!(!required, "TESSERA_REQUIRE=sycl: {why}");
+        eprintln!("skipped: no SYCL devices: {why}");
+        return;
+    }
+    let model = LlamaModel::new(config(DType::F32), SEED).unwrap();
+    let open = |spec: &str| {
+        let devs = registry().select(spec).unwrap();
+        let ld = layer_devices(model.config().n_layer, &[], 1).unwrap();
+        Session::on_devices(&model, &devs, &ld, SchedOptions::default()).unwrap()
+    };
+    let (mut gpu, mut cpu) = (open("SYCL0"), open("cpu:1"));
+    for i in 0..32 {
+        let tok = [(i * 7 + 3) % model.config().n_vocab as i32];
+        let (g, c) = (gpu.eval(&tok).unwrap(), cpu.eval(&tok).unwrap());
+        let e = nmse(&g, &c);
+        assert!(e <= 1e-6, "token {i}: SYCL0 vs CPU nmse {e:e}");
+    }
+    assert_eq!(gpu.plans(), 1, "the session planned its step graph once");
+    let stream = gpu
+        .backend(0)
+        .and_then(|b| b.as_any())
+        .and_then(|a| a.downcast_ref::<tessera::sycl::SyclBackend>())
+        .expect("SYCL0's stream");
+    let st = stream.program_stats();
+    assert_eq!((st.planned, st.reused), (1, 31), "{st:?}");
+    // SYCL cannot record: every token launched its nodes (CUDA replays them instead).
+    assert_eq!((st.recorded, st.replayed), (0, 0), "{st:?}");
+}
+
 #[test]
 fn a_tied_output_splits_as_windows_into_the_single_embedding() {
     // CPU devices of one process keep the mirrored embedding once; the untied output's

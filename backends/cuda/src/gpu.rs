@@ -96,6 +96,26 @@ impl Driver for Cuda {
     ) -> Result<()> {
         s.copy_dtoh_pinned(dst, doff, src, soff, len)
     }
+    fn record_begin(stream: &Stream) -> Result<bool> {
+        stream.begin_capture().map(|()| true)
+    }
+    fn record_end(stream: &Stream) -> Result<Box<dyn std::any::Any + Send + Sync>> {
+        Ok(Box::new(stream.end_capture()?))
+    }
+    fn replay(stream: &Stream, recorded: &(dyn std::any::Any + Send + Sync)) -> Result<()> {
+        match recorded.downcast_ref::<driver::GraphExec>() {
+            Some(g) => stream.launch_graph(g),
+            None => Err(tessera_core::Error::InvalidArgument(
+                "cuda: a recording of another backend".into(),
+            )),
+        }
+    }
+    fn event_record_timed(stream: &Stream) -> Result<Option<RawEvent>> {
+        RawEvent::record_timed(stream).map(Some)
+    }
+    fn event_elapsed_ms(start: &RawEvent, end: &RawEvent) -> Result<f32> {
+        RawEvent::elapsed_ms(start, end)
+    }
     fn load_module(&self, gpu: &Arc<Gpu>, unit: &Unit) -> Result<Module> {
         compile::load_module(gpu, &self.nvrtc, unit.file)
     }

@@ -261,6 +261,57 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     fn event_sync(event: &Self::Event) -> Result<()>;
     /// Whether `event` completed (an error counts as completed: [`Driver::event_sync`] reports it).
     fn event_query(event: &Self::Event) -> bool;
+    /// Optional. Starts recording the work queued on `stream` into one replayable program
+    /// (CUDA graphs): nothing queued until [`Driver::record_end`] runs. Default `Ok(false)`: the
+    /// driver cannot record, and streams launch every node of every graph.
+    ///
+    /// # Errors
+    /// The driver's status.
+    fn record_begin(_stream: &Self::Stream) -> Result<bool> {
+        Ok(false)
+    }
+    /// Optional. Ends the recording [`Driver::record_begin`] started (also after a failed
+    /// launch, to leave the stream usable) and returns it, ready to replay. Default: unsupported
+    /// (never called where `record_begin` gives `false`).
+    ///
+    /// # Errors
+    /// The driver's status.
+    fn record_end(_stream: &Self::Stream) -> Result<Box<dyn std::any::Any + Send + Sync>> {
+        Err(Error::InvalidArgument(format!(
+            "{}: no recording",
+            Self::NAME
+        )))
+    }
+    /// Optional. Queues a recording of [`Driver::record_end`] on `stream`: the same kernels
+    /// with the same arguments, in one call. Default: unsupported.
+    ///
+    /// # Errors
+    /// The driver's status.
+    fn replay(_stream: &Self::Stream, _recorded: &(dyn std::any::Any + Send + Sync)) -> Result<()> {
+        Err(Error::InvalidArgument(format!(
+            "{}: no recording",
+            Self::NAME
+        )))
+    }
+    /// Optional. A new event with a timestamp, recorded on `stream` now, for the kernel profile
+    /// (`TESSERA_GPU_PROFILE`). Default `Ok(None)`: the profile then has host times only.
+    ///
+    /// # Errors
+    /// The driver's status.
+    fn event_record_timed(_stream: &Self::Stream) -> Result<Option<Self::Event>> {
+        Ok(None)
+    }
+    /// Optional. Milliseconds of device time between two completed events of
+    /// [`Driver::event_record_timed`]. Default: unsupported (never called where that gives none).
+    ///
+    /// # Errors
+    /// The driver's status.
+    fn event_elapsed_ms(_start: &Self::Event, _end: &Self::Event) -> Result<f32> {
+        Err(Error::InvalidArgument(format!(
+            "{}: no timed events",
+            Self::NAME
+        )))
+    }
 
     // --- kernels -----------------------------------------------------------------------------
 

@@ -10,14 +10,17 @@
 //!   `BufferType` and `Buffer` traits.
 //! - [`GpuStream`] and [`GpuEvent`]: the core `Backend` (a driver stream: graphs launched from
 //!   the plans of `tessera_kernels::gpu::plan`, in-flight batches, status words, async, peer and
-//!   staged copies) and events with cross-stream waits.
+//!   staged copies) and events with cross-stream waits. A stream keeps what it planned for a
+//!   graph as a [`program`] and reuses it (recorded and replayed where the driver records:
+//!   CUDA graphs); [`profile`] times where its work goes (`TESSERA_GPU_PROFILE=1`).
 //! - [`GpuRegistry`]: devices `PREFIX0..` or the reason there are none, and the comm trio
 //!   ([`comm`]) over an NCCL-API library ([`nccl`]); [`comm_host`] is the host-staged trio for
 //!   drivers with no collective library (Vulkan).
 //!
-//! Modules import downwards only: `driver` → `runtime` → `buffer` → `stream` → `device` →
-//! `registry`; `comm` sits beside the registry. `unsafe` is confined to [`sys`] (library loading,
-//! the NCCL table), kernel launches in `stream` and `comm`, and the comm trio's C entry points.
+//! Modules import downwards only: `driver` → `runtime` → `buffer` → `profile`, `program` →
+//! `stream` → `device` → `registry`; `comm` sits beside the registry. `unsafe` is confined to
+//! [`sys`] (library loading, the NCCL table), kernel launches in `stream`, `program` (recording)
+//! and `comm`, and the comm trio's C entry points.
 //!
 //! A vendor crate provides `impl Driver for Vendor` over its FFI tables and compile step (CUDA
 //! and HIP also `impl RegistryDriver`, with a `static` holding the [`Runtime`]) and type aliases
@@ -30,6 +33,8 @@ pub mod comm_host;
 mod device;
 mod driver;
 mod inflight;
+pub mod profile;
+pub mod program;
 mod registry;
 mod runtime;
 mod stream;
@@ -40,6 +45,7 @@ pub use comm::{Slot, f32_wire, validate_slices};
 pub use device::GpuDevice;
 pub use driver::{Driver, NoPinned, PinnedMem};
 pub use inflight::InFlight;
+pub use program::ProgramStats;
 pub use registry::GpuRegistry;
 pub use runtime::{GpuContext, Kernels, RegistryDriver, Runtime};
 pub use stream::{GpuEvent, GpuStream};

@@ -8,6 +8,8 @@
 use crate::buffer::{GpuBuffer, HostBuffer};
 use crate::driver::Driver;
 use crate::inflight::InFlight;
+use crate::profile::{Phase, Profile, timed};
+use crate::program::{ProgramStats, Programs};
 use crate::runtime::{GpuContext, Kernels};
 use std::any::Any;
 use std::sync::Arc;
@@ -65,6 +67,10 @@ pub struct GpuStream<D: Driver> {
     kernels: Arc<Kernels<D>>,
     status: D::Mem,
     inflight: InFlight<D::Event>,
+    /// `TESSERA_GPU_PROFILE`'s counters ([`crate::profile`]), when asked for.
+    profile: Option<Profile<D>>,
+    /// Graphs planned on this stream, kept for reuse ([`crate::program`]).
+    programs: Programs<D>,
 }
 
 impl<D: Driver> GpuStream<D> {
@@ -80,6 +86,8 @@ impl<D: Driver> GpuStream<D> {
             kernels,
             status,
             inflight: InFlight::new(),
+            profile: Profile::from_env(),
+            programs: Programs::new(),
         })
     }
 
@@ -91,6 +99,17 @@ impl<D: Driver> GpuStream<D> {
     /// The GPU context (for a vendor's own comm).
     pub fn context(&self) -> &Arc<GpuContext<D>> {
         &self.ctx
+    }
+
+    /// Turns the profile ([`crate::profile`]) on (fresh counters) or off; it starts on when
+    /// `TESSERA_GPU_PROFILE` is set.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = if on { Some(Profile::new()) } else { None };
+    }
+
+    /// The profile's report so far, when profiling.
+    pub fn profile_report(&self) -> Option<String> {
+        self.profile.as_ref().map(|p| p.report(&self.name))
     }
 
     /// The driver stream (for a vendor's own comm).
@@ -105,13 +124,17 @@ impl<D: Driver> GpuStream<D> {
             .hold(buffers, D::event_query, || D::event_record(stream))
     }
 
-    fn device_buffer<'a>(&self, b: &'a dyn Buffer, what: &str) -> Result<&'a GpuBuffer<D>> {
+    fn device_buffer<'a>(
+        &self,
+        b: &'a dyn Buffer,
+        what: &dyn Fn() -> String,
+    ) -> Result<&'a GpuBuffer<D>> {
         b.as_any()
             .downcast_ref::<GpuBuffer<D>>()
             .filter(|c| c.gpu_ordinal() == self.gpu_ordinal())
             .ok_or_else(|| Error::Foreign {
                 backend: D::NAME.into(),
-                what: format!("{what} {} is not memory of {}", b.name(), self.name),
+                what: format!("{} {} is not memory of {}", what(), b.name(), self.name),
             })
     }
 
@@ -123,37 +146,125 @@ impl<D: Driver> GpuStream<D> {
     }
 }
 
+impl<D: Driver> GpuStream<D> {
+    /// Runs `graph`: reuses the program planned for it when the graph and its addresses are
+    /// unchanged (replaying its recording where the driver records), else checks, plans and
+    /// keeps a new one. With a profile, times each phase and each launch (and never replays).
+    fn run_graph(
+        &mut self,
+        graph: &Graph,
+        bindings: &Bindings,
+        profile: &mut Option<Profile<D>>,
+    ) -> Result<()> {
+        let gpu = self.ctx.gpu().clone();
+        let tensors = graph.tensors();
+        let check = |graph: &Graph| -> Result<()> {
+            bindings.check_graph(graph)?;
+            tessera_core::backend::check_supported(graph, &self.name, |t, n| {
+                supports::<D>(&gpu, t, n)
+            })
+        };
+        let resolved = timed(profile, Phase::Resolve, || {
+            plan::resolve(graph, bindings, &self.name, |b, what| {
+                Ok(self.device_buffer(b, what)?.ptr())
+            })
+        });
+        let (ptrs, held) = match resolved {
+            Ok(r) => r,
+            Err(e) => {
+                // Report what the checks find first, as for a graph that resolves.
+                timed(profile, Phase::Check, || check(graph))?;
+                return Err(e);
+            }
+        };
+        let status = D::mem_ptr(&self.status);
+        let index = match self.programs.find(graph, &ptrs, status, &held) {
+            Some(i) => i,
+            None => {
+                timed(profile, Phase::Check, || check(graph))?;
+                let has = |k: &str| D::ALL_KERNELS || D::has_kernel(&gpu, k);
+                let mut launches = Vec::with_capacity(graph.nodes().len());
+                for &n in graph.nodes() {
+                    let planned = timed(profile, Phase::Plan, || {
+                        Ok(plan::plan_with(tensors, &ptrs, status, n, &has))
+                    })?;
+                    let Some(l) = planned else {
+                        continue;
+                    };
+                    let f = timed(profile, Phase::Lookup, || self.kernels.for_launch(&l))?;
+                    launches.push((n, f, l));
+                }
+                self.programs.insert(graph, ptrs, status, &held, launches)
+            }
+        };
+        // A profile times every launch, which a replay would hide.
+        if profile.is_none() && self.programs.prepare_run(index, &self.stream) {
+            self.programs.replay(index, &self.stream)?;
+            return self.hold(held);
+        }
+        let first = profile.as_mut().and_then(|p| p.mark(&self.stream));
+        for (n, f, l) in &self.programs.get(index).launches {
+            let start = profile.as_mut().and_then(|p| p.mark(&self.stream));
+            // SAFETY: the plan builds `args` in the exact order and sizes of the kernel's C
+            // parameter list (see the kernel sources); tensor addresses come from bindings checked
+            // to fit their buffers (`Bindings::check_graph`) when the program was planned, the
+            // program is reused only with the same live buffers at the same addresses, and
+            // `hold` below keeps those buffers alive until the work completes.
+            timed(profile, Phase::Launch, || unsafe {
+                D::launch(&self.stream, f, l)
+            })?;
+            if let Some(p) = profile.as_mut() {
+                let end = p.mark(&self.stream);
+                let t = &tensors[n.index()];
+                let dtype = t.src(0).map_or(t.dtype(), |s| tensors[s.index()].dtype());
+                p.launch(
+                    format!("{} {dtype} · {}", t.op().name(), l.kernel),
+                    start,
+                    end,
+                );
+            }
+        }
+        if let Some(p) = profile.as_mut() {
+            let last = p.mark(&self.stream);
+            p.span(first, last);
+        }
+        self.hold(held)
+    }
+
+    /// What this stream's programs did so far ([`crate::program`]).
+    pub fn program_stats(&self) -> ProgramStats {
+        self.programs.stats
+    }
+
+    /// Turns recording and replay of programs on or off (on by default where the driver
+    /// records, unless `TESSERA_GPU_REPLAY=0`).
+    pub fn set_replay(&mut self, on: bool) {
+        self.programs.set_replay(on);
+    }
+}
+
 impl<D: Driver> Backend for GpuStream<D> {
     fn name(&self) -> &str {
         &self.name
     }
 
     fn compute(&mut self, graph: &Graph, bindings: &Bindings) -> Result<()> {
-        bindings.check_graph(graph)?;
-        let tensors = graph.tensors();
-        let gpu = self.ctx.gpu();
-        tessera_core::backend::check_supported(graph, &self.name, |t, n| supports::<D>(gpu, t, n))?;
-        let (ptrs, held) = plan::resolve(graph, bindings, &self.name, |b, what| {
-            Ok(self.device_buffer(b, what)?.ptr())
-        })?;
-        let status = D::mem_ptr(&self.status);
-        let has = |k: &str| D::ALL_KERNELS || D::has_kernel(gpu, k);
-        for &n in graph.nodes() {
-            let Some(l) = plan::plan_with(tensors, &ptrs, status, n, &has) else {
-                continue;
-            };
-            let f = self.kernels.for_launch(&l)?;
-            // SAFETY: the plan builds `args` in the exact order and sizes of the kernel's C
-            // parameter list (see the kernel sources); tensor addresses come from bindings checked
-            // to fit their buffers (`Bindings::check_graph`), and `hold` below keeps those buffers
-            // alive until the work completes.
-            unsafe { D::launch(&self.stream, &f, &l)? };
+        let mut profile = self.profile.take();
+        let t0 = profile.is_some().then(std::time::Instant::now);
+        let r = self.run_graph(graph, bindings, &mut profile);
+        if let (Some(p), Some(t0)) = (profile.as_mut(), t0) {
+            p.graph(graph.nodes().len(), t0.elapsed());
         }
-        self.hold(held)
+        self.profile = profile;
+        r
     }
 
     fn synchronize(&mut self) -> Result<()> {
+        let t0 = std::time::Instant::now();
         D::stream_sync(&self.stream)?;
+        if let Some(p) = self.profile.as_mut() {
+            p.synchronized(t0.elapsed());
+        }
         self.inflight.clear();
         let mut words = [0u8; 8];
         D::read_staged(&self.stream, &self.status, 0, &mut words)?;
@@ -245,13 +356,23 @@ impl<D: Driver> Backend for GpuStream<D> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+
+    fn as_any(&self) -> Option<&dyn Any> {
+        Some(self)
+    }
 }
 
 impl<D: Driver> Drop for GpuStream<D> {
     fn drop(&mut self) {
         // Queued work may still read held buffers and the status word: let it finish.
+        let t0 = std::time::Instant::now();
         if let Err(e) = D::stream_sync(&self.stream) {
             tracing::warn!(device = %self.name, error = %e, backend = D::NAME, "stream failed while dropping");
+        }
+        if let Some(p) = self.profile.as_mut().filter(|p| p.graphs() > 0) {
+            p.synchronized(t0.elapsed());
+            // Asked for by TESSERA_GPU_PROFILE: a report for the person who set it.
+            eprint!("{}", p.report(&self.name));
         }
     }
 }

@@ -1,14 +1,18 @@
 //! The shared runtime over a host-memory driver: what CUDA and HIP run through but cannot run
 //! here without a GPU — registry naming and bounds, logical devices sharing a GPU, buffer
 //! and stream copies (same GPU, peer, host fallback), events, the kernel cache's errors, and the
-//! comm trio's declines and slice validation. Kernels do not execute on this driver (it has no
-//! compiler): every module load fails with a reason, which the cache must keep and report.
+//! comm trio's declines and slice validation, and the stream profile. Kernels do not execute on
+//! this driver: modules other than elementwise.cu fail to load with a reason, which the cache must
+//! keep and report; elementwise.cu's kernels "launch" by being counted, so graphs of
+//! element-wise nodes go through planning and launching.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tessera_core::comm::{CommApi, CommCall};
-use tessera_core::{Backend, BackendOptions, Buffer, Device, Error, Registry, Result};
+use tessera_core::{
+    Backend, BackendOptions, Buffer, Context, DType, Device, Error, Registry, Result,
+};
 use tessera_gpu::nccl::Nccl;
 use tessera_gpu::{
     Driver, GpuBuffer, GpuRegistry, GpuStream, NoPinned, RegistryDriver, Runtime, Unit,
@@ -32,6 +36,12 @@ struct Mem {
 #[derive(Debug)]
 struct Stream {
     gpu: Arc<Gpu>,
+    /// Kernels this stream ran (a replay runs each kernel it recorded).
+    launches: AtomicUsize,
+    /// The kernels being recorded, while recording.
+    recording: Mutex<Option<Vec<&'static str>>>,
+    /// Makes the next recordings fail at their first launch.
+    fail_recording: AtomicBool,
 }
 
 /// Copies recorded by the mock, to check which path a copy took.
@@ -116,7 +126,12 @@ impl Driver for Mock {
         copy_mem(dst, doff, src, soff, len)
     }
     fn stream_create(gpu: &Arc<Gpu>) -> Result<Stream> {
-        Ok(Stream { gpu: gpu.clone() })
+        Ok(Stream {
+            gpu: gpu.clone(),
+            launches: AtomicUsize::new(0),
+            recording: Mutex::new(None),
+            fail_recording: AtomicBool::new(false),
+        })
     }
     fn stream_gpu(stream: &Stream) -> &Arc<Gpu> {
         &stream.gpu
@@ -160,19 +175,48 @@ impl Driver for Mock {
         true
     }
     fn load_module(&self, gpu: &Arc<Gpu>, unit: &Unit) -> Result<()> {
+        if unit.file == "elementwise.cu" {
+            return Ok(());
+        }
         Err(Error::Compute {
             device: gpu.name.clone(),
             reason: format!("the mock has no compiler for {}", unit.file),
         })
     }
     fn function(_: &(), name: &str) -> Result<&'static str> {
-        Err(Error::InvalidArgument(format!("no mock kernel {name}")))
+        tessera_kernels::gpu::KERNELS
+            .iter()
+            .find(|(_, k)| *k == name)
+            .map(|(_, k)| *k)
+            .ok_or_else(|| Error::InvalidArgument(format!("no mock kernel {name}")))
     }
-    unsafe fn launch(_: &Stream, _: &&'static str, l: &Launch) -> Result<()> {
-        Err(Error::InvalidArgument(format!(
-            "mock cannot launch {}",
-            l.kernel
-        )))
+    unsafe fn launch(s: &Stream, f: &&'static str, l: &Launch) -> Result<()> {
+        assert_eq!(*f, l.kernel, "the stream launches the kernel it planned");
+        match s.recording.lock().unwrap().as_mut() {
+            Some(_) if s.fail_recording.load(Ordering::Relaxed) => {
+                return Err(Error::InvalidArgument("mock recording failed".into()));
+            }
+            Some(r) => r.push(f),
+            None => {
+                s.launches.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+    fn record_begin(s: &Stream) -> Result<bool> {
+        *s.recording.lock().unwrap() = Some(Vec::new());
+        Ok(true)
+    }
+    fn record_end(s: &Stream) -> Result<Box<dyn Any + Send + Sync>> {
+        let r = s.recording.lock().unwrap().take();
+        Ok(Box::new(r.expect("recording")))
+    }
+    fn replay(s: &Stream, r: &(dyn Any + Send + Sync)) -> Result<()> {
+        let kernels = r
+            .downcast_ref::<Vec<&'static str>>()
+            .expect("a mock recording");
+        s.launches.fetch_add(kernels.len(), Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -384,4 +428,134 @@ fn slices_are_validated_before_anything_is_queued() {
             status
         );
     }
+}
+
+/// `(a + b) * b`: two element-wise nodes, allocated on `dev`.
+fn two_nodes(dev: &Arc<dyn Device>) -> (tessera_core::Graph, tessera_core::TensorBuffer) {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor(DType::F32, [8, 2]).unwrap();
+    let b = ctx.new_tensor(DType::F32, [8, 2]).unwrap();
+    let sum = ctx.add(a, b).unwrap();
+    let prod = ctx.mul(sum, b).unwrap();
+    let graph = ctx.build_forward(prod).unwrap();
+    (graph, dev.buffer_type().alloc_tensors(&ctx).unwrap())
+}
+
+fn mock_stream(s: &mut Box<dyn Backend>) -> &mut GpuStream<Mock> {
+    s.as_any_mut().downcast_mut::<GpuStream<Mock>>().unwrap()
+}
+
+#[test]
+fn the_profile_counts_host_phases_and_launches_per_op() {
+    let devs = devices(1);
+    let mut s = stream(&devs[0]);
+    let gs = mock_stream(&mut s);
+    assert!(gs.profile_report().is_none(), "off unless asked for");
+    gs.set_profiling(true);
+    let (graph, buf) = two_nodes(&devs[0]);
+    for _ in 0..3 {
+        gs.compute(&graph, buf.bindings()).unwrap();
+        gs.synchronize().unwrap();
+    }
+    // A profile times every launch: no replay, each node launched each time.
+    assert_eq!(gs.driver_stream().launches.load(Ordering::Relaxed), 6);
+    assert_eq!(gs.program_stats().replayed, 0);
+    let report = gs.profile_report().unwrap();
+    assert!(
+        report.contains("3 graphs, 2.0 nodes and 2.0 launches per graph"),
+        "{report}"
+    );
+    // Host phases are timed; the mock has no timed events, which the report says.
+    assert!(
+        report.contains("host per graph:") && report.contains("kernel lookup"),
+        "{report}"
+    );
+    assert!(
+        report.contains("the driver has no timed events"),
+        "{report}"
+    );
+    let rows: Vec<&str> = report
+        .lines()
+        .filter(|l| l.starts_with("| ADD") || l.starts_with("| MUL"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{report}");
+    for r in rows {
+        assert!(r.contains("f32 · k_") && r.contains("| 1.0 |"), "{r}");
+    }
+}
+
+#[test]
+fn a_graph_is_planned_once_then_recorded_and_replayed() {
+    let devs = devices(1);
+    let mut s = stream(&devs[0]);
+    let gs = mock_stream(&mut s);
+    let (graph, buf) = two_nodes(&devs[0]);
+    let run =
+        |gs: &mut GpuStream<Mock>, graph: &tessera_core::Graph, b: &tessera_core::Bindings| {
+            gs.compute(graph, b).unwrap();
+            gs.synchronize().unwrap();
+        };
+    for _ in 0..4 {
+        run(gs, &graph, buf.bindings());
+    }
+    // Run 1 launches each node; run 2 records (launching nothing) and replays; 3 and 4 replay.
+    let stats = gs.program_stats();
+    assert_eq!(
+        (stats.planned, stats.reused, stats.recorded, stats.replayed),
+        (1, 3, 1, 3)
+    );
+    assert_eq!(gs.driver_stream().launches.load(Ordering::Relaxed), 8);
+    // A clone of the graph is the same graph; other memory is not.
+    run(gs, &graph.clone(), buf.bindings());
+    let (_, other) = two_nodes(&devs[0]);
+    run(gs, &graph, other.bindings());
+    let stats = gs.program_stats();
+    assert_eq!((stats.planned, stats.replayed), (2, 4));
+    // An equal graph built again is another graph: planned anew.
+    let (graph2, _) = two_nodes(&devs[0]);
+    run(gs, &graph2, buf.bindings());
+    assert_eq!(gs.program_stats().planned, 3);
+    // With replay off every run launches each node.
+    gs.set_replay(false);
+    let before = gs.driver_stream().launches.load(Ordering::Relaxed);
+    for _ in 0..2 {
+        run(gs, &graph, buf.bindings());
+    }
+    assert_eq!(
+        gs.driver_stream().launches.load(Ordering::Relaxed) - before,
+        4
+    );
+    assert_eq!(gs.program_stats().replayed, 4);
+}
+
+#[test]
+fn a_failed_recording_falls_back_to_launching_each_node() {
+    let devs = devices(1);
+    let mut s = stream(&devs[0]);
+    let gs = mock_stream(&mut s);
+    gs.driver_stream()
+        .fail_recording
+        .store(true, Ordering::Relaxed);
+    let (graph, buf) = two_nodes(&devs[0]);
+    for _ in 0..3 {
+        gs.compute(&graph, buf.bindings()).unwrap();
+        gs.synchronize().unwrap();
+    }
+    let stats = gs.program_stats();
+    assert_eq!((stats.planned, stats.recorded, stats.replayed), (1, 0, 0));
+    assert_eq!(gs.driver_stream().launches.load(Ordering::Relaxed), 6);
+    // The failed recording was ended: the stream is not left recording.
+    assert!(gs.driver_stream().recording.lock().unwrap().is_none());
+}
+
+#[test]
+fn a_graph_on_foreign_memory_is_refused_before_anything_runs() {
+    let devs = devices(2);
+    let mut s = stream(&devs[0]);
+    let gs = mock_stream(&mut s);
+    let (graph, buf) = two_nodes(&devs[1]);
+    let e = gs.compute(&graph, buf.bindings()).unwrap_err().to_string();
+    assert!(e.contains("is not memory of MOCK0"), "{e}");
+    assert_eq!(gs.driver_stream().launches.load(Ordering::Relaxed), 0);
+    assert_eq!(gs.program_stats().planned, 0);
 }

@@ -114,6 +114,16 @@ impl Graph {
     }
     /// A graph over `tensors` with the given nodes, leaves and outputs (schedulers build
     /// per-device sub-graphs this way; descriptors are trusted to come from a checked context).
+    /// Whether `other` is this very graph (or a clone of it): the same descriptor list, not
+    /// merely equal descriptors, and the same nodes, leaves and outputs. Descriptors never change
+    /// once built, so a backend may reuse what it planned for a graph whenever this holds (and
+    /// the tensors' addresses are the same).
+    pub fn is_same(&self, other: &Graph) -> bool {
+        Arc::ptr_eq(&self.tensors, &other.tensors)
+            && self.nodes == other.nodes
+            && self.leafs == other.leafs
+            && self.outputs == other.outputs
+    }
     /// The shared descriptor list (sub-graphs of one graph share it).
     pub(crate) fn tensors_arc(&self) -> &Arc<[TensorDesc]> {
         &self.tensors

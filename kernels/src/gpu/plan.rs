@@ -97,7 +97,7 @@ pub type Resolved = (Vec<u64>, Vec<std::sync::Arc<dyn tessera_core::Buffer>>);
 
 /// Resolves the device address of every leaf and node of `graph` for a stream of device
 /// `device`: `addr` gives a buffer's base address (or the error for memory the stream cannot
-/// use), offsets come from `bindings`, and every address and stride must be aligned for its
+/// use, describing the tensor with the text its second argument makes), offsets come from `bindings`, and every address and stride must be aligned for its
 /// element type. Returns one address per tensor (0 for tensors the graph does not touch) and the
 /// buffers used, once each, for the caller to keep alive while the work is queued.
 ///
@@ -108,7 +108,7 @@ pub fn resolve(
     graph: &tessera_core::Graph,
     bindings: &tessera_core::Bindings,
     device: &str,
-    addr: impl Fn(&dyn tessera_core::Buffer, &str) -> tessera_core::Result<u64>,
+    addr: impl Fn(&dyn tessera_core::Buffer, &dyn Fn() -> String) -> tessera_core::Result<u64>,
 ) -> tessera_core::Result<Resolved> {
     let tensors = graph.tensors();
     let mut ptrs = vec![0u64; tensors.len()];
@@ -116,7 +116,8 @@ pub fn resolve(
     for &id in graph.leafs().iter().chain(graph.nodes()) {
         let (buf, off) = bindings.resolve(tensors, id)?;
         let t = &tensors[id.index()];
-        let base = addr(buf.as_ref(), &format!("tensor {} in", graph.label(id)))?;
+        // The label is formatted only for an error: this runs for every tensor of every graph.
+        let base = addr(buf.as_ref(), &|| format!("tensor {} in", graph.label(id)))?;
         let at = base + off as u64;
         let align = alignment_of(t.dtype()) as u64;
         if !at.is_multiple_of(align) || t.nb().iter().any(|&s| !(s as u64).is_multiple_of(align)) {

@@ -564,6 +564,75 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// Starts recording this stream's work into a CUDA graph (nothing queued while recording
+    /// runs until the graph is launched).
+    pub(crate) fn begin_capture(&self) -> Result<()> {
+        self.gpu.bind()?;
+        // Thread-local: another thread's unrelated driver calls neither join nor break this
+        // recording.
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: the stream is alive.
+        unsafe { result::stream::begin_capture(self.raw, mode) }
+            .map_err(|e| driver_err("cuStreamBeginCapture", e))
+    }
+
+    /// Ends the recording and instantiates it.
+    pub(crate) fn end_capture(&self) -> Result<GraphExec> {
+        self.gpu.bind()?;
+        // SAFETY: the stream is alive and recording (begin_capture succeeded).
+        let graph = unsafe { result::stream::end_capture(self.raw) }
+            .map_err(|e| driver_err("cuStreamEndCapture", e))?;
+        // SAFETY: `graph` was just made by the driver.
+        match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
+            Ok(exec) => Ok(GraphExec {
+                gpu: self.gpu.clone(),
+                graph,
+                exec,
+            }),
+            Err(e) => {
+                // SAFETY: made above, destroyed once.
+                let _ = unsafe { result::graph::destroy(graph) };
+                Err(driver_err("cuGraphInstantiate", e))
+            }
+        }
+    }
+
+    /// Queues a recorded graph.
+    pub(crate) fn launch_graph(&self, g: &GraphExec) -> Result<()> {
+        self.gpu.bind()?;
+        // SAFETY: stream and graph are alive; the graph's kernels were checked when recorded.
+        unsafe { result::graph::launch(g.exec, self.raw) }
+            .map_err(|e| driver_err("cuGraphLaunch", e))
+    }
+}
+
+/// A recorded and instantiated CUDA graph, destroyed on drop.
+#[derive(Debug)]
+pub struct GraphExec {
+    gpu: Arc<Gpu>,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+// SAFETY: an executable graph may be launched from any thread with its context bound; launches
+// are serialized by the streams they go to.
+unsafe impl Send for GraphExec {}
+// SAFETY: as for Send.
+unsafe impl Sync for GraphExec {}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: made by end_capture, destroyed once; launched work still completes.
+            unsafe {
+                let _ = result::graph::exec_destroy(self.exec);
+                let _ = result::graph::destroy(self.graph);
+            }
+        }
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         if self.gpu.bind().is_ok() {
@@ -575,7 +644,7 @@ impl Drop for Stream {
     }
 }
 
-/// An event without timing, destroyed on drop.
+/// An event (without timing unless made by [`RawEvent::record_timed`]), destroyed on drop.
 #[derive(Debug)]
 pub struct RawEvent {
     gpu: Arc<Gpu>,
@@ -590,9 +659,25 @@ unsafe impl Sync for RawEvent {}
 impl RawEvent {
     /// A new event recorded on `stream` now.
     pub(crate) fn record(stream: &Stream) -> Result<RawEvent> {
+        Self::record_with(stream, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+    }
+
+    /// A new event with a timestamp, recorded on `stream` now (for [`RawEvent::elapsed_ms`]).
+    pub(crate) fn record_timed(stream: &Stream) -> Result<RawEvent> {
+        Self::record_with(stream, sys::CUevent_flags::CU_EVENT_DEFAULT)
+    }
+
+    /// Milliseconds between `start` and `end`, both timed and completed.
+    pub(crate) fn elapsed_ms(start: &RawEvent, end: &RawEvent) -> Result<f32> {
+        start.gpu.bind()?;
+        // SAFETY: both events are alive.
+        unsafe { result::event::elapsed(start.raw, end.raw) }
+            .map_err(|e| driver_err("cuEventElapsedTime", e))
+    }
+
+    fn record_with(stream: &Stream, flags: sys::CUevent_flags) -> Result<RawEvent> {
         stream.gpu.bind()?;
-        let raw = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(|e| driver_err("cuEventCreate", e))?;
+        let raw = result::event::create(flags).map_err(|e| driver_err("cuEventCreate", e))?;
         let ev = RawEvent {
             gpu: stream.gpu.clone(),
             raw,
