@@ -91,6 +91,112 @@ extern "C" __global__ void k_flash_attn_ext(Tensor dst, Tensor q, Tensor k, Tens
     }
 }
 
+// ----- decoding: one block per (query, head, batch) -----
+//
+// k_flash_attn_dec: the block's FD_THREADS threads take the keys FD_THREADS at a time, one key
+// each (a full-row dot product with the query, which sits in shared memory), then the block's
+// maximum and sum give the online softmax's step, and thread t accumulates output columns
+// t, t + FD_THREADS, ... of P·V over the pass's keys (reading V rows coalesced). Where
+// k_flash_attn_ext gives a query's whole key loop to one warp (32 warps on the chip for 32
+// heads, each scoring one key at a time), this keeps 4 warps per head busy on 128 keys at once.
+// Same arguments and results as k_flash_attn_ext; any d, dv up to FA_MAX_D.
+#define FD_THREADS 128
+
+extern "C" __global__ void k_flash_attn_dec(Tensor dst, Tensor q, Tensor k, Tensor v, Tensor mask, int has_mask,
+                                            float scale, float softcap, int alibi, float m0, float m1,
+                                            int n_head_log2, Tensor sinks, int has_sinks) {
+    TSHARED(float, qs, [FA_MAX_D]);
+    TSHARED(float, ps, [FD_THREADS]);
+    TSHARED(float, red, [32]);
+    int t = threadIdx.x;
+    i64 n_q = q.ne[1], n_head = q.ne[2];
+    i64 task = blockIdx.x;
+    i64 iq = task % n_q;
+    i64 h = (task / n_q) % n_head;
+    i64 b = task / (n_q * n_head);
+    i64 hk = h / (n_head / k.ne[2]);
+    i64 d = q.ne[0], dv = v.ne[0], n_kv = k.ne[1];
+    float slope = 1.0f;
+    if (alibi) {
+        slope = h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
+    }
+    for (i64 c = t; c < d; c += FD_THREADS) {
+        qs[c] = ld(q, c, iq, h, b);
+    }
+    float acc[FA_MAX_D / FD_THREADS];
+#pragma unroll
+    for (int i = 0; i < FA_MAX_D / FD_THREADS; i++) {
+        acc[i] = 0.0f;
+    }
+    float mmax = NEG_INF, sum = 0.0f;
+    __syncthreads();
+    for (i64 j0 = 0; j0 < n_kv; j0 += FD_THREADS) {
+        i64 j = j0 + t;
+        float s = NEG_INF;
+        if (j < n_kv) {
+            float mv = has_mask ? slope * ld(mask, j, iq, 0, 0) : 0.0f;
+            if (mv != NEG_INF) {
+                float dot = 0.0f;
+                TLOOP_ROLLED
+                for (i64 c = 0; c < d; c++) {
+                    dot += qs[c] * ld(k, c, j, hk, b);
+                }
+                dot *= scale;
+                if (softcap != 0.0f) {
+                    dot = softcap * tanhf(dot);
+                }
+                s = dot + mv;
+            }
+        }
+        // Every thread gets the same maximum, so the skip below is uniform across the block.
+        float mnew = fmaxf(mmax, block_max(s, red));
+        if (mnew == NEG_INF) {
+            continue; // every key so far is masked
+        }
+        float p = s == NEG_INF ? 0.0f : expf(s - mnew);
+        float corr = mmax == NEG_INF ? 0.0f : expf(mmax - mnew);
+        ps[t] = p;
+        sum = sum * corr + block_sum(p, red);
+        mmax = mnew;
+        __syncthreads(); // ps is complete
+        i64 nj = n_kv - j0 < FD_THREADS ? n_kv - j0 : FD_THREADS;
+#pragma unroll
+        for (int i = 0; i < FA_MAX_D / FD_THREADS; i++) {
+            i64 c = t + (i64)FD_THREADS * i;
+            if (c < dv) {
+                float a = acc[i] * corr;
+                TLOOP_ROLLED
+                for (i64 jj = 0; jj < nj; jj++) {
+                    a += ps[jj] * ld(v, c, j0 + jj, hk, b);
+                }
+                acc[i] = a;
+            }
+        }
+        __syncthreads(); // the next pass overwrites ps
+    }
+    if (has_sinks) {
+        float sk = ld(sinks, h, 0, 0, 0);
+        if (sk > mmax) {
+            float corr = mmax == NEG_INF ? 0.0f : expf(mmax - sk);
+            sum = sum * corr + 1.0f;
+#pragma unroll
+            for (int i = 0; i < FA_MAX_D / FD_THREADS; i++) {
+                acc[i] *= corr;
+            }
+        } else if (sk > NEG_INF) {
+            sum += expf(sk - mmax);
+        }
+    }
+    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int i = 0; i < FA_MAX_D / FD_THREADS; i++) {
+        i64 c = t + (i64)FD_THREADS * i;
+        if (c < dv) {
+            st(dst, c, h, iq, b, acc[i] * inv);
+        }
+    }
+}
+
 // ----- prompts: many queries per block, keys staged through shared memory -----
 //
 // k_flash_attn_tiled: a block of FT_WARPS warps takes FT_Q queries of one (head, batch), each warp

@@ -102,6 +102,12 @@ pub enum Init {
         /// Keys every query sees before its own position.
         past: usize,
     },
+    /// A mask that hides the first `first` keys of every row (`-inf`; a sliding window that has
+    /// moved on) and is uniform in `[-1, 1)` after them.
+    Window {
+        /// Keys hidden at the start of each row.
+        first: usize,
+    },
 }
 
 /// A deterministic pseudo-random generator (SplitMix64).
@@ -184,6 +190,16 @@ pub fn generate(
                     v
                 } else {
                     f64::NEG_INFINITY
+                }
+            })
+            .collect(),
+        Init::Window { first } => (0..n)
+            .map(|i| {
+                let v = rng.next_f64() * 2.0 - 1.0;
+                if i % ne[0].max(1) < first {
+                    f64::NEG_INFINITY
+                } else {
+                    v
                 }
             })
             .collect(),
@@ -1158,6 +1174,8 @@ struct Fa {
     sinks: bool,
     /// A causal mask (`Init::Causal`) instead of a random one.
     causal: bool,
+    /// A mask hiding the first this many keys (`Init::Window`), when not 0.
+    window: usize,
 }
 
 fn flash_attn_case(c: Fa) -> Case {
@@ -1177,6 +1195,11 @@ fn flash_attn_case(c: Fa) -> Case {
         c.kv
     );
     let params = if c.causal { params + ",causal" } else { params };
+    let params = if c.window > 0 {
+        format!("{params},window={}", c.window)
+    } else {
+        params
+    };
     let tol = if c.kv == DType::F32 {
         Tolerance::Nmse(NMSE_F32_MATH)
     } else {
@@ -1201,6 +1224,7 @@ fn flash_attn_case(c: Fa) -> Case {
         let past = c.n_kv.saturating_sub(c.n_q);
         Ok(match m {
             Some(m) if c.causal => built.init(m, Init::Causal { past }),
+            Some(m) if c.window > 0 => built.init(m, Init::Window { first: c.window }),
             Some(m) => built.init(m, Init::Mask),
             None => built,
         })
@@ -1222,6 +1246,7 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
         kv: DType::F16,
         sinks: false,
         causal: false,
+        window: 0,
     };
     for kv in [DType::F16, DType::F32] {
         // gpt-oss: attention sinks, one query and a block of queries.
@@ -1317,6 +1342,43 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
             h_kv: 4,
             mask: Some(DType::F32),
             max_bias: 8.0,
+            kv,
+            ..base
+        }));
+        // Decoding over more keys than the GPUs' decode kernel scores at once (128): the
+        // online softmax carried across passes, a first pass wholly masked (a window that has
+        // moved on), soft-capping, head size 256 with sinks.
+        v.push(flash_attn_case(Fa {
+            d: 128,
+            dv: 128,
+            n_q: 1,
+            n_kv: 300,
+            h: 8,
+            h_kv: 2,
+            mask: Some(DType::F16),
+            kv,
+            ..base
+        }));
+        v.push(flash_attn_case(Fa {
+            n_q: 1,
+            n_kv: 300,
+            h_kv: 1,
+            mask: Some(DType::F16),
+            softcap: 30.0,
+            window: 150,
+            kv,
+            ..base
+        }));
+        v.push(flash_attn_case(Fa {
+            d: 256,
+            dv: 256,
+            n_q: 2,
+            n_kv: 260,
+            h: 2,
+            h_kv: 1,
+            mask: Some(DType::F16),
+            causal: true,
+            sinks: true,
             kv,
             ..base
         }));
