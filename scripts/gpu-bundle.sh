@@ -6,19 +6,32 @@
 # packages, in one folder (47 MiB on 2026-11-27; the run carries it with the working tree, about
 # 10.5 MiB, under the 64 MiB the device tool carries).
 #
-# Usage: scripts/gpu-bundle.sh [DIR]   (default .gpu; then scripts/gpu-check.sh --prebuilt DIR)
+# Usage: scripts/gpu-bundle.sh [--lean] [DIR]   (default .gpu; then scripts/gpu-check.sh --prebuilt DIR)
+# --lean: only what gpu-perf.sh and the CUDA correctness checks run (tessera, the CUDA conformance
+# suite, the model crate's unit tests with the reference suite: 21 MiB), leaving room in the
+# 64 MiB that travels for llama.cpp's CUDA build (scripts/gpu-peer.sh DIR).
 # The binaries link glibc and nothing else at build time: libcuda, NVRTC, NCCL and libvulkan are
 # opened at run time, so they run on a newer distribution than the one that built them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LEAN=0
+if [ "${1:-}" = --lean ]; then
+  LEAN=1
+  shift
+fi
 DIR="${1:-.gpu}"
 mkdir -p "$DIR/bin"
 rm -f "$DIR"/bin/*
 cargo build --release --features cuda,vulkan
 cp target/release/tessera "$DIR/bin/tessera"
 # Each test binary's path from cargo's JSON messages, named <crate>-<test>.
+if [ "$LEAN" = 1 ]; then
+  TESTS=(-p tessera-cuda --test conformance)
+else
+  TESTS=(-p tessera-cuda -p tessera-vulkan)
+fi
 {
-  cargo test --release -p tessera-cuda -p tessera-vulkan --no-run --message-format=json
+  cargo test --release "${TESTS[@]}" --no-run --message-format=json
   cargo test --release -p tessera-model --features cuda --lib --no-run --message-format=json
 } |
   python3 -c '
@@ -44,7 +57,7 @@ strip "$DIR"/bin/*
 # libGLdispatch), for a GPU image that has the driver but not the loader; gpu-check.sh unpacks
 # them there only when no libvulkan.so.1 is found. Debian 12's builds run on newer distributions.
 mkdir -p "$DIR/debs"
-if ! ls "$DIR"/debs/libvulkan1_*.deb >/dev/null 2>&1; then
+if [ "$LEAN" = 0 ] && ! ls "$DIR"/debs/libvulkan1_*.deb >/dev/null 2>&1; then
   lists="$(mktemp -d)"
   mkdir -p "$lists/partial"
   o=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 "-oDir::State::Lists=$lists")

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Reads what scripts/gpu-perf.sh left in OUT (ceilings.json, ops-*.log, model-*.log), writes
-OUT/perf.json and OUT/perf.md, and prints the ratio table: each Tessera figure over the ceiling
-that the same call measured through torch, next to the issue's target."""
+"""Reads what scripts/gpu-perf.sh left in OUT (ceilings.json, ops-*.log, model-*.log, peer-*.log,
+profile.log), writes OUT/perf.json and OUT/perf.md, and prints the ratio table: each Tessera
+figure over the ceiling that the same call measured through torch, and over llama.cpp's CUDA
+backend on the same file, next to the issue's target."""
 import glob
 import json
 import os
@@ -21,6 +22,26 @@ def table_rows(path):
     except OSError:
         pass
     return rows[1:] if rows else []
+
+
+def md_table(path):
+    """The rows of the first markdown table in `path` as dicts keyed by its header."""
+    head, rows = None, []
+    try:
+        with open(path) as f:
+            for line in f:
+                if not line.startswith("|"):
+                    if head and rows:
+                        break
+                    continue
+                cells = [c.strip() for c in line.strip().strip("|").split("|")]
+                if head is None:
+                    head = cells
+                elif not set(line.strip()) <= set("|-: "):
+                    rows.append(dict(zip(head, cells)))
+    except OSError:
+        pass
+    return rows
 
 
 def num(s):
@@ -51,9 +72,9 @@ def main():
                     add(r[0], r[1], None, "error", None, None, None)
                 continue
             label, dev = r[0], r[1]
-            variant = re.search(r"ops-gv-(.+)\.log$", log)
+            variant = re.search(r"ops-(?:gv-(.+?)(?:-\d+)?|overhead-(norep))\.log$", log)
             if variant:
-                dev = f"{dev} {variant.group(1)}"
+                dev = f"{dev} {variant.group(1) or 'no replay'}"
             us, us_node, gflops, gbs = num(r[4]), num(r[5]), num(r[6]), num(r[7])
             vk = dev.startswith("VK")
             m = re.match(r"MUL_MAT\(type_a=(\w+),type_b=f32,m=(\d+),n=(\d+),k=(\d+)\)", label)
@@ -107,6 +128,44 @@ def main():
             if cuda:
                 add(f"Vulkan / CUDA tg {w}", dev, v, "t/s", cuda, v / cuda, 0.5)
 
+    # Tessera against llama.cpp's CUDA backend on the same file, test by test.
+    for log in sorted(glob.glob(os.path.join(out, "peer-*.log"))):
+        name = re.search(r"peer-(.+)\.log$", log).group(1)
+        if name == "ops":
+            continue
+        ours = {r.get("test"): num(r.get("t/s", "")) for r in md_table(os.path.join(out, f"model-{name}.log"))
+                if r.get("split mode", "none") == "none"}
+        for r in md_table(log):
+            test, theirs = r.get("test"), num(r.get("t/s", ""))
+            if not test or theirs is None:
+                continue
+            mine = ours.get(test)
+            add(f"{name} {test}: Tessera / llama.cpp CUDA", "CUDA0", mine, "t/s", theirs,
+                mine / theirs if mine and theirs else None, 1.0)
+    # Recorded programs (CUDA graph replay) against launching every node.
+    for log in sorted(glob.glob(os.path.join(out, "norep-*.log"))):
+        name = re.search(r"norep-(.+)\.log$", log).group(1)
+        ours = {r.get("test"): num(r.get("t/s", "")) for r in md_table(os.path.join(out, f"model-{name}.log"))}
+        for r in md_table(log):
+            test, plain = r.get("test"), num(r.get("t/s", ""))
+            mine = ours.get(test)
+            if test and plain:
+                add(f"{name} {test}: replay / launch each node", "CUDA0", mine, "t/s", plain,
+                    mine / plain if mine else None, None)
+    # llama.cpp's own op figures (test-backend-ops perf), for the GEMV and GEMM rows above.
+    try:
+        with open(os.path.join(out, "peer-ops.log")) as f:
+            for line in f:
+                m = re.match(r"\s*(MUL_MAT\(type_a=(\w+),type_b=f32,m=(\d+),n=(\d+),k=(\d+)[^)]*\)).*?"
+                             r"([0-9.]+) (GFLOPS|TFLOPS)", line)
+                if m:
+                    v = float(m.group(6)) * (1e3 if m.group(7) == "TFLOPS" else 1)
+                    t, mm_, n, k = m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5))
+                    add(f"llama.cpp {t} m={mm_} n={n} k={k}", "CUDA0 (llama.cpp)", v / 1e3, "TFLOP/s",
+                        None, None, None)
+    except OSError:
+        pass
+
     def fmt(x, p=3):
         return "-" if x is None else (f"{x:.{p}g}" if isinstance(x, float) else str(x))
 
@@ -123,6 +182,16 @@ def main():
             "yes" if x["ratio"] >= x["target"] else "no")
         lines.append(f"| {x['what']} | {x['device']} | {fmt(x['value'], 4)} | {x['unit']} | "
                      f"{fmt(x['ceiling'], 4)} | {fmt(x['ratio'])} | {fmt(x['target'])} | {met} |")
+    try:
+        with open(os.path.join(out, "profile.log")) as f:
+            text = f.read()
+        at = text.find("GPU profile")
+        prof = [] if at < 0 else [l for l in text[at:].splitlines()
+                                  if l.startswith(("GPU profile", "host per", "device per", "|"))]
+        if prof:
+            lines += ["", "Decode profile (TESSERA_GPU_PROFILE, 1.1B Q4_0):", ""] + prof[:40]
+    except OSError:
+        pass
     text = "\n".join(lines)
     with open(os.path.join(out, "perf.md"), "w") as f:
         f.write(text + "\n")

@@ -59,6 +59,9 @@ enum Command {
         /// Size preset.
         #[arg(long, value_enum, default_value = "tiny")]
         model: commands::session::ModelPreset,
+        /// Weight type of the matrices (default: the preset's, Q8_0), e.g. q4_0, q4_K or f16.
+        #[arg(long, value_parser = commands::args::dtype)]
+        weight_type: Option<tessera::DType>,
     },
     /// Write the reference suite's random-weight models (every architecture, F32 and quantized)
     /// as `DIR/NAME.gguf` with their prompts as `DIR/NAME.tokens`, for recording llama.cpp's
@@ -195,7 +198,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::WriteSynthetic { out, arch, model } => {
+        Command::WriteSynthetic {
+            out,
+            arch,
+            model,
+            weight_type,
+        } => {
             let arch = tessera_model::Arch::from_name(&arch).ok_or_else(|| {
                 anyhow::anyhow!(
                     "unknown architecture '{arch}' ({})",
@@ -204,6 +212,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })?;
             let base = model.config();
             let mut config = tessera_model::LlamaConfig { arch, ..base };
+            if let Some(t) = weight_type {
+                config.weight_dtype = t;
+            }
             if arch.requires_experts() && !config.is_moe() {
                 // The dense presets as 8 experts of the dense width, 2 used.
                 config.n_expert = 8;

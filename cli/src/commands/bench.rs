@@ -376,6 +376,7 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
             match args.model {
                 ModelPreset::Synthetic100m => "100M",
                 ModelPreset::Synthetic1b => "1.1B",
+                ModelPreset::Synthetic8b => "8.0B",
                 ModelPreset::SyntheticMoe => "8x2 MoE",
                 ModelPreset::Tiny => "tiny",
             },

@@ -118,6 +118,10 @@ pub enum ModelPreset {
     /// About 1.1B parameters, Q8_0 weights (`LlamaConfig::synthetic_1b`), for GPUs.
     #[value(name = "synthetic-1b")]
     Synthetic1b,
+    /// About 8.0B parameters in Llama 3 8B's dimensions, Q8_0 weights
+    /// (`LlamaConfig::synthetic_8b`), for GPUs.
+    #[value(name = "synthetic-8b")]
+    Synthetic8b,
     /// A Mixtral-layout mixture of experts (`LlamaConfig::synthetic_moe`): the 100M model's
     /// attention with 8 experts of 512 per block, 2 used per token; Q8_0, 181M parameters.
     #[value(name = "synthetic-moe")]
@@ -132,6 +136,7 @@ impl ModelPreset {
         match self {
             ModelPreset::Synthetic100m => LlamaConfig::synthetic_100m(),
             ModelPreset::Synthetic1b => LlamaConfig::synthetic_1b(),
+            ModelPreset::Synthetic8b => LlamaConfig::synthetic_8b(),
             ModelPreset::SyntheticMoe => LlamaConfig::synthetic_moe(),
             ModelPreset::Tiny => LlamaConfig::tiny(),
         }
