@@ -72,7 +72,7 @@ def main():
                     add(r[0], r[1], None, "error", None, None, None)
                 continue
             label, dev = r[0], r[1]
-            variant = re.search(r"ops-(?:gv-(.+?)(?:-\d+)?|overhead-(norep))\.log$", log)
+            variant = re.search(r"ops-(?:gv-(.+)|overhead-(norep))\.log$", log)
             if variant:
                 dev = f"{dev} {variant.group(1) or 'no replay'}"
             us, us_node, gflops, gbs = num(r[4]), num(r[5]), num(r[6]), num(r[7])

@@ -8,7 +8,7 @@ readonly ROOT="$PWD"
 usage() {
   cat <<'EOF2'
 Usage: scripts/gpu-perf.sh --prebuilt DIR [--peer DIR] [--out DIR] [--budget SECONDS] [--quick]
-                           [--no-vulkan] [--sweep] [--gemv-sweep] [--no-ops]
+                           [--no-vulkan] [--sweep] [--no-ops]
 
 On a machine with an NVIDIA GPU, torch and a bundle from scripts/gpu-bundle.sh DIR, within the
 budget (default 420 s), each step logged to OUT (default $OUT, else target/gpu-perf):
@@ -25,8 +25,6 @@ budget (default 420 s), each step logged to OUT (default $OUT, else target/gpu-p
   ops-vulkan  the same on VK0 through NVIDIA's Vulkan driver
   ops-gv-*    (--sweep) the GEMVs again with other tuning constants of the k_gemv_* kernels
               through TESSERA_CUDA_DEFINES: GV_INT8=0, GV_ROWS=4, GV_UNROLL=4
-              (--gemv-sweep) the GEMVs (14336x4096 and 2048x2048) with the k split over 4 warps
-              per row pair (the default) and over 1 (GV_KSPLIT=1: the split of k_gemv_*)
   peer-*      with --peer DIR (scripts/gpu-peer.sh DIR): llama.cpp's CUDA backend on the same
               files, llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 2
   model-*     tessera bench -m FILE --devices CUDA0 -p 512 -n 128 -r 2 on each file; Q4_0 1.1B
@@ -50,7 +48,6 @@ BUDGET=420
 QUICK=0
 VULKAN=1
 SWEEP=0
-GEMV_SWEEP=0
 RUN_OPS=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -61,7 +58,6 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1; shift ;;
     --no-vulkan) VULKAN=0; shift ;;
     --sweep) SWEEP=1; shift ;;
-    --gemv-sweep) GEMV_SWEEP=1; shift ;;
     --no-ops) RUN_OPS=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-perf: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -129,19 +125,6 @@ OPS+=(-o FLASH_ATTN_EXT -o RMS_NORM)
 # The per-node cost with recorded programs and without (OVERHEAD: 64 chained element-wise nodes).
 step ops-overhead 40 "$BIN" bench-ops --devices CUDA0 --min-time 0.2 -o OVERHEAD
 step ops-overhead-norep 40 env TESSERA_GPU_REPLAY=0 "$BIN" bench-ops --devices CUDA0 --min-time 0.2 -o OVERHEAD
-if [ "$GEMV_SWEEP" = 1 ]; then
-  for v in default GV_KSPLIT=1; do
-    defs=""; [ "$v" = default ] || defs="$v"
-    # 4 copies of a 14336x4096 weight, 64 of a 2048x2048 one: past the 60 MB of L2 either way.
-    for shape in "$M $K 4" "2048 2048 64"; do
-      set -- $shape
-      GEMV=()
-      for t in f16 q8_0 q4_0 q4_K q6_K; do GEMV+=(-o "MUL_MAT(type_a=$t,type_b=f32,m=$1,n=1,"); done
-      step "ops-gv-${v//[ =]/}-$1" 45 env TESSERA_CUDA_DEFINES="$defs" "$BIN" bench-ops --devices CUDA0 \
-        -m "$1" -k "$2" --rotate "$3" --min-time 0.1 "${GEMV[@]}"
-    done
-  done
-fi
 if [ "$SWEEP" = 1 ]; then
   GEMV=()
   for t in f16 bf16 q8_0 q4_0 q4_K q6_K; do GEMV+=(-o "MUL_MAT(type_a=$t,type_b=f32,m=$M,n=1,"); done
@@ -161,7 +144,8 @@ if [ -n "$PEER" ]; then
   if [ -f "$PEER/peer.tar.xz" ] && tar -C /tmp -xJf "$PEER/peer.tar.xz"; then
     PEER_BIN=/tmp/peer
     cu13="$(python3 -c 'import nvidia, os; print(next(os.path.join(p, "cu13", "lib") for p in nvidia.__path__ if os.path.isdir(os.path.join(p, "cu13", "lib"))))' 2>/dev/null)"
-    export PEER_LD="$PEER_BIN${cu13:+:$cu13}"
+    # Then the CUDA toolkit's own (the GPU image has one), should torch's wheels lack a library.
+    export PEER_LD="$PEER_BIN${cu13:+:$cu13}:/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64"
     echo "gpu-perf: peer $(cat "$PEER_BIN/version" 2>/dev/null); CUDA libraries from ${cu13:-nowhere (none found)}" >&2
   else
     echo "gpu-perf: no $PEER/peer.tar.xz (run scripts/gpu-peer.sh $PEER): no llama.cpp figures" >&2

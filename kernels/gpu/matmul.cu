@@ -419,11 +419,9 @@ __device__ __forceinline__ float gv_dot_int(int T, const char* row, i64 s, int l
     return (float)isum * block_scale((const char*)blk) * dx;
 }
 
-// GV_ROWS rows of one column from row0 (those below m), steps ks, ks + kstride, ... of k: lanes
-// split each step's 256 elements, then a warp sum per row into acc (every lane gets it).
-__device__ __forceinline__ void gv_rows_acc(int T, const Tensor& w, const Tensor& x, i64 row0, i64 m, i64 col,
-                                            i64 i2, i64 i3, i64 w2, i64 w3, int lane, int ks, int kstride,
-                                            float* out) {
+// GV_ROWS rows of one column from row0 (those below m): lanes split each step's 256 elements, then a warp sum per row.
+__device__ __forceinline__ void gv_rows(int T, const Tensor& dst, const Tensor& w, const Tensor& x, i64 row0,
+                                        i64 m, i64 col, i64 i2, i64 i3, i64 w2, i64 w3, int lane) {
     i64 kdim = w.ne[0];
     const float* xr = (const float*)row_ptr(x, col, i2, i3);
     const char* rows[GV_ROWS];
@@ -441,12 +439,11 @@ __device__ __forceinline__ void gv_rows_acc(int T, const Tensor& w, const Tensor
     // step (k not a multiple of 256), where lanes whose 8 elements start past k add nothing (k
     // is a multiple of 8, and of 32 for block formats, so none straddles it).
     i64 whole = kdim / GV_STEP;
-    // The partial step belongs to the slice whose turn it would be.
-    bool partial = whole * GV_STEP < kdim && whole % kstride == ks;
+    bool partial = whole * GV_STEP < kdim;
     bool in_last = whole * GV_STEP + (T == T_Q4_0 ? 32 * (lane / 4) : 8 * lane) < kdim;
     if (GV_INT8 && (T == T_Q8_0 || T == T_Q4_0)) {
         GV_UNROLL_STEPS
-        for (i64 s = ks; s < whole; s += kstride) {
+        for (i64 s = 0; s < whole; s++) {
             float xv[8];
             int xq[2];
             gv_x(T, xr, s, lane, xv);
@@ -473,7 +470,7 @@ __device__ __forceinline__ void gv_rows_acc(int T, const Tensor& w, const Tensor
         }
     } else {
         GV_UNROLL_STEPS
-        for (i64 s = ks; s < whole; s += kstride) {
+        for (i64 s = 0; s < whole; s++) {
             float xv[8];
             gv_x(T, xr, s, lane, xv);
 #pragma unroll
@@ -492,19 +489,9 @@ __device__ __forceinline__ void gv_rows_acc(int T, const Tensor& w, const Tensor
     }
 #pragma unroll
     for (int r = 0; r < GV_ROWS; r++) {
-        out[r] = warp_sum(acc[r]);
-    }
-}
-
-// gv_rows_acc over all of k, stored.
-__device__ __forceinline__ void gv_rows(int T, const Tensor& dst, const Tensor& w, const Tensor& x, i64 row0,
-                                        i64 m, i64 col, i64 i2, i64 i3, i64 w2, i64 w3, int lane) {
-    float acc[GV_ROWS];
-    gv_rows_acc(T, w, x, row0, m, col, i2, i3, w2, w3, lane, 0, 1, acc);
-#pragma unroll
-    for (int r = 0; r < GV_ROWS; r++) {
+        float v = warp_sum(acc[r]);
         if (lane == 0 && row0 + r < m) {
-            st(dst, row0 + r, col, i2, i3, acc[r]);
+            st(dst, row0 + r, col, i2, i3, v);
         }
     }
 }
@@ -553,83 +540,4 @@ extern "C" __global__ void k_gemv_q4_k(Tensor dst, Tensor w, Tensor x, i64 r2, i
 }
 extern "C" __global__ void k_gemv_q6_k(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
     gv_kernel(T_Q6_K, dst, w, x, r2, r3);
-}
-
-// ----- the same GEMV with k split over more warps (k_gemvk_*) -----
-//
-// A block of GVK_THREADS (512) threads takes the same GV_BLOCK_ROWS (8) rows as gv_kernel, with
-// GV_KSPLIT (4) warps per row pair, each taking every GV_KSPLIT-th step of k; the warps' sums
-// meet in shared memory. For the narrow matrices of a 1B-8B model's decode (2048 to 4096 rows),
-// gv_kernel's 4 warps per 8 rows leave an H200 with 8 to 16 warps per multiprocessor, too few
-// loads in flight for its memory; this runs GV_KSPLIT times as many. GV_KSPLIT=1 makes it
-// gv_kernel's split (with idle warps), for comparisons in one bundle.
-#ifndef GV_KSPLIT
-#define GV_KSPLIT 4
-#endif
-#define GVK_THREADS 512
-#if GV_KSPLIT * GEMV_WARPS * 32 > GVK_THREADS
-#error "GV_KSPLIT warps per row pair do not fit GVK_THREADS"
-#endif
-__device__ __forceinline__ void gvk_kernel(int T, const Tensor& dst, const Tensor& w, const Tensor& x, i64 r2,
-                                           i64 r3) {
-    TSHARED(float, part, [GVK_THREADS / 32][GV_ROWS]);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int rw = warp % GEMV_WARPS, ks = warp / GEMV_WARPS;
-    i64 m = w.ne[1], n = x.ne[1];
-    i64 rblocks = (m + GV_BLOCK_ROWS - 1) / GV_BLOCK_ROWS;
-    i64 first = (blockIdx.x % rblocks) * GV_BLOCK_ROWS;
-    i64 end = first + GV_BLOCK_ROWS < m ? first + GV_BLOCK_ROWS : m;
-    i64 rest = blockIdx.x / rblocks;
-    i64 col = rest % n;
-    i64 i2, i3, w2, w3;
-    plane_of(rest / n, dst, r2, r3, &i2, &i3, &w2, &w3);
-    // The same trip count in every warp (bounds independent of the warp), for the barriers.
-    for (i64 base = first; base < first + GV_BLOCK_ROWS; base += GEMV_WARPS * GV_ROWS) {
-        i64 row0 = base + rw * GV_ROWS;
-        float acc[GV_ROWS];
-#pragma unroll
-        for (int r = 0; r < GV_ROWS; r++) {
-            acc[r] = 0.0f;
-        }
-        if (ks < GV_KSPLIT && row0 < end) {
-            gv_rows_acc(T, w, x, row0, end, col, i2, i3, w2, w3, lane, ks, GV_KSPLIT, acc);
-        }
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < GV_ROWS; r++) {
-                part[warp][r] = acc[r];
-            }
-        }
-        __syncthreads();
-        if (ks == 0 && lane < GV_ROWS && row0 + lane < end) {
-            float v = 0.0f;
-            for (int j = 0; j < GV_KSPLIT; j++) {
-                v += part[rw + GEMV_WARPS * j][lane];
-            }
-            st(dst, row0 + lane, col, i2, i3, v);
-        }
-        __syncthreads(); // part is read before the next rows overwrite it
-    }
-}
-
-extern "C" __global__ void k_gemvk_f32(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
-    gvk_kernel(T_F32, dst, w, x, r2, r3);
-}
-extern "C" __global__ void k_gemvk_f16(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
-    gvk_kernel(T_F16, dst, w, x, r2, r3);
-}
-extern "C" __global__ void k_gemvk_bf16(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
-    gvk_kernel(T_BF16, dst, w, x, r2, r3);
-}
-extern "C" __global__ void k_gemvk_q8_0(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
-    gvk_kernel(T_Q8_0, dst, w, x, r2, r3);
-}
-extern "C" __global__ void k_gemvk_q4_0(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
-    gvk_kernel(T_Q4_0, dst, w, x, r2, r3);
-}
-extern "C" __global__ void k_gemvk_q4_k(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
-    gvk_kernel(T_Q4_K, dst, w, x, r2, r3);
-}
-extern "C" __global__ void k_gemvk_q6_k(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
-    gvk_kernel(T_Q6_K, dst, w, x, r2, r3);
 }

@@ -735,24 +735,17 @@ impl Planner<'_> {
     /// contiguous along k, and every row it loads at the alignment of its widest load (16 bytes
     /// for float weights and the activations, 4 for Q4_K, 2 for the other block formats); k a
     /// multiple of 8 (its lanes take 8 elements each).
-    /// Returns the kernel and its threads per block: the k-split `k_gemvk_*` (512) where the
-    /// device has it, else `k_gemv_*` (128; Vulkan's shaders).
-    fn fast_gemv(&self, node: TensorId, w: TensorId, x: TensorId) -> Option<(&'static str, u32)> {
+    fn fast_gemv(&self, node: TensorId, w: TensorId, x: TensorId) -> Option<&'static str> {
         let (t, tw, tx) = (self.desc(node), self.desc(w), self.desc(x));
-        let (kernel, split, align) = match tw.dtype() {
-            DType::F32 => ("k_gemv_f32", "k_gemvk_f32", 16),
-            DType::F16 => ("k_gemv_f16", "k_gemvk_f16", 16),
-            DType::BF16 => ("k_gemv_bf16", "k_gemvk_bf16", 16),
-            DType::Q8_0 => ("k_gemv_q8_0", "k_gemvk_q8_0", 2),
-            DType::Q4_0 => ("k_gemv_q4_0", "k_gemvk_q4_0", 2),
-            DType::Q4_K => ("k_gemv_q4_k", "k_gemvk_q4_k", 4),
-            DType::Q6_K => ("k_gemv_q6_k", "k_gemvk_q6_k", 2),
+        let (kernel, align) = match tw.dtype() {
+            DType::F32 => ("k_gemv_f32", 16),
+            DType::F16 => ("k_gemv_f16", 16),
+            DType::BF16 => ("k_gemv_bf16", 16),
+            DType::Q8_0 => ("k_gemv_q8_0", 2),
+            DType::Q4_0 => ("k_gemv_q4_0", 2),
+            DType::Q4_K => ("k_gemv_q4_k", 4),
+            DType::Q6_K => ("k_gemv_q6_k", 2),
             _ => return None,
-        };
-        let (kernel, threads) = if (self.has)(split) {
-            (split, 512)
-        } else {
-            (kernel, 128)
         };
         let aligned = |id: TensorId, a: u64| {
             let d = self.desc(id);
@@ -767,7 +760,7 @@ impl Planner<'_> {
             && tw.ne()[0].is_multiple_of(8)
             && aligned(w, align)
             && aligned(x, 16);
-        fits.then_some((kernel, threads))
+        fits.then_some(kernel)
     }
 
     fn mul_mat(&self, node: TensorId, dst: &[u8; 80]) -> Option<Launch> {
@@ -789,10 +782,10 @@ impl Planner<'_> {
         } else {
             None
         };
-        if let Some((kernel, threads)) = fast {
+        if let Some(kernel) = fast {
             // GV_BLOCK_ROWS (8) rows per block (matmul.cu).
             let blocks = m.div_ceil(8) * planes;
-            self.go(kernel, (blocks as u32, 1, 1), threads, &mut args)
+            self.go(kernel, (blocks as u32, 1, 1), 128, &mut args)
         } else if ncols == 1 {
             let blocks = m.div_ceil(4) * ncols * planes;
             let k = if tw.dtype().is_quantized() {
