@@ -39,6 +39,7 @@ if [ ! -f "$NV/lib/stubs/libcuda.so" ]; then
     sed 's/.*/int &(void) { return 999; }/' >"$NV/lib/stubs/cuda_stub.c"
   gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$NV/lib/stubs/libcuda.so" "$NV/lib/stubs/cuda_stub.c"
 fi
+ln -sf libcuda.so "$NV/lib/stubs/libcuda.so.1"
 export PATH="$NV/bin:$PATH" CUDAToolkit_ROOT="$NV"
 
 SRC="$WORK/llama_cpp_python-$SDIST_VERSION/vendor/llama.cpp"
@@ -54,7 +55,8 @@ cmake -S "$SRC" -B "$SRC/build-cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA
   -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
   -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DCMAKE_CUDA_COMPILER="$NV/bin/nvcc" \
   -DCUDAToolkit_ROOT="$NV" -DGGML_CUDA_NCCL=OFF -DLLAMA_BUILD_SERVER=OFF \
-  -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON >"$WORK/configure.log"
+  -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON \
+  -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$NV/lib:$NV/lib/stubs" >"$WORK/configure.log"
 nice -n 5 ninja -C "$SRC/build-cuda" -j "$(nproc)" llama-bench test-backend-ops
 
 PACK="$(mktemp -d)"
