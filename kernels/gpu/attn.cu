@@ -7,6 +7,29 @@
 #define FA_WARPS 4
 #define FA_MAX_D 512
 
+// ALiBi slope of head h (1 without ALiBi), as ggml.
+__device__ __forceinline__ float fa_slope(i64 h, int alibi, float m0, float m1, int n_head_log2) {
+    if (!alibi) {
+        return 1.0f;
+    }
+    return h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
+}
+
+// Task `task` of the one-query kernels (queries fastest, then heads, then batch): its query, head,
+// batch and KV head.
+struct FaTask {
+    i64 iq, h, b, hk;
+};
+__device__ __forceinline__ FaTask fa_task(i64 task, const Tensor& q, const Tensor& k) {
+    i64 n_q = q.ne[1], n_head = q.ne[2];
+    FaTask r;
+    r.iq = task % n_q;
+    r.h = (task / n_q) % n_head;
+    r.b = task / (n_q * n_head);
+    r.hk = r.h / (n_head / k.ne[2]);
+    return r;
+}
+
 // `scale` already divided by softcap when softcap != 0 (as ggml).
 extern "C" __global__ void k_flash_attn_ext(Tensor dst, Tensor q, Tensor k, Tensor v, Tensor mask, int has_mask,
                                             float scale, float softcap, int alibi, float m0, float m1,
@@ -18,15 +41,10 @@ extern "C" __global__ void k_flash_attn_ext(Tensor dst, Tensor q, Tensor k, Tens
     if (task >= n_q * n_head * n_batch) {
         return;
     }
-    i64 iq = task % n_q;
-    i64 h = (task / n_q) % n_head;
-    i64 b = task / (n_q * n_head);
-    i64 hk = h / (n_head / k.ne[2]);
+    FaTask tk = fa_task(task, q, k);
+    i64 iq = tk.iq, h = tk.h, b = tk.b, hk = tk.hk;
     i64 d = q.ne[0], dv = v.ne[0], n_kv = k.ne[1];
-    float slope = 1.0f;
-    if (alibi) {
-        slope = h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
-    }
+    float slope = fa_slope(h, alibi, m0, m1, n_head_log2);
     for (i64 c = lane; c < d; c += 32) {
         qs[warp][c] = ld(q, c, iq, h, b);
     }
@@ -109,17 +127,10 @@ extern "C" __global__ void k_flash_attn_dec(Tensor dst, Tensor q, Tensor k, Tens
     TSHARED(float, ps, [FD_THREADS]);
     TSHARED(float, red, [32]);
     int t = threadIdx.x;
-    i64 n_q = q.ne[1], n_head = q.ne[2];
-    i64 task = blockIdx.x;
-    i64 iq = task % n_q;
-    i64 h = (task / n_q) % n_head;
-    i64 b = task / (n_q * n_head);
-    i64 hk = h / (n_head / k.ne[2]);
+    FaTask tk = fa_task(blockIdx.x, q, k);
+    i64 iq = tk.iq, h = tk.h, b = tk.b, hk = tk.hk;
     i64 d = q.ne[0], dv = v.ne[0], n_kv = k.ne[1];
-    float slope = 1.0f;
-    if (alibi) {
-        slope = h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
-    }
+    float slope = fa_slope(h, alibi, m0, m1, n_head_log2);
     for (i64 c = t; c < d; c += FD_THREADS) {
         qs[c] = ld(q, c, iq, h, b);
     }
@@ -231,10 +242,7 @@ extern "C" __global__ void k_flash_attn_tiled(Tensor dst, Tensor q, Tensor k, Te
     int d = (int)q.ne[0];
     int nt = d / 32;
     i64 n_kv = k.ne[1];
-    float slope = 1.0f;
-    if (alibi) {
-        slope = h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
-    }
+    float slope = fa_slope(h, alibi, m0, m1, n_head_log2);
     for (int e = threadIdx.x; e < FT_Q * d; e += FT_WARPS * 32) {
         int qi = e / d, c = e % d;
         i64 iq = q0 + qi;

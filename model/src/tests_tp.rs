@@ -241,17 +241,26 @@ fn weights_are_truly_split_and_compute_memory_is_a_share() {
     }
 }
 
+/// Whether SYCL devices exist; without them prints why, or fails under `TESSERA_REQUIRE=sycl`.
+#[cfg(feature = "sycl")]
+fn sycl_present() -> bool {
+    let Some(why) = tessera::sycl::SyclRegistry::new().reason() else {
+        return true;
+    };
+    let required =
+        std::env::var("TESSERA_REQUIRE").is_ok_and(|v| v.split(',').any(|b| b.trim() == "sycl"));
+    assert!(!required, "TESSERA_REQUIRE=sycl: {why}");
+    eprintln!("skipped: no SYCL devices: {why}");
+    false
+}
+
 /// SYCL (issue 6): the model tensor-parallel over the two SYCL sub-devices (the SYCL ring
 /// all-reduce) and on the SYCL root device alone, against one CPU device. Without a SYCL runtime
 /// it prints why and returns, unless `TESSERA_REQUIRE=sycl` (CI) makes that a failure.
 #[cfg(feature = "sycl")]
 #[test]
 fn sycl_devices_match_single_cpu_device() {
-    if let Some(why) = tessera::sycl::SyclRegistry::new().reason() {
-        let required = std::env::var("TESSERA_REQUIRE")
-            .is_ok_and(|v| v.split(',').any(|b| b.trim() == "sycl"));
-        assert!(!required, "TESSERA_REQUIRE=sycl: {why}");
-        eprintln!("skipped: no SYCL devices: {why}");
+    if !sycl_present() {
         return;
     }
     for dtype in [DType::F32, DType::Q8_0] {
@@ -300,11 +309,7 @@ fn sycl_devices_match_single_cpu_device() {
 #[cfg(feature = "sycl")]
 #[test]
 fn sycl_decode_loop_plans_its_program_once() {
-    if let Some(why) = tessera::sycl::SyclRegistry::new().reason() {
-        let required = std::env::var("TESSERA_REQUIRE")
-            .is_ok_and(|v| v.split(',').any(|b| b.trim() == "sycl"));
-        assert!(!required, "TESSERA_REQUIRE=sycl: {why}");
-        eprintln!("skipped: no SYCL devices: {why}");
+    if !sycl_present() {
         return;
     }
     let model = LlamaModel::new(config(DType::F32), SEED).unwrap();
