@@ -25,6 +25,8 @@ HIP), then, within the time budget (default 570 s, to fit 10 minutes on one H100
   reference     the llama.cpp reference suite on the GPU: the 33 synthetic models of
                 tests/reference/synthetic against llama.cpp's logits, unsplit, on VENDOR:1
                 (TESSERA_REFERENCE_BACKEND=VENDOR, TESSERA_REFERENCE_MODES=none)
+  replay        CUDA: a 32-token decode planned once, recorded as a CUDA graph and replayed,
+                with the CPU's logits (tests_tp::cuda_decode_loop_records_and_replays_its_program)
   allreduce-vendor, test-tp-vendor
                 NCCL/RCCL: bench-allreduce --path vendor and test-tp over VENDOR:N with N the
                 GPU count (needs two GPUs: one rank per GPU)
@@ -170,7 +172,7 @@ detect() {
 }
 detect
 
-STEPS=(toolchain wheels model build devices toolchain-test conformance reference test-ops allreduce-vendor
+STEPS=(toolchain wheels model build devices toolchain-test conformance reference replay test-ops allreduce-vendor
        test-tp-vendor test-tp bench-ops bench-allreduce run-vs-cpu bench vulkan-conformance vulkan-test-tp
        vulkan-mixed-tp vulkan-bench-ops)
 if [ "$NGPU" -eq 0 ]; then
@@ -297,6 +299,16 @@ else
   step reference 300 cargo test --release -p tessera-model --features "$VENDOR" --lib tests_reference::synthetic -- --nocapture
 fi
 unset TESSERA_REFERENCE_BACKEND TESSERA_REFERENCE_MODES TESSERA_REFERENCE_DIR
+# A 32-token decode recorded once as a CUDA graph and replayed, against the CPU (CUDA only).
+if [ "$VENDOR" = cuda ] && [ -n "$PREBUILT" ] && [ -x "$PREBUILT/bin/tessera-model-unit" ]; then
+  step replay 60 env TESSERA_REQUIRE=cuda "$PREBUILT/bin/tessera-model-unit" \
+    tests_tp::cuda_decode_loop_records_and_replays_its_program --nocapture
+elif [ "$VENDOR" = cuda ] && [ -z "$PREBUILT" ]; then
+  step replay 300 env TESSERA_REQUIRE=cuda cargo test --release -p tessera-model --features cuda --lib \
+    tests_tp::cuda_decode_loop_records_and_replays_its_program -- --nocapture
+else
+  skip replay "CUDA graph replay: CUDA only (and a bundle with tessera-model-unit)"
+fi
 DEV0="${VENDOR^^}0"
 step test-ops 180 "$BIN" test-ops --devices "$DEV0" --quiet
 

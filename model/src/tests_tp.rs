@@ -337,6 +337,44 @@ fn sycl_decode_loop_plans_its_program_once() {
     assert_eq!((st.recorded, st.replayed), (0, 0), "{st:?}");
 }
 
+/// The CUDA twin of `sycl_decode_loop_plans_its_program_once`: on CUDA the program is also
+/// recorded (on its second run) and replayed as one CUDA graph for the rest, with the CPU's
+/// logits at every token. Without a CUDA device it prints why and returns, unless
+/// `TESSERA_REQUIRE=cuda` makes that a failure.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_decode_loop_records_and_replays_its_program() {
+    if let Some(why) = tessera::cuda::CudaRegistry::new().reason() {
+        let required = std::env::var("TESSERA_REQUIRE")
+            .is_ok_and(|v| v.split(',').any(|b| b.trim() == "cuda"));
+        assert!(!required, "TESSERA_REQUIRE=cuda: {why}");
+        eprintln!("skipped: no CUDA devices: {why}");
+        return;
+    }
+    let model = LlamaModel::new(config(DType::F32), SEED).unwrap();
+    let open = |spec: &str| {
+        let devs = registry().select(spec).unwrap();
+        let ld = layer_devices(model.config().n_layer, &[], 1).unwrap();
+        Session::on_devices(&model, &devs, &ld, SchedOptions::default()).unwrap()
+    };
+    let (mut gpu, mut cpu) = (open("CUDA0"), open("cpu:1"));
+    for i in 0..32 {
+        let tok = [(i * 7 + 3) % model.config().n_vocab as i32];
+        let (g, c) = (gpu.eval(&tok).unwrap(), cpu.eval(&tok).unwrap());
+        let e = nmse(&g, &c);
+        assert!(e <= 1e-6, "token {i}: CUDA0 vs CPU nmse {e:e}");
+    }
+    let stream = gpu
+        .backend(0)
+        .and_then(|b| b.as_any())
+        .and_then(|a| a.downcast_ref::<tessera::cuda::CudaBackend>())
+        .expect("CUDA0's stream");
+    let st = stream.program_stats();
+    assert_eq!((st.planned, st.reused), (1, 31), "{st:?}");
+    // Run 1 launches each node, run 2 records and replays, runs 3 to 32 replay.
+    assert_eq!((st.recorded, st.replayed), (1, 31), "{st:?}");
+}
+
 #[test]
 fn a_tied_output_splits_as_windows_into_the_single_embedding() {
     // CPU devices of one process keep the mirrored embedding once; the untied output's

@@ -97,6 +97,11 @@ impl<D: Driver> Programs<D> {
         }
     }
 
+    /// Drops every program (and its recording).
+    pub(crate) fn clear(&mut self) {
+        self.list.clear();
+    }
+
     /// Turns recording and replay on or off (recordings already made are dropped when off).
     pub(crate) fn set_replay(&mut self, on: bool) {
         self.replay_on = on;

@@ -374,5 +374,7 @@ impl<D: Driver> Drop for GpuStream<D> {
             // Asked for by TESSERA_GPU_PROFILE: a report for the person who set it.
             eprint!("{}", p.report(&self.name));
         }
+        // Recordings use the kernels' modules: drop them while `kernels` still holds those.
+        self.programs.clear();
     }
 }

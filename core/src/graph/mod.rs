@@ -112,8 +112,6 @@ impl Graph {
             outputs: self.nodes.clone(),
         }
     }
-    /// A graph over `tensors` with the given nodes, leaves and outputs (schedulers build
-    /// per-device sub-graphs this way; descriptors are trusted to come from a checked context).
     /// Whether `other` is this very graph (or a clone of it): the same descriptor list, not
     /// merely equal descriptors, and the same nodes, leaves and outputs. Descriptors never change
     /// once built, so a backend may reuse what it planned for a graph whenever this holds (and

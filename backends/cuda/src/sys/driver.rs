@@ -579,10 +579,13 @@ impl Stream {
 
     /// Ends the recording and instantiates it.
     pub(crate) fn end_capture(&self) -> Result<GraphExec> {
-        self.gpu.bind()?;
+        // End the capture even if binding fails: a stream left capturing would record, not run,
+        // what comes next.
+        let bound = self.gpu.bind();
         // SAFETY: the stream is alive and recording (begin_capture succeeded).
         let graph = unsafe { result::stream::end_capture(self.raw) }
             .map_err(|e| driver_err("cuStreamEndCapture", e))?;
+        bound?;
         // SAFETY: `graph` was just made by the driver.
         match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
             Ok(exec) => Ok(GraphExec {
