@@ -301,45 +301,51 @@ fn sycl_devices_match_single_cpu_device() {
     }
 }
 
-/// A decode loop on a GPU device plans its launches once (issue: GPU plans become programs): 32
-/// tokens one at a time from position 0 on SYCL0 stay within one `KV_PAD` span, so the session
-/// reuses its step graph and the stream reuses the program it planned for it 31 times, with the
-/// same logits as the CPU. Without a SYCL runtime it prints why and returns, unless
-/// `TESSERA_REQUIRE=sycl` (CI) makes that a failure.
-#[cfg(feature = "sycl")]
-#[test]
-fn sycl_decode_loop_plans_its_program_once() {
-    if !sycl_present() {
-        return;
-    }
+/// 32 tokens one at a time from position 0 on `spec` (one `KV_PAD` span), each token's logits
+/// against one CPU device (NMSE 1e-6); returns what the device's GPU stream (`S`) did with the
+/// step graph, which the session must have planned once.
+#[cfg(any(feature = "sycl", feature = "cuda"))]
+fn gpu_decode_loop<S: std::any::Any, R>(spec: &str, stats: impl Fn(&S) -> R) -> R {
     let model = LlamaModel::new(config(DType::F32), SEED).unwrap();
     let open = |spec: &str| {
         let devs = registry().select(spec).unwrap();
         let ld = layer_devices(model.config().n_layer, &[], 1).unwrap();
         Session::on_devices(&model, &devs, &ld, SchedOptions::default()).unwrap()
     };
-    let (mut gpu, mut cpu) = (open("SYCL0"), open("cpu:1"));
+    let (mut gpu, mut cpu) = (open(spec), open("cpu:1"));
     for i in 0..32 {
         let tok = [(i * 7 + 3) % model.config().n_vocab as i32];
         let (g, c) = (gpu.eval(&tok).unwrap(), cpu.eval(&tok).unwrap());
         let e = nmse(&g, &c);
-        assert!(e <= 1e-6, "token {i}: SYCL0 vs CPU nmse {e:e}");
+        assert!(e <= 1e-6, "token {i}: {spec} vs CPU nmse {e:e}");
     }
     assert_eq!(gpu.plans(), 1, "the session planned its step graph once");
     let stream = gpu
         .backend(0)
         .and_then(|b| b.as_any())
-        .and_then(|a| a.downcast_ref::<tessera::sycl::SyclBackend>())
-        .expect("SYCL0's stream");
-    let st = stream.program_stats();
+        .and_then(|a| a.downcast_ref::<S>())
+        .unwrap_or_else(|| panic!("{spec}'s stream"));
+    stats(stream)
+}
+
+/// A decode loop on a GPU device plans its launches once (issue: GPU plans become programs): the
+/// session reuses its step graph and SYCL0's stream reuses the program it planned for it 31
+/// times. Without a SYCL runtime it prints why and returns, unless `TESSERA_REQUIRE=sycl` (CI)
+/// makes that a failure.
+#[cfg(feature = "sycl")]
+#[test]
+fn sycl_decode_loop_plans_its_program_once() {
+    if !sycl_present() {
+        return;
+    }
+    let st = gpu_decode_loop("SYCL0", tessera::sycl::SyclBackend::program_stats);
     assert_eq!((st.planned, st.reused), (1, 31), "{st:?}");
     // SYCL cannot record: every token launched its nodes (CUDA replays them instead).
     assert_eq!((st.recorded, st.replayed), (0, 0), "{st:?}");
 }
 
-/// The CUDA twin of `sycl_decode_loop_plans_its_program_once`: on CUDA the program is also
-/// recorded (on its second run) and replayed as one CUDA graph for the rest, with the CPU's
-/// logits at every token. Without a CUDA device it prints why and returns, unless
+/// The CUDA twin: on CUDA the program is also recorded (on its second run) and replayed as one
+/// CUDA graph for the rest. Without a CUDA device it prints why and returns, unless
 /// `TESSERA_REQUIRE=cuda` makes that a failure.
 #[cfg(feature = "cuda")]
 #[test]
@@ -351,25 +357,7 @@ fn cuda_decode_loop_records_and_replays_its_program() {
         eprintln!("skipped: no CUDA devices: {why}");
         return;
     }
-    let model = LlamaModel::new(config(DType::F32), SEED).unwrap();
-    let open = |spec: &str| {
-        let devs = registry().select(spec).unwrap();
-        let ld = layer_devices(model.config().n_layer, &[], 1).unwrap();
-        Session::on_devices(&model, &devs, &ld, SchedOptions::default()).unwrap()
-    };
-    let (mut gpu, mut cpu) = (open("CUDA0"), open("cpu:1"));
-    for i in 0..32 {
-        let tok = [(i * 7 + 3) % model.config().n_vocab as i32];
-        let (g, c) = (gpu.eval(&tok).unwrap(), cpu.eval(&tok).unwrap());
-        let e = nmse(&g, &c);
-        assert!(e <= 1e-6, "token {i}: CUDA0 vs CPU nmse {e:e}");
-    }
-    let stream = gpu
-        .backend(0)
-        .and_then(|b| b.as_any())
-        .and_then(|a| a.downcast_ref::<tessera::cuda::CudaBackend>())
-        .expect("CUDA0's stream");
-    let st = stream.program_stats();
+    let st = gpu_decode_loop("CUDA0", tessera::cuda::CudaBackend::program_stats);
     assert_eq!((st.planned, st.reused), (1, 31), "{st:?}");
     // Run 1 launches each node, run 2 records and replays, runs 3 to 32 replay.
     assert_eq!((st.recorded, st.replayed), (1, 31), "{st:?}");
