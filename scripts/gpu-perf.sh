@@ -23,8 +23,11 @@ budget (default 420 s), each step logged to OUT (default $OUT, else target/gpu-p
   ops-overhead OVERHEAD (64 chained nodes: the per-node cost) on CUDA0, with recorded
               programs and with TESSERA_GPU_REPLAY=0
   ops-vulkan  the same on VK0 through NVIDIA's Vulkan driver
-  ops-gv-*    (--sweep) the GEMVs again with other tuning constants of the k_gemv_* kernels
-              through TESSERA_CUDA_DEFINES: GV_INT8=0, GV_ROWS=4, GV_UNROLL=4
+  ops-gemv8-off (--sweep) the quantized GEMVs again with TESSERA_GPU_GEMV8=0 (the k_gemv_*
+              kernels, which round activations per warp, instead of k_gemv8_* on activations
+              rounded once per product), and with G8_UNROLL=4
+  fa-chunk-*  (--sweep) the 1.1B and 8B Q4_0 decode (-p 0 -n 128) with TESSERA_GPU_FA_CHUNK =
+              128 and 512 keys per block of the split decode attention (default 256)
   peer-*      with --peer DIR (scripts/gpu-peer.sh DIR): llama.cpp's CUDA backend on the same
               files, llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 2
   model-*     tessera bench -m FILE --devices CUDA0 -p 512 -n 128 -r 2 on each file; Q4_0 1.1B
@@ -34,6 +37,7 @@ budget (default 420 s), each step logged to OUT (default $OUT, else target/gpu-p
               device span, kernels per op)
   peer-ops    llama.cpp's test-backend-ops perf -o MUL_MAT on CUDA0 (its GEMV/GEMM figures)
   --no-vulkan leaves out ops-vulkan and the VK0 model run (when only CUDA changed)
+  GPU_PERF_SKIP  steps to leave out, as shell patterns ("norep-* peer-ops"), to fit a call
   table       every figure as a ratio to its ceiling and to llama.cpp
               (scripts/gpu-perf-table.py), printed last and written as OUT/perf.json and
               OUT/perf.md
@@ -75,6 +79,14 @@ remaining() { echo $(( BUDGET - ($(date +%s) - START) )); }
 # budget left.
 step() {
   local name="$1" limit="$2"; shift 2
+  local pat
+  for pat in ${GPU_PERF_SKIP:-}; do
+    # shellcheck disable=SC2053
+    if [[ "$name" == $pat ]]; then
+      echo "gpu-perf: $name skipped (GPU_PERF_SKIP)" | tee "$OUTDIR/$name.log" >&2
+      return 125
+    fi
+  done
   local left; left=$(remaining)
   if [ "$left" -lt 15 ]; then
     echo "gpu-perf: $name skipped: the ${BUDGET} s budget is spent" | tee "$OUTDIR/$name.log" >&2
@@ -127,11 +139,11 @@ step ops-overhead 40 "$BIN" bench-ops --devices CUDA0 --min-time 0.2 -o OVERHEAD
 step ops-overhead-norep 40 env TESSERA_GPU_REPLAY=0 "$BIN" bench-ops --devices CUDA0 --min-time 0.2 -o OVERHEAD
 if [ "$SWEEP" = 1 ]; then
   GEMV=()
-  for t in f16 bf16 q8_0 q4_0 q4_K q6_K; do GEMV+=(-o "MUL_MAT(type_a=$t,type_b=f32,m=$M,n=1,"); done
-  for v in GV_INT8=0 GV_ROWS=4 GV_UNROLL=4; do
-    step "ops-gv-${v//[ =]/}" 60 env TESSERA_CUDA_DEFINES="$v" "$BIN" bench-ops --devices CUDA0 -m "$M" \
-      -k "$K" --rotate 4 --min-time 0.1 "${GEMV[@]}"
-  done
+  for t in q8_0 q4_0 q4_K q6_K; do GEMV+=(-o "MUL_MAT(type_a=$t,type_b=f32,m=$M,n=1,"); done
+  step ops-gemv8-off 60 env TESSERA_GPU_GEMV8=0 "$BIN" bench-ops --devices CUDA0 -m "$M" \
+    -k "$K" --rotate 4 --min-time 0.1 "${GEMV[@]}"
+  step ops-gemv8-unroll4 60 env TESSERA_CUDA_DEFINES=G8_UNROLL=4 "$BIN" bench-ops --devices CUDA0 \
+    -m "$M" -k "$K" --rotate 4 --min-time 0.1 "${GEMV[@]}"
 fi
 [ "$VULKAN" = 1 ] && [ "$RUN_OPS" = 1 ] && step ops-vulkan 100 "$BIN" bench-ops --devices VK0 -m "$M" -k "$K" --rotate 4 --min-time 0.1 "${OPS[@]}"
 wait "$FILES_PID"
@@ -162,7 +174,15 @@ for m in "${MODELS[@]}"; do
     --devices CUDA0 --split-mode none -p 512 -n 128 -r 2
 done
 f1="$FILES/1b-q4_0.gguf"
-step profile 60 env TESSERA_GPU_PROFILE=1 "$BIN" bench -m "$f1" --devices CUDA0 --split-mode none -p 0 -n 64 -r 1
+if [ "$SWEEP" = 1 ]; then
+  for c in 128 512; do
+    for size in 1b 8b; do
+      step "fa-chunk-$c-$size" 40 env TESSERA_GPU_FA_CHUNK=$c "$BIN" bench -m "$FILES/$size-q4_0.gguf" \
+        --devices CUDA0 --split-mode none -p 0 -n 128 -r 2
+    done
+  done
+fi
+step profile 60 env TESSERA_GPU_PROFILE=1 "$BIN" bench -m "$f1" --devices CUDA0 --split-mode none -p 0 -n 256 -r 1
 step model-tp-1b-q4_0 60 "$BIN" bench -m "$f1" --devices cuda:2 --split-mode none,tensor -p 512 -n 128 -r 2
 [ "$VULKAN" = 1 ] && step model-vulkan-1b-q4_0 60 "$BIN" bench -m "$f1" --devices VK0 \
   --split-mode none -p 64 -n 32 -r 1

@@ -109,48 +109,109 @@ extern "C" __global__ void k_flash_attn_ext(Tensor dst, Tensor q, Tensor k, Tens
     }
 }
 
-// ----- decoding: one block per (query, head, batch) -----
+// ----- decoding split over the keys: partial softmaxes in scratch, then a merge -----
 //
-// k_flash_attn_dec: the block's FD_THREADS threads take the keys FD_THREADS at a time, one key
-// each (a full-row dot product with the query, which sits in shared memory), then the block's
-// maximum and sum give the online softmax's step, and thread t accumulates output columns
-// t, t + FD_THREADS, ... of P·V over the pass's keys (reading V rows coalesced). Where
-// k_flash_attn_ext gives a query's whole key loop to one warp (32 warps on the chip for 32
-// heads, each scoring one key at a time), this keeps 4 warps per head busy on 128 keys at once.
-// Same arguments and results as k_flash_attn_ext; any d, dv up to FA_MAX_D.
-#define FD_THREADS 128
+// k_flash_attn_split: block `split` of a (query, head, batch) task takes keys
+// [split * chunk, (split + 1) * chunk); its FS_WARPS warps take 32 keys at a time, lane j
+// scoring key j against the query in shared memory (f16 keys contiguous along d and 16-byte
+// aligned are read 8 at a time), then a warp's online softmax, and lane c accumulating output
+// columns c, c + 32, ... of P·V (f16 values: columns 4 c + 128 u .. + 3, read 4 at a time).
+// Loads are unrolled so that a lane has several in flight: one at a time, a pass waited on
+// memory for every key and column (40 µs per decode step's attention on an H200). The warps' results are merged in shared memory; with one split
+// the block writes the output, else its maximum, sum and unnormalised row go to
+// part[(task * nsplit + split) * (dv + 2) ..] for k_flash_attn_merge. nsplit blocks per task,
+// each on a bounded span: a long cache fills the chip instead of one block walking it.
+#define FS_WARPS 4
 
-extern "C" __global__ void k_flash_attn_dec(Tensor dst, Tensor q, Tensor k, Tensor v, Tensor mask, int has_mask,
-                                            float scale, float softcap, int alibi, float m0, float m1,
-                                            int n_head_log2, Tensor sinks, int has_sinks) {
+struct alignas(16) fa_u4 {
+    u32 x, y, z, w;
+};
+struct alignas(8) fa_u2 {
+    u32 x, y;
+};
+
+// The factor that turns a task's unnormalised row into its output, from its softmax's maximum
+// and sum: the sink (a logit with no value), if any, joins the denominator.
+__device__ __forceinline__ float fa_out_factor(float mmax, float sum, int has_sinks, const Tensor& sinks, i64 h) {
+    if (has_sinks) {
+        float sk = ld(sinks, h, 0, 0, 0);
+        if (sk > mmax) {
+            float corr = mmax == NEG_INF ? 0.0f : expf(mmax - sk);
+            return corr / (sum * corr + 1.0f);
+        }
+        if (sk > NEG_INF) {
+            return 1.0f / (sum + expf(sk - mmax));
+        }
+    }
+    return sum > 0.0f ? 1.0f / sum : 0.0f;
+}
+
+// `maxd` (a multiple of 128, at most FA_MAX_D) bounds d and dv: the accumulators a lane keeps are
+// maxd / 32, so a kernel for heads up to 128 holds 4 where one for 512 holds 16.
+__device__ __forceinline__ void fa_split(const int maxd, const Tensor& dst, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& mask, int has_mask, float scale,
+                                         float softcap, int alibi, float m0, float m1, int n_head_log2,
+                                         const Tensor& sinks, int has_sinks, float* part, int nsplit, i64 chunk) {
     TSHARED(float, qs, [FA_MAX_D]);
-    TSHARED(float, ps, [FD_THREADS]);
-    TSHARED(float, red, [32]);
-    int t = threadIdx.x;
-    FaTask tk = fa_task(blockIdx.x, q, k);
+    TSHARED(float, ps, [FS_WARPS][32]);
+    TSHARED(float, wm, [FS_WARPS]);
+    TSHARED(float, wl, [FS_WARPS]);
+    TSHARED(float, accs, [FS_WARPS][FA_MAX_D]);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    i64 task = blockIdx.x / nsplit;
+    int split = (int)(blockIdx.x % nsplit);
+    FaTask tk = fa_task(task, q, k);
     i64 iq = tk.iq, h = tk.h, b = tk.b, hk = tk.hk;
     i64 d = q.ne[0], dv = v.ne[0], n_kv = k.ne[1];
+    i64 j0 = (i64)split * chunk, j1 = j0 + chunk < n_kv ? j0 + chunk : n_kv;
     float slope = fa_slope(h, alibi, m0, m1, n_head_log2);
-    for (i64 c = t; c < d; c += FD_THREADS) {
+    for (i64 c = threadIdx.x; c < d; c += 32 * FS_WARPS) {
         qs[c] = ld(q, c, iq, h, b);
     }
-    float acc[FA_MAX_D / FD_THREADS];
+    bool kvec = HAS_T(T_F16) && k.type == T_F16 && k.nb[0] == 2 && d % 8 == 0 &&
+                (((unsigned long long)TENSOR_BASE(k) | (unsigned long long)(k.nb[1] | k.nb[2] | k.nb[3])) % 16) == 0;
+    bool vvec = HAS_T(T_F16) && v.type == T_F16 && v.nb[0] == 2 && dv % 4 == 0 &&
+                (((unsigned long long)TENSOR_BASE(v) | (unsigned long long)(v.nb[1] | v.nb[2] | v.nb[3])) % 8) == 0;
+    float acc[FA_MAX_D / 32];
 #pragma unroll
-    for (int i = 0; i < FA_MAX_D / FD_THREADS; i++) {
-        acc[i] = 0.0f;
+    for (int t = 0; t < FA_MAX_D / 32; t++) {
+        acc[t] = 0.0f;
     }
     float mmax = NEG_INF, sum = 0.0f;
     __syncthreads();
-    for (i64 j0 = 0; j0 < n_kv; j0 += FD_THREADS) {
-        i64 j = j0 + t;
+    for (i64 g = j0 + 32 * warp; g < j1; g += 32 * FS_WARPS) {
+        i64 j = g + lane;
         float s = NEG_INF;
-        if (j < n_kv) {
+        if (j < j1) {
             float mv = has_mask ? slope * ld(mask, j, iq, 0, 0) : 0.0f;
             if (mv != NEG_INF) {
                 float dot = 0.0f;
-                TLOOP_ROLLED
-                for (i64 c = 0; c < d; c++) {
-                    dot += qs[c] * ld(k, c, j, hk, b);
+#ifdef FS_SKIP_SCORE
+                // Timing aid (TESSERA_CUDA_DEFINES=FS_SKIP_SCORE): scores without reading keys.
+                dot = qs[j % d];
+                if (false) {
+#else
+                if (kvec) {
+#endif
+                    const fa_u4* kr = (const fa_u4*)row_ptr(k, j, hk, b);
+                    // Unrolled so that several loads are in flight (the row is the lane's own).
+#pragma unroll 8
+                    for (i64 c8 = 0; c8 < d / 8; c8++) {
+                        fa_u4 u = kr[c8];
+                        u32 w4[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            dot += qs[8 * c8 + 2 * e] * h2f((u16)(w4[e] & 0xffffu)) +
+                                   qs[8 * c8 + 2 * e + 1] * h2f((u16)(w4[e] >> 16));
+                        }
+                    }
+                } else {
+#ifndef FS_SKIP_SCORE
+                    TLOOP_ROLLED
+                    for (i64 c = 0; c < d; c++) {
+                        dot += qs[c] * ld(k, c, j, hk, b);
+                    }
+#endif
                 }
                 dot *= scale;
                 if (softcap != 0.0f) {
@@ -159,51 +220,182 @@ extern "C" __global__ void k_flash_attn_dec(Tensor dst, Tensor q, Tensor k, Tens
                 s = dot + mv;
             }
         }
-        // Every thread gets the same maximum, so the skip below is uniform across the block.
-        float mnew = fmaxf(mmax, block_max(s, red));
-        if (mnew == NEG_INF) {
-            continue; // every key so far is masked
+        // Uniform across the warp: every lane has the same maximum. A group whose keys are all
+        // masked (the cache's unused tail while decoding) adds nothing.
+        float gmax = warp_max(s);
+        if (gmax == NEG_INF) {
+            continue;
         }
+        float mnew = fmaxf(mmax, gmax);
         float p = s == NEG_INF ? 0.0f : expf(s - mnew);
         float corr = mmax == NEG_INF ? 0.0f : expf(mmax - mnew);
-        ps[t] = p;
-        sum = sum * corr + block_sum(p, red);
+        sum = sum * corr + warp_sum(p);
         mmax = mnew;
-        __syncthreads(); // ps is complete
-        i64 nj = n_kv - j0 < FD_THREADS ? n_kv - j0 : FD_THREADS;
+        ps[warp][lane] = p;
+        TSYNCWARP();
+        i64 nj = j1 - g < 32 ? j1 - g : 32;
 #pragma unroll
-        for (int i = 0; i < FA_MAX_D / FD_THREADS; i++) {
-            i64 c = t + (i64)FD_THREADS * i;
-            if (c < dv) {
-                float a = acc[i] * corr;
-                TLOOP_ROLLED
-                for (i64 jj = 0; jj < nj; jj++) {
-                    a += ps[jj] * ld(v, c, j0 + jj, hk, b);
+        for (int t = 0; t < maxd / 32; t++) {
+            acc[t] *= corr;
+        }
+#ifdef FS_SKIP_PV
+        // Timing aid (TESSERA_CUDA_DEFINES=FS_SKIP_PV): the softmax without reading values.
+        if (true) {
+        } else if (false) {
+#else
+        if (vvec) {
+#endif
+            // Lane c takes columns 4 c + 128 u .. + 3 of each f16 row (8-byte loads), the
+            // unrolled key loop keeping several rows' loads in flight.
+            const char* vb = row_ptr(v, g, hk, b);
+#pragma unroll 16
+            for (i64 jj = 0; jj < nj; jj++) {
+                float p = ps[warp][jj];
+                const char* vr = vb + jj * v.nb[1];
+#pragma unroll
+                for (int u = 0; u < maxd / 128; u++) {
+                    i64 c = 4 * lane + 128 * u;
+                    if (c < dv) {
+                        fa_u2 h2 = *(const fa_u2*)(vr + 2 * c);
+                        acc[4 * u] += p * h2f((u16)(h2.x & 0xffffu));
+                        acc[4 * u + 1] += p * h2f((u16)(h2.x >> 16));
+                        acc[4 * u + 2] += p * h2f((u16)(h2.y & 0xffffu));
+                        acc[4 * u + 3] += p * h2f((u16)(h2.y >> 16));
+                    }
                 }
-                acc[i] = a;
+            }
+        } else {
+#pragma unroll
+            for (int t = 0; t < maxd / 32; t++) {
+                i64 c = lane + 32 * t;
+                if (c < dv) {
+                    float a = acc[t];
+                    for (i64 jj = 0; jj < nj; jj++) {
+                        a += ps[warp][jj] * ld(v, c, g + jj, hk, b);
+                    }
+                    acc[t] = a;
+                }
             }
         }
-        __syncthreads(); // the next pass overwrites ps
+        TSYNCWARP(); // the next pass overwrites ps
     }
-    if (has_sinks) {
-        float sk = ld(sinks, h, 0, 0, 0);
-        if (sk > mmax) {
-            float corr = mmax == NEG_INF ? 0.0f : expf(mmax - sk);
-            sum = sum * corr + 1.0f;
-#pragma unroll
-            for (int i = 0; i < FA_MAX_D / FD_THREADS; i++) {
-                acc[i] *= corr;
-            }
-        } else if (sk > NEG_INF) {
-            sum += expf(sk - mmax);
-        }
+    if (lane == 0) {
+        wm[warp] = mmax;
+        wl[warp] = sum;
     }
-    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    __syncthreads();
+    float bm = NEG_INF;
+    for (int w = 0; w < FS_WARPS; w++) {
+        bm = fmaxf(bm, wm[w]);
+    }
+    float f = mmax == NEG_INF ? 0.0f : expf(mmax - bm);
 #pragma unroll
-    for (int i = 0; i < FA_MAX_D / FD_THREADS; i++) {
-        i64 c = t + (i64)FD_THREADS * i;
+    for (int t = 0; t < maxd / 32; t++) {
+        i64 c = vvec ? 4 * lane + 128 * (t / 4) + t % 4 : lane + 32 * t;
         if (c < dv) {
-            st(dst, c, h, iq, b, acc[i] * inv);
+            accs[warp][c] = acc[t] * f;
+        }
+    }
+    float bl = 0.0f;
+    for (int w = 0; w < FS_WARPS; w++) {
+        bl += wm[w] == NEG_INF ? 0.0f : wl[w] * expf(wm[w] - bm);
+    }
+    __syncthreads();
+    float* out = part + ((i64)task * nsplit + split) * (dv + 2);
+    float factor = nsplit == 1 ? fa_out_factor(bm, bl, has_sinks, sinks, h) : 1.0f;
+    for (i64 c = threadIdx.x; c < dv; c += 32 * FS_WARPS) {
+        float o = 0.0f;
+        for (int w = 0; w < FS_WARPS; w++) {
+            o += accs[w][c];
+        }
+        if (nsplit == 1) {
+            st(dst, c, h, iq, b, o * factor);
+        } else {
+            out[2 + c] = o;
+        }
+    }
+    if (nsplit > 1 && threadIdx.x == 0) {
+        out[0] = bm;
+        out[1] = bl;
+    }
+}
+
+extern "C" __global__ void k_flash_attn_split(Tensor dst, Tensor q, Tensor k, Tensor v, Tensor mask, int has_mask,
+                                              float scale, float softcap, int alibi, float m0, float m1,
+                                              int n_head_log2, Tensor sinks, int has_sinks, float* part, int nsplit,
+                                              i64 chunk) {
+    fa_split(FA_MAX_D, dst, q, k, v, mask, has_mask, scale, softcap, alibi, m0, m1, n_head_log2, sinks, has_sinks,
+             part, nsplit, chunk);
+}
+// Heads up to 128 (d and dv): 4 accumulators a lane.
+extern "C" __global__ void k_flash_attn_split128(Tensor dst, Tensor q, Tensor k, Tensor v, Tensor mask,
+                                                 int has_mask, float scale, float softcap, int alibi, float m0,
+                                                 float m1, int n_head_log2, Tensor sinks, int has_sinks, float* part,
+                                                 int nsplit, i64 chunk) {
+    fa_split(128, dst, q, k, v, mask, has_mask, scale, softcap, alibi, m0, m1, n_head_log2, sinks, has_sinks, part,
+             nsplit, chunk);
+}
+
+// k_flash_attn_merge: one block per task merges its nsplit partial softmaxes (a split whose
+// keys were all masked has maximum -inf and adds nothing) and writes the output; the splits'
+// weights go through shared memory FM_MAX_SPLITS at a time. blockDim is FM_THREADS.
+#define FM_THREADS 128
+#define FM_MAX_SPLITS 128
+extern "C" __global__ void k_flash_attn_merge(Tensor dst, Tensor q, Tensor v, Tensor sinks, int has_sinks,
+                                              const float* part, int nsplit) {
+    TSHARED(float, wts, [FM_MAX_SPLITS]);
+    TSHARED(float, red, [32]);
+    i64 task = blockIdx.x;
+    i64 n_q = q.ne[1], n_head = q.ne[2];
+    i64 iq = task % n_q, h = (task / n_q) % n_head, b = task / (n_q * n_head);
+    i64 dv = v.ne[0];
+    const float* p = part + task * nsplit * (dv + 2);
+    // Thread s reads split s's maximum and sum; the block's maximum and the splits' weights
+    // follow, so no thread walks the splits one load at a time.
+    float mmax = NEG_INF, sum = 0.0f;
+    for (int s0 = 0; s0 < nsplit; s0 += FM_MAX_SPLITS) {
+        int s = s0 + (int)threadIdx.x;
+        float ms = s < nsplit && threadIdx.x < FM_MAX_SPLITS ? p[(i64)s * (dv + 2)] : NEG_INF;
+        float m_all = fmaxf(mmax, block_max(ms, red));
+        float ls = ms == NEG_INF ? 0.0f : p[(i64)s * (dv + 2) + 1] * expf(ms - m_all);
+        float corr = mmax == NEG_INF ? 0.0f : expf(mmax - m_all);
+        sum = sum * corr + block_sum(ls, red);
+        mmax = m_all;
+    }
+    float factor = fa_out_factor(mmax, sum, has_sinks, sinks, h);
+    // Thread t takes columns t + FM_THREADS u.
+    float o[FA_MAX_D / FM_THREADS];
+#pragma unroll
+    for (int u = 0; u < FA_MAX_D / FM_THREADS; u++) {
+        o[u] = 0.0f;
+    }
+    for (int s0 = 0; s0 < nsplit; s0 += FM_MAX_SPLITS) {
+        __syncthreads(); // the previous turn's weights are used
+        int s = s0 + (int)threadIdx.x;
+        if (s < nsplit && threadIdx.x < FM_MAX_SPLITS) {
+            float ms = p[(i64)s * (dv + 2)];
+            wts[threadIdx.x] = ms == NEG_INF ? 0.0f : expf(ms - mmax);
+        }
+        __syncthreads();
+        int n = nsplit - s0 < FM_MAX_SPLITS ? nsplit - s0 : FM_MAX_SPLITS;
+#pragma unroll
+        for (int u = 0; u < FA_MAX_D / FM_THREADS; u++) {
+            i64 c = threadIdx.x + (i64)FM_THREADS * u;
+            if (c < dv) {
+                float a = o[u];
+#pragma unroll 8
+                for (int i = 0; i < n; i++) {
+                    a += wts[i] * p[(i64)(s0 + i) * (dv + 2) + 2 + c];
+                }
+                o[u] = a;
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < FA_MAX_D / FM_THREADS; u++) {
+        i64 c = threadIdx.x + (i64)FM_THREADS * u;
+        if (c < dv) {
+            st(dst, c, h, iq, b, o[u] * factor);
         }
     }
 }

@@ -541,3 +541,200 @@ extern "C" __global__ void k_gemv_q4_k(Tensor dst, Tensor w, Tensor x, i64 r2, i
 extern "C" __global__ void k_gemv_q6_k(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3) {
     gv_kernel(T_Q6_K, dst, w, x, r2, r3);
 }
+
+// ----- GEMV on 8-bit activations, rounded once per product -----
+//
+// k_quantize_x8 rounds every activation row (f32, contiguous along k, k a multiple of 32) into
+// scratch, each 32-element block as ggml's quantize_row_q8_0 rounds it (gv_quantize_x): the
+// levels at xq + row * k, the block's scale (its f16 value, as f32) at xd[row * k / 32 + block].
+// Rows are x's rows in order (column fastest, then the planes). Thread e takes elements
+// 8 e .. 8 e + 7 of the flattened rows; `groups` = rows * k / 8.
+extern "C" __global__ void k_quantize_x8(Tensor x, char* xq, float* xd, i64 groups) {
+    i64 per_row = x.ne[0] / 8;
+    // The bound is uniform over the warp: gv_quantize_x's shuffles need every lane.
+    for (i64 base = (i64)blockIdx.x * blockDim.x; base < groups; base += (i64)gridDim.x * blockDim.x) {
+        i64 e = base + threadIdx.x;
+        bool live = e < groups;
+        float xv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        i64 r = live ? e / per_row : 0, p = live ? e % per_row : 0;
+        if (live) {
+            i64 i[4];
+            unravel_row(r, x.ne, i);
+            const float* src = (const float*)row_ptr(x, i[1], i[2], i[3]) + 8 * p;
+            gv_ld4(src, xv);
+            gv_ld4(src + 4, xv + 4);
+        }
+        int q[2];
+        float d = gv_quantize_x(xv, q);
+        if (live) {
+            int* out = (int*)(xq + 8 * e);
+            out[0] = q[0];
+            out[1] = q[1];
+            if (p % 4 == 0) {
+                xd[e / 4] = d;
+            }
+        }
+    }
+}
+
+// k_gemv8_*: a block of G8_THREADS threads per `rows` weight rows of one plane, its threads
+// taking the rows' chunks in turn (a chunk: 8 Q8_0 weights, 16 of the other types, with the rounded
+// activations they multiply), dp4a on the integer levels, scales applied per chunk, then a block
+// sum. Every thread of the chip works on the product from its start (llama.cpp's mmvq layout):
+// where k_gemv_* gives a row's whole k to one warp, a 2048-row product is 2048 blocks here.
+#define G8_THREADS 128
+#ifndef G8_UNROLL
+#define G8_UNROLL 2
+#endif
+#if defined(TESSERA_CUDA) && !defined(TESSERA_COMPAT)
+#define G8_UNROLL_CHUNKS _Pragma("unroll G8_UNROLL")
+#else
+#define G8_UNROLL_CHUNKS
+#endif
+
+struct alignas(8) g8_i2 {
+    int x, y;
+};
+
+// Weights per chunk of type T.
+__device__ __forceinline__ int g8_chunk_elems(int T) {
+    return T == T_Q8_0 ? 8 : 16;
+}
+
+// Chunk c of weight row `row` dotted with the row's rounded activations (levels xq, scales xd),
+// in 32-bit offsets within the row (under 2 GiB): k_gemv8_q4_0 is 1048 instructions on sm_90
+// with them, 1112 with 64-bit ones.
+__device__ __forceinline__ float g8_chunk(int T, const char* row, int c, const char* xq, const float* xd) {
+    const int ones = 0x01010101;
+    if (T == T_Q8_0) {
+        int b = c / 4, p = c % 4;
+        const u8* blk = (const u8*)row + b * Q8_0_BYTES;
+        const u8* q = blk + 2 + 8 * p;
+        g8_i2 xv = *(const g8_i2*)(xq + 32 * b + 8 * p);
+        int isum = gv_dp4a((int)gv_u32_from_u16(q), xv.x, gv_dp4a((int)gv_u32_from_u16(q + 4), xv.y, 0));
+        return (float)isum * block_scale((const char*)blk) * xd[b];
+    } else if (T == T_Q4_0) {
+        int b = c / 2, h = c % 2;
+        const u8* blk = (const u8*)row + b * Q4_0_BYTES;
+        u32 q0 = gv_u32_from_u16(blk + 2 + 8 * h), q1 = gv_u32_from_u16(blk + 6 + 8 * h);
+        g8_i2 lo = *(const g8_i2*)(xq + 32 * b + 8 * h);
+        g8_i2 hi = *(const g8_i2*)(xq + 32 * b + 16 + 8 * h);
+        int isum = gv_dp4a((int)(q0 & 0x0f0f0f0fu), lo.x, gv_dp4a((int)(q1 & 0x0f0f0f0fu), lo.y, 0));
+        isum = gv_dp4a((int)((q0 >> 4) & 0x0f0f0f0fu), hi.x, gv_dp4a((int)((q1 >> 4) & 0x0f0f0f0fu), hi.y, isum));
+        // Levels are nibble - 8: subtract 8 times the activations' sum.
+        int xsum = gv_dp4a(ones, lo.x, gv_dp4a(ones, lo.y, gv_dp4a(ones, hi.x, gv_dp4a(ones, hi.y, 0))));
+        return (float)(isum - 8 * xsum) * block_scale((const char*)blk) * xd[b];
+    } else if (T == T_Q4_K) {
+        // Sub-block pair i, part p: qs bytes 32 i + 8 p .. + 7, whose low nibbles are elements
+        // 64 i + 8 p .. (sub-block 2 i) and high nibbles 64 i + 32 + 8 p .. (sub-block 2 i + 1).
+        int sb = c / 16, i = (c % 16) / 4, p = c % 4;
+        const u8* blk = (const u8*)row + sb * Q4_K_BYTES;
+        const u32* qp = (const u32*)(blk + 16 + 32 * i + 8 * p);
+        u32 q0 = qp[0], q1 = qp[1];
+        const char* xb = xq + 256 * sb + 64 * i + 8 * p;
+        g8_i2 lo = *(const g8_i2*)xb;
+        g8_i2 hi = *(const g8_i2*)(xb + 32);
+        int dot0 = gv_dp4a((int)(q0 & 0x0f0f0f0fu), lo.x, gv_dp4a((int)(q1 & 0x0f0f0f0fu), lo.y, 0));
+        int dot1 = gv_dp4a((int)((q0 >> 4) & 0x0f0f0f0fu), hi.x, gv_dp4a((int)((q1 >> 4) & 0x0f0f0f0fu), hi.y, 0));
+        int s0 = gv_dp4a(ones, lo.x, gv_dp4a(ones, lo.y, 0));
+        int s1 = gv_dp4a(ones, hi.x, gv_dp4a(ones, hi.y, 0));
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * i, blk + 4, &sc0, &m0);
+        scale_min_k4(2 * i + 1, blk + 4, &sc1, &m1);
+        float dx0 = xd[8 * sb + 2 * i], dx1 = xd[8 * sb + 2 * i + 1];
+        float d = block_scale((const char*)blk), dmin = block_scale((const char*)blk + 2);
+        return d * (dx0 * (float)(sc0 * dot0) + dx1 * (float)(sc1 * dot1)) -
+               dmin * (dx0 * (float)(m0 * s0) + dx1 * (float)(m1 * s1));
+    } else {
+        // Q6_K: half n, l = 4 p .. 4 p + 3: ql bytes l (t = 0 low nibbles, t = 2 high) and
+        // 32 + l (t = 1, 3), qh byte l's bit pairs; element 128 n + 32 t + l, scale 16ths
+        // l / 16 + 2 t of the half.
+        int sb = c / 16, n = (c % 16) / 8, p = c % 8;
+        const u8* blk = (const u8*)row + sb * Q6_K_BYTES;
+        u32 a = gv_u32_from_u16(blk + 64 * n + 4 * p);
+        u32 b = gv_u32_from_u16(blk + 64 * n + 32 + 4 * p);
+        u32 hb = gv_u32_from_u16(blk + 128 + 32 * n + 4 * p);
+        const signed char* sc = (const signed char*)(blk + 192 + 8 * n + p / 4);
+        u32 q[4] = {(a & 0x0f0f0f0fu) | ((hb << 4) & 0x30303030u), (b & 0x0f0f0f0fu) | ((hb << 2) & 0x30303030u),
+                    ((a >> 4) & 0x0f0f0f0fu) | (hb & 0x30303030u),
+                    ((b >> 4) & 0x0f0f0f0fu) | ((hb >> 2) & 0x30303030u)};
+        const char* xb = xq + 256 * sb + 128 * n + 4 * p;
+        const float* db = xd + 8 * sb + 4 * n;
+        float acc = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            int xv = *(const int*)(xb + 32 * t);
+            // Levels are q - 32.
+            int dot = gv_dp4a((int)q[t], xv, 0) - 32 * gv_dp4a(ones, xv, 0);
+            acc += db[t] * (float)((int)sc[2 * t] * dot);
+        }
+        return acc * block_scale((const char*)blk + 208);
+    }
+}
+
+// `rows` (1 .. G8_MAX_ROWS) weight rows per block share each chunk's activations.
+#define G8_MAX_ROWS 4
+__device__ __forceinline__ void g8_kernel(int T, const Tensor& dst, const Tensor& w, const Tensor& x, const char* xq,
+                                          const float* xd, i64 r2, i64 r3, int rows) {
+    TSHARED(float, part, [G8_MAX_ROWS][G8_THREADS / 32]);
+    int tid = threadIdx.x;
+    i64 m = w.ne[1], kdim = w.ne[0];
+    i64 rblocks = (m + rows - 1) / rows;
+    i64 row0 = (blockIdx.x % rblocks) * rows;
+    i64 i2, i3, w2, w3;
+    plane_of(blockIdx.x / rblocks, dst, r2, r3, &i2, &i3, &w2, &w3);
+    // x's row of this plane (one column): the order k_quantize_x8 wrote them in.
+    i64 xr = i2 + x.ne[2] * i3;
+    const char* xqr = xq + xr * kdim;
+    const float* xdr = xd + xr * (kdim / 32);
+    const char* wr[G8_MAX_ROWS];
+    float acc[G8_MAX_ROWS];
+#pragma unroll
+    for (int r = 0; r < G8_MAX_ROWS; r++) {
+        // Rows past the end read the last row and store nothing.
+        wr[r] = row_ptr(w, row0 + r < m ? row0 + r : m - 1, w2, w3);
+        acc[r] = 0.0f;
+    }
+    int chunks = (int)(kdim / g8_chunk_elems(T));
+    G8_UNROLL_CHUNKS
+    for (int c = tid; c < chunks; c += G8_THREADS) {
+#pragma unroll
+        for (int r = 0; r < G8_MAX_ROWS; r++) {
+            if (r < rows) {
+                acc[r] += g8_chunk(T, wr[r], c, xqr, xdr);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < G8_MAX_ROWS; r++) {
+        float v = warp_sum(acc[r]);
+        if (tid % 32 == 0) {
+            part[r][tid / 32] = v;
+        }
+    }
+    __syncthreads();
+    if (tid < rows && row0 + tid < m) {
+        float s = 0.0f;
+        for (int i = 0; i < G8_THREADS / 32; i++) {
+            s += part[tid][i];
+        }
+        st(dst, row0 + tid, 0, i2, i3, s);
+    }
+}
+
+extern "C" __global__ void k_gemv8_q8_0(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3, const char* xq,
+                                        const float* xd, int rows) {
+    g8_kernel(T_Q8_0, dst, w, x, xq, xd, r2, r3, rows);
+}
+extern "C" __global__ void k_gemv8_q4_0(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3, const char* xq,
+                                        const float* xd, int rows) {
+    g8_kernel(T_Q4_0, dst, w, x, xq, xd, r2, r3, rows);
+}
+extern "C" __global__ void k_gemv8_q4_k(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3, const char* xq,
+                                        const float* xd, int rows) {
+    g8_kernel(T_Q4_K, dst, w, x, xq, xd, r2, r3, rows);
+}
+extern "C" __global__ void k_gemv8_q6_k(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3, const char* xq,
+                                        const float* xd, int rows) {
+    g8_kernel(T_Q6_K, dst, w, x, xq, xd, r2, r3, rows);
+}

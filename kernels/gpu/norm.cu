@@ -3,8 +3,11 @@
 // of 32. Sources are read in full before a row is written, so in-place rows are safe.
 #include "common.cuh"
 
-// mode 0: RMS_NORM, x / sqrt(mean(x^2) + eps); mode 1: NORM, (x - mean) / sqrt(var + eps).
-extern "C" __global__ void k_norm(Tensor dst, Tensor a, float eps, int mode) {
+// mode 0: RMS_NORM, x / sqrt(mean(x^2) + eps); mode 1: NORM, (x - mean) / sqrt(var + eps). With
+// has_w, each output is also multiplied by w (broadcast over dst as ggml broadcasts: index modulo
+// each of w's sizes): the norm and the MUL that scales it, in one launch.
+__device__ __forceinline__ void norm_rows(const Tensor& dst, const Tensor& a, const Tensor& w, bool has_w, float eps,
+                                          int mode) {
     TSHARED(float, scratch, [32]);
     i64 r[4];
     unravel_row(blockIdx.x, a.ne, r);
@@ -25,9 +28,26 @@ extern "C" __global__ void k_norm(Tensor dst, Tensor a, float eps, int mode) {
     ss = block_sum(ss, scratch);
     float scale = rsqrtf(ss / (float)n + eps);
     __syncthreads();
+    i64 w1 = has_w ? r[1] % w.ne[1] : 0, w2 = has_w ? r[2] % w.ne[2] : 0, w3 = has_w ? r[3] % w.ne[3] : 0;
+    // A 64-bit remainder per element costs more than the norm: none where w spans the row.
+    bool whole = has_w && w.ne[0] == n;
     for (i64 k = threadIdx.x; k < n; k += blockDim.x) {
-        st(dst, k, r[1], r[2], r[3], (ld(a, k, r[1], r[2], r[3]) - mean) * scale);
+        float y = (ld(a, k, r[1], r[2], r[3]) - mean) * scale;
+        if (has_w) {
+            y *= ld(w, whole ? k : k % w.ne[0], w1, w2, w3);
+        }
+        st(dst, k, r[1], r[2], r[3], y);
     }
+}
+
+extern "C" __global__ void k_norm(Tensor dst, Tensor a, float eps, int mode) {
+    norm_rows(dst, a, a, false, eps, mode);
+}
+
+// k_norm followed by MUL with w: a decode step's norms are each scaled by a row of weights, and
+// the pair cost two launches and a round trip of the row through memory.
+extern "C" __global__ void k_norm_mul(Tensor dst, Tensor a, Tensor w, float eps, int mode) {
+    norm_rows(dst, a, w, true, eps, mode);
 }
 
 extern "C" __global__ void k_sum_rows(Tensor dst, Tensor a) {

@@ -1079,6 +1079,14 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
         } else {
             shapes.clone()
         };
+        if matches!(
+            type_a,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_K | DType::Q6_K
+        ) {
+            // The GPUs' GEMV on 8-bit activations: a block of 128 threads takes a row's chunks
+            // in turns; k = 17 super-blocks needs two turns and part of a third.
+            all.push((7, 1, 4352, [1, 1], [1, 1], Layout::Contiguous));
+        }
         if !type_a.is_quantized() {
             // k not a multiple of the block size, and a single output row.
             all.push((16, 3, 67, [1, 1], [1, 1], Layout::Contiguous));

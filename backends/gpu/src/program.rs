@@ -15,7 +15,7 @@ use crate::driver::Driver;
 use std::any::Any;
 use std::sync::{Arc, Weak};
 use tessera_core::{Buffer, Graph, TensorId};
-use tessera_kernels::gpu::plan::Launch;
+use tessera_kernels::gpu::plan::{Launch, StreamMem};
 
 /// The environment variable that turns recording and replay off (`0`), for comparisons.
 pub const REPLAY_ENV: &str = "TESSERA_GPU_REPLAY";
@@ -32,7 +32,7 @@ const RECORD_AFTER: u32 = 1;
 pub(crate) struct Program<D: Driver> {
     graph: Graph,
     ptrs: Vec<u64>,
-    status: u64,
+    mem: StreamMem,
     /// The buffers the addresses point into, not kept alive: a freed buffer ends the program.
     buffers: Vec<Weak<dyn Buffer>>,
     /// Node, kernel and launch, in graph order.
@@ -117,11 +117,11 @@ impl<D: Driver> Programs<D> {
         &mut self,
         graph: &Graph,
         ptrs: &[u64],
-        status: u64,
+        mem: StreamMem,
         held: &[Arc<dyn Buffer>],
     ) -> Option<usize> {
         let i = self.list.iter().position(|p| {
-            p.status == status
+            p.mem == mem
                 && p.ptrs == ptrs
                 && p.buffers.len() == held.len()
                 && p.buffers
@@ -142,7 +142,7 @@ impl<D: Driver> Programs<D> {
         &mut self,
         graph: &Graph,
         ptrs: Vec<u64>,
-        status: u64,
+        mem: StreamMem,
         held: &[Arc<dyn Buffer>],
         launches: Vec<(TensorId, D::Function, Launch)>,
     ) -> usize {
@@ -160,7 +160,7 @@ impl<D: Driver> Programs<D> {
         self.list.push(Program {
             graph: graph.clone(),
             ptrs,
-            status,
+            mem,
             buffers: held.iter().map(Arc::downgrade).collect(),
             launches,
             replay: None,

@@ -13,10 +13,11 @@ use crate::program::{ProgramStats, Programs};
 use crate::runtime::{GpuContext, Kernels};
 use std::any::Any;
 use std::sync::Arc;
+use tessera_core::TensorId;
 use tessera_core::backend::{EventImpl, copy_between};
 use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
 use tessera_kernels::gpu::host::status_error;
-use tessera_kernels::gpu::plan;
+use tessera_kernels::gpu::plan::{self, StreamMem};
 
 /// Whether `gpu` runs node `node`: the plan supports it and the driver has the kernel it plans
 /// ([`Driver::has_kernel`]).
@@ -32,15 +33,47 @@ pub(crate) fn supports<D: Driver>(
     // Addresses choose only among kernels the device has (the fast GEMV needs aligned rows, and
     // a device without it gets the general one), so zeros tell whether the node can run.
     let zeros = vec![0u64; tensors.len()];
-    match plan::plan_with(tensors, &zeros, 0, node, &|k| D::has_kernel(gpu, k)) {
-        Some(l) if !D::has_kernel(gpu, l.kernel) => tessera_core::Support::No(format!(
+    let planned = plan::plan_with(tensors, &zeros, StreamMem::default(), node, &|k| {
+        D::has_kernel(gpu, k)
+    });
+    match planned
+        .launches
+        .iter()
+        .find(|l| !D::has_kernel(gpu, l.kernel))
+    {
+        Some(l) => tessera_core::Support::No(format!(
             "kernel {} is not yet ported to {}",
             l.kernel,
             D::NAME
         )),
-        _ => s,
+        None => s,
     }
 }
+
+/// The environment variable that turns fused launches (a norm and its scaling) off (`0`), for
+/// comparisons.
+pub const FUSE_ENV: &str = "TESSERA_GPU_FUSE";
+
+fn fuse_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var(FUSE_ENV).map_or(true, |v| v.trim() != "0"))
+}
+
+/// How many times each tensor is read as a source by the graph's nodes.
+fn readers(graph: &Graph) -> Vec<u32> {
+    let tensors = graph.tensors();
+    let mut count = vec![0u32; tensors.len()];
+    for &n in graph.nodes() {
+        let t = &tensors[n.index()];
+        for s in t.srcs() {
+            count[s.index()] += 1;
+        }
+    }
+    count
+}
+
+/// A program's launches: node, kernel and launch, in order.
+type Launches<D> = Vec<(TensorId, <D as Driver>::Function, plan::Launch)>;
 
 /// A GPU event: completes when the stream work before it has.
 #[derive(Debug)]
@@ -71,6 +104,9 @@ pub struct GpuStream<D: Driver> {
     profile: Option<Profile<D>>,
     /// Graphs planned on this stream, kept for reuse ([`crate::program`]).
     programs: Programs<D>,
+    /// Memory the planned launches use between kernels of one node (activations rounded to 8
+    /// bits, partial results); grown to what the largest node asks for.
+    scratch: Option<D::Mem>,
 }
 
 impl<D: Driver> GpuStream<D> {
@@ -88,6 +124,7 @@ impl<D: Driver> GpuStream<D> {
             inflight: InFlight::new(),
             profile: Profile::from_env(),
             programs: Programs::new(),
+            scratch: None,
         })
     }
 
@@ -138,6 +175,105 @@ impl<D: Driver> GpuStream<D> {
             })
     }
 
+    /// The status words' and scratch's addresses, as plans take them.
+    fn stream_mem(&self) -> StreamMem {
+        StreamMem {
+            status: D::mem_ptr(&self.status),
+            scratch: self.scratch.as_ref().map_or(0, |m| D::mem_ptr(m)),
+            scratch_len: self.scratch.as_ref().map_or(0, |m| D::mem_size(m)),
+        }
+    }
+
+    /// Makes the scratch at least `bytes` long. A new scratch moves: the work queued so far
+    /// (which may use the old one) is waited for, and every program (whose launches and
+    /// recordings point into the old one) is dropped.
+    fn grow_scratch(&mut self, bytes: usize) -> Result<()> {
+        let old = self.scratch.as_ref().map_or(0, |m| D::mem_size(m));
+        let size = bytes.max(2 * old).next_multiple_of(1 << 16);
+        D::stream_sync(&self.stream)?;
+        self.programs.clear();
+        self.scratch = None;
+        self.scratch = Some(D::alloc(self.ctx.gpu(), size)?);
+        tracing::debug!(device = %self.name, bytes = size, "GPU stream scratch grown");
+        Ok(())
+    }
+
+    /// Plans every node of `graph` with the stream's memory `mem`: the launches in order, and
+    /// the scratch bytes the largest node needs.
+    fn plan_nodes(
+        &self,
+        graph: &Graph,
+        ptrs: &[u64],
+        mem: StreamMem,
+        profile: &mut Option<Profile<D>>,
+    ) -> Result<(Launches<D>, usize)> {
+        let gpu = self.ctx.gpu();
+        let has = |k: &str| D::ALL_KERNELS || D::has_kernel(gpu, k);
+        let tensors = graph.tensors();
+        let mut launches: Launches<D> = Vec::with_capacity(graph.nodes().len());
+        let mut scratch = 0;
+        // The last activation rounding (its launch's index, the bytes of the tensor it rounded)
+        // while its scratch and that tensor are unchanged: products of one input (q, k and v;
+        // gate and up) share it, even with other nodes (rope, a cache write) between them.
+        let mut rounded: Option<(usize, std::ops::Range<u64>)> = None;
+        let readers = readers(graph);
+        let nodes = graph.nodes();
+        let mut fused_into: Option<TensorId> = None;
+        for (i, &n) in nodes.iter().enumerate() {
+            if fused_into == Some(n) {
+                continue;
+            }
+            // A norm whose only reader is the next node's scaling runs fused with it.
+            let fused = nodes.get(i + 1).filter(|_| fuse_on()).and_then(|&next| {
+                let only_reader = readers[n.index()] == 1 && !graph.outputs().contains(&n);
+                only_reader
+                    .then(|| plan::plan_norm_mul(tensors, ptrs, n, next, &has))
+                    .flatten()
+                    .map(|p| (next, p))
+            });
+            let (n, planned) = match fused {
+                Some((next, p)) => {
+                    fused_into = Some(next);
+                    (next, p)
+                }
+                None => {
+                    let p = timed(profile, Phase::Plan, || {
+                        Ok(plan::plan_with(tensors, ptrs, mem, n, &has))
+                    })?;
+                    (n, p)
+                }
+            };
+            scratch = scratch.max(planned.scratch);
+            let t = &tensors[n.index()];
+            let computes = !planned.launches.is_empty();
+            for l in planned.launches {
+                if plan::rounds_activations(&l) {
+                    if rounded.as_ref().is_some_and(|(i, _)| launches[*i].2 == l) {
+                        continue;
+                    }
+                    let x = t
+                        .src(1)
+                        .map_or(0..0, |x| plan::extent(&tensors[x.index()], ptrs[x.index()]));
+                    rounded = Some((launches.len(), x));
+                } else if planned.scratch > 0 && !plan::reads_rounded_activations(&l) {
+                    // Another user of the scratch overwrites the rounding.
+                    rounded = None;
+                }
+                let f = timed(profile, Phase::Lookup, || self.kernels.for_launch(&l))?;
+                launches.push((n, f, l));
+            }
+            let writes = plan::extent(t, ptrs[n.index()]);
+            if computes
+                && rounded
+                    .as_ref()
+                    .is_some_and(|(_, x)| x.start < writes.end && writes.start < x.end)
+            {
+                rounded = None;
+            }
+        }
+        Ok((launches, scratch))
+    }
+
     /// A buffer of this stream's GPU, if `b` is one.
     fn local<'a>(&self, b: &'a dyn Buffer) -> Option<&'a GpuBuffer<D>> {
         b.as_any()
@@ -177,24 +313,19 @@ impl<D: Driver> GpuStream<D> {
                 return Err(e);
             }
         };
-        let status = D::mem_ptr(&self.status);
-        let index = match self.programs.find(graph, &ptrs, status, &held) {
+        let mem = self.stream_mem();
+        let index = match self.programs.find(graph, &ptrs, mem, &held) {
             Some(i) => i,
             None => {
                 timed(profile, Phase::Check, || check(graph))?;
-                let has = |k: &str| D::ALL_KERNELS || D::has_kernel(&gpu, k);
-                let mut launches = Vec::with_capacity(graph.nodes().len());
-                for &n in graph.nodes() {
-                    let planned = timed(profile, Phase::Plan, || {
-                        Ok(plan::plan_with(tensors, &ptrs, status, n, &has))
-                    })?;
-                    let Some(l) = planned else {
-                        continue;
-                    };
-                    let f = timed(profile, Phase::Lookup, || self.kernels.for_launch(&l))?;
-                    launches.push((n, f, l));
+                let (mut launches, need) = self.plan_nodes(graph, &ptrs, mem, profile)?;
+                let mut mem = mem;
+                if need > mem.scratch_len {
+                    self.grow_scratch(need)?;
+                    mem = self.stream_mem();
+                    launches = self.plan_nodes(graph, &ptrs, mem, profile)?.0;
                 }
-                self.programs.insert(graph, ptrs, status, &held, launches)
+                self.programs.insert(graph, ptrs, mem, &held, launches)
             }
         };
         // A profile times every launch, which a replay would hide.
@@ -229,6 +360,11 @@ impl<D: Driver> GpuStream<D> {
             p.span(first, last);
         }
         self.hold(held)
+    }
+
+    /// Bytes of scratch memory the stream holds (for the largest node planned so far).
+    pub fn scratch_bytes(&self) -> usize {
+        self.stream_mem().scratch_len
     }
 
     /// What this stream's programs did so far ([`crate::program`]).

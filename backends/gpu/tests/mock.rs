@@ -2,9 +2,9 @@
 //! here without a GPU — registry naming and bounds, logical devices sharing a GPU, buffer
 //! and stream copies (same GPU, peer, host fallback), events, the kernel cache's errors, and the
 //! comm trio's declines and slice validation, and the stream profile. Kernels do not execute on
-//! this driver: modules other than elementwise.cu fail to load with a reason, which the cache must
-//! keep and report; elementwise.cu's kernels "launch" by being counted, so graphs of
-//! element-wise nodes go through planning and launching.
+//! this driver: modules other than elementwise.cu, matmul.cu, copy.cu and norm.cu fail to load
+//! with a reason, which the cache must keep and report; their kernels "launch" by being counted, so graphs of
+//! element-wise nodes and products go through planning and launching.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -175,7 +175,10 @@ impl Driver for Mock {
         true
     }
     fn load_module(&self, gpu: &Arc<Gpu>, unit: &Unit) -> Result<()> {
-        if unit.file == "elementwise.cu" {
+        if matches!(
+            unit.file,
+            "elementwise.cu" | "matmul.cu" | "copy.cu" | "norm.cu"
+        ) {
             return Ok(());
         }
         Err(Error::Compute {
@@ -558,4 +561,142 @@ fn a_graph_on_foreign_memory_is_refused_before_anything_runs() {
     assert!(e.contains("is not memory of MOCK0"), "{e}");
     assert_eq!(gs.driver_stream().launches.load(Ordering::Relaxed), 0);
     assert_eq!(gs.program_stats().planned, 0);
+}
+
+/// `w · x` for Q4_0 weights [k, 8] and f32 activations [k, 1, planes]: a GEMV on 8-bit
+/// activations, allocated on `dev`.
+fn q4_0_gemv(
+    dev: &Arc<dyn Device>,
+    k: usize,
+    planes: usize,
+) -> (tessera_core::Graph, tessera_core::TensorBuffer) {
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor(DType::Q4_0, [k, 8]).unwrap();
+    let x = ctx.new_tensor(DType::F32, [k, 1, planes]).unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    let graph = ctx.build_forward(y).unwrap();
+    (graph, dev.buffer_type().alloc_tensors(&ctx).unwrap())
+}
+
+/// A node of several launches (activations rounded into scratch, then the GEMV) runs them in
+/// order; the stream's scratch grows to what the largest node asks for, and growing drops the
+/// programs planned over the old scratch, so they are planned again.
+#[test]
+fn nodes_of_several_launches_share_a_scratch_that_grows() {
+    let devs = devices(1);
+    let mut s = stream(&devs[0]);
+    let gs = mock_stream(&mut s);
+    gs.set_replay(false);
+    let run =
+        |gs: &mut GpuStream<Mock>, graph: &tessera_core::Graph, b: &tessera_core::Bindings| {
+            gs.compute(graph, b).unwrap();
+            gs.synchronize().unwrap();
+        };
+    assert_eq!(
+        gs.scratch_bytes(),
+        0,
+        "no scratch before a node asks for it"
+    );
+    let (small, small_buf) = q4_0_gemv(&devs[0], 256, 1);
+    run(gs, &small, small_buf.bindings());
+    run(gs, &small, small_buf.bindings());
+    assert_eq!(gs.driver_stream().launches.load(Ordering::Relaxed), 4);
+    assert_eq!(gs.scratch_bytes(), 1 << 16);
+    assert_eq!(
+        (gs.program_stats().planned, gs.program_stats().reused),
+        (1, 1)
+    );
+    // 4 rows of 32768 levels and their scales: 147,456 bytes, past the 64 KiB held.
+    let (large, large_buf) = q4_0_gemv(&devs[0], 32768, 4);
+    run(gs, &large, large_buf.bindings());
+    assert_eq!(gs.scratch_bytes(), 3 << 16);
+    run(gs, &small, small_buf.bindings());
+    assert_eq!(
+        gs.program_stats().planned,
+        3,
+        "the small GEMV is planned again"
+    );
+    assert_eq!(
+        gs.scratch_bytes(),
+        3 << 16,
+        "a smaller need keeps the scratch"
+    );
+}
+
+/// Products of one input share its rounding into scratch while the input is unchanged, with
+/// other nodes between them; a node that writes the input's memory (a copy into it) makes the
+/// next product round again, though its launch would be the same.
+#[test]
+fn products_of_one_input_share_its_rounding_until_the_input_is_written() {
+    let devs = devices(1);
+    let mut s = stream(&devs[0]);
+    let gs = mock_stream(&mut s);
+    gs.set_replay(false);
+    let mut ctx = Context::new();
+    let x = ctx.new_tensor(DType::F32, [256, 1]).unwrap();
+    let other = ctx.new_tensor(DType::F32, [256, 1]).unwrap();
+    let w: Vec<_> = (0..3)
+        .map(|_| ctx.new_tensor(DType::Q4_0, [256, 8]).unwrap())
+        .collect();
+    let y0 = ctx.mul_mat(w[0], x).unwrap();
+    let sq = ctx.mul(x, x).unwrap();
+    let y1 = ctx.mul_mat(w[1], x).unwrap();
+    let x2 = ctx.cpy(other, x).unwrap();
+    let y2 = ctx.mul_mat(w[2], x2).unwrap();
+    let graph = ctx.build_forward_multi(&[y0, sq, y1, y2]).unwrap();
+    let buf = devs[0].buffer_type().alloc_tensors(&ctx).unwrap();
+    gs.compute(&graph, buf.bindings()).unwrap();
+    gs.synchronize().unwrap();
+    let order: Vec<_> = graph.nodes().to_vec();
+    let pos = |t| order.iter().position(|&n| n == t);
+    // The copy node (x2 is a view of x over it) runs between y1 and y2.
+    let copy = (0..graph.tensors().len())
+        .map(tessera_core::TensorId::from_index)
+        .find(|&id| matches!(graph.tensors()[id.index()].op(), tessera_core::Op::Cpy))
+        .unwrap();
+    assert!(pos(y0) < pos(sq) && pos(sq) < pos(y1) && pos(y1) < pos(copy) && pos(copy) < pos(y2));
+    // Launches: three products with two roundings (y1 shares y0's), the square and the copy.
+    assert_eq!(
+        gs.driver_stream().launches.load(Ordering::Relaxed),
+        3 + 2 + 1 + 1
+    );
+}
+
+/// A norm whose only reader is the next node's scaling runs fused with it (one launch); a norm
+/// that is also a result of the graph, or read by another node too, keeps its own launch.
+#[test]
+fn a_norm_scaled_by_weights_runs_as_one_launch_unless_its_output_is_needed() {
+    let devs = devices(1);
+    let mut s = stream(&devs[0]);
+    let gs = mock_stream(&mut s);
+    gs.set_replay(false);
+    let launches_of = |gs: &mut GpuStream<Mock>, norm_is_output: bool, second_reader: bool| {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor(DType::F32, [64, 3]).unwrap();
+        let w = ctx.new_tensor(DType::F32, [64]).unwrap();
+        let n = ctx.rms_norm(x, 1e-6).unwrap();
+        let y = ctx.mul(n, w).unwrap();
+        let mut outs = vec![y];
+        if norm_is_output {
+            outs.push(n);
+        }
+        if second_reader {
+            outs.push(ctx.add(n, x).unwrap());
+        }
+        let graph = ctx.build_forward_multi(&outs).unwrap();
+        let buf = devs[0].buffer_type().alloc_tensors(&ctx).unwrap();
+        let before = gs.driver_stream().launches.load(Ordering::Relaxed);
+        gs.compute(&graph, buf.bindings()).unwrap();
+        gs.synchronize().unwrap();
+        gs.driver_stream().launches.load(Ordering::Relaxed) - before
+    };
+    assert_eq!(launches_of(gs, false, false), 1);
+    assert_eq!(launches_of(gs, true, false), 2);
+    assert_eq!(launches_of(gs, false, true), 3);
+    let report = {
+        gs.set_profiling(true);
+        launches_of(gs, false, false);
+        gs.profile_report().unwrap()
+    };
+    assert!(report.contains("MUL f32 · k_norm_mul"), "{report}");
 }

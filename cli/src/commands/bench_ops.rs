@@ -140,7 +140,7 @@ fn cases(m: usize, k: usize) -> Vec<BenchCase> {
     });
     // Decode and prompt over a 4096-long cache, and a 2048-token prompt attending to itself (the
     // shape gpu-perf.sh compares with torch's causal scaled_dot_product_attention).
-    for (n_q, nkv) in [(1usize, 4096usize), (512, 4096), (2048, 2048)] {
+    for (n_q, nkv) in [(1usize, 256usize), (1, 4096), (512, 4096), (2048, 2048)] {
         let (d, h, hkv) = (128usize, 32usize, 8usize);
         v.push(BenchCase {
             op: "FLASH_ATTN_EXT",

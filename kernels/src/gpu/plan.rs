@@ -136,6 +136,76 @@ pub fn resolve(
     Ok((ptrs, held))
 }
 
+/// What one node runs: its launches, in order, and the bytes of the stream's scratch memory
+/// they use (from the scratch's start; nodes run one after another on a stream, so every node
+/// may use the same scratch).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodePlan {
+    /// Launches, in the order they must run.
+    pub launches: Vec<Launch>,
+    /// Scratch bytes used.
+    pub scratch: usize,
+}
+
+impl NodePlan {
+    fn one(l: Launch) -> NodePlan {
+        NodePlan {
+            launches: vec![l],
+            scratch: 0,
+        }
+    }
+    /// The node's main launch (its last), if it launches anything.
+    pub fn main(&self) -> Option<&Launch> {
+        self.launches.last()
+    }
+}
+
+/// Device addresses the plans of a stream's nodes take besides their tensors'.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamMem {
+    /// The stream's status words (`int[2]`), where kernels report index errors.
+    pub status: u64,
+    /// The stream's scratch memory (aligned to 256 bytes), of `scratch_len` bytes.
+    pub scratch: u64,
+    /// Bytes of scratch memory at `scratch`; a plan may ask for more ([`NodePlan::scratch`]),
+    /// and is then made again with a larger scratch.
+    pub scratch_len: usize,
+}
+
+/// Whether `l` rounds activations into scratch for the GEMV on 8-bit activations. Two such
+/// launches with equal arguments write the same scratch from the same tensor: the second may
+/// be left out while every launch between them only [`reads_rounded_activations`].
+pub fn rounds_activations(l: &Launch) -> bool {
+    l.kernel == "k_quantize_x8"
+}
+
+/// Whether `l` is a GEMV on 8-bit activations: it reads the rounded activations and its
+/// weights and writes only its output tensor.
+pub fn reads_rounded_activations(l: &Launch) -> bool {
+    l.kernel.starts_with("k_gemv8_")
+}
+
+/// The device bytes tensor `t` at `ptr` may touch (a bound: it covers every element whatever
+/// the strides; empty for an empty tensor).
+pub fn extent(t: &TensorDesc, ptr: u64) -> std::ops::Range<u64> {
+    if t.nelements() == 0 {
+        return ptr..ptr;
+    }
+    let span: u64 = (1..4)
+        .map(|d| (t.ne()[d] as u64 - 1) * t.nb()[d] as u64)
+        .sum();
+    // A row: its bytes when its elements are packed, else its last element's end.
+    let row = if t.nb()[0] == t.dtype().type_size() {
+        t.row_bytes()
+    } else {
+        (t.ne()[0] - 1) * t.nb()[0] + t.dtype().type_size()
+    };
+    ptr..ptr + span + row as u64
+}
+
+/// Alignment of every scratch region a plan uses.
+const SCRATCH_ALIGN: usize = 256;
+
 /// One kernel launch: `grid` blocks of `block` threads (1-D blocks; the x axis is the fastest).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Launch {
@@ -351,6 +421,15 @@ fn ktensor(t: &TensorDesc, ptr: u64) -> [u8; 80] {
     out
 }
 
+fn launch(kernel: &'static str, grid: (u32, u32, u32), block: u32, args: &mut Args) -> Launch {
+    Launch {
+        kernel,
+        grid,
+        block,
+        args: std::mem::take(&mut args.0),
+    }
+}
+
 fn grid_1d(n: usize) -> (u32, u32, u32) {
     let blocks = (n as u64).div_ceil(BLOCK as u64).clamp(1, MAX_BLOCKS);
     (blocks as u32, 1, 1)
@@ -372,12 +451,12 @@ fn alibi(max_bias: f32, n_head: usize) -> (i32, f32, f32, i32) {
     (1, m0, m1, n_head_log2 as i32)
 }
 
-/// The launch of node `node`, or `None` when it computes nothing (views, empty tensors).
-/// `ptrs` holds the device address of every tensor (0 for tensors the graph does not touch) and
-/// `status` the address of the stream's status words (`int[2]`), where kernels report index
-/// errors. The node must be one [`supports`] accepts, in a validated graph.
-pub fn plan(tensors: &[TensorDesc], ptrs: &[u64], status: u64, node: TensorId) -> Option<Launch> {
-    plan_with(tensors, ptrs, status, node, &|_| true)
+/// The launches of node `node` (none when it computes nothing: views, empty tensors). `ptrs`
+/// holds the device address of every tensor (0 for tensors the graph does not touch) and `mem`
+/// the stream's status words and scratch. The node must be one [`supports`] accepts, in a
+/// validated graph.
+pub fn plan(tensors: &[TensorDesc], ptrs: &[u64], mem: StreamMem, node: TensorId) -> NodePlan {
+    plan_with(tensors, ptrs, mem, node, &|_| true)
 }
 
 /// [`plan`] for a backend that may lack some kernels: `has(name)` says whether it has kernel
@@ -386,12 +465,13 @@ pub fn plan(tensors: &[TensorDesc], ptrs: &[u64], status: u64, node: TensorId) -
 pub fn plan_with(
     tensors: &[TensorDesc],
     ptrs: &[u64],
-    status: u64,
+    mem: StreamMem,
     node: TensorId,
     has: &dyn Fn(&str) -> bool,
-) -> Option<Launch> {
+) -> NodePlan {
     Planner {
-        status,
+        status: mem.status,
+        scratch: mem.scratch,
         tensors,
         ptrs,
         has,
@@ -399,8 +479,112 @@ pub fn plan_with(
     .node(node)
 }
 
+/// The fused launch of RMS_NORM or NORM node `norm` and the MUL node `mul` that scales its
+/// output (`k_norm_mul`: the norm, then the product with `mul`'s other source broadcast over the
+/// rows), if the device has the kernel and the pair fits it: `mul`'s first source is `norm`, and
+/// both are f32 of one shape. The caller checks that `mul` is the only reader of `norm`'s output
+/// and that the output is not a result of the graph: the fused launch never writes it.
+pub fn plan_norm_mul(
+    tensors: &[TensorDesc],
+    ptrs: &[u64],
+    norm: TensorId,
+    mul: TensorId,
+    has: &dyn Fn(&str) -> bool,
+) -> Option<NodePlan> {
+    let (tn, tm) = (tensors.get(norm.index())?, tensors.get(mul.index())?);
+    let (eps, mode) = match *tn.op() {
+        Op::RmsNorm { eps } => (eps, 0),
+        Op::Norm { eps } => (eps, 1),
+        _ => return None,
+    };
+    let w = tm.src(1)?;
+    let a = tn.src(0)?;
+    let fits = matches!(tm.op(), Op::Mul)
+        && tm.src(0) == Some(norm)
+        && w != norm
+        && tn.dtype() == DType::F32
+        && tm.dtype() == DType::F32
+        && tn.ne() == tm.ne()
+        && tn.nelements() > 0
+        && has("k_norm_mul");
+    if !fits {
+        return None;
+    }
+    let p = Planner {
+        status: 0,
+        scratch: 0,
+        tensors,
+        ptrs,
+        has,
+    };
+    let ta = p.desc(a);
+    let mut args = Args::default();
+    args.push_bytes(&p.kt(mul))
+        .push_bytes(&p.kt(a))
+        .push_bytes(&p.kt(w))
+        .f32(eps)
+        .i32(mode);
+    Some(p.go(
+        "k_norm_mul",
+        (ta.nrows() as u32, 1, 1),
+        row_block(ta.ne()[0]),
+        &mut args,
+    ))
+}
+
+/// The environment variable that turns the GEMV on 8-bit activations (`k_gemv8_*`, activations
+/// quantized once per product into scratch) off (`0`), for comparisons.
+pub const GEMV8_ENV: &str = "TESSERA_GPU_GEMV8";
+
+fn gemv8_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var(GEMV8_ENV).map_or(true, |v| v.trim() != "0"))
+}
+
+/// The environment variable that sets how many keys one block of the split decode attention
+/// takes (`k_flash_attn_split`; a multiple of 32, default [`FA_CHUNK`]), for tuning.
+pub const FA_CHUNK_ENV: &str = "TESSERA_GPU_FA_CHUNK";
+
+/// Most keys per block of the split decode attention.
+const FA_CHUNK: usize = 256;
+
+/// Keys per block of the split decode attention over `n_kv` keys: at most [`FA_CHUNK`], and at
+/// least two blocks per (query, head) from 64 keys on. On an H200 (1.1B and 8B llamas, 32
+/// heads), 128 keys per block beat 256 by 6% in whole-model decode over 256 cached cells, and
+/// 256 beat 128 and 512 by 15% and 23% over 4096 keys.
+fn fa_chunk(n_kv: usize) -> usize {
+    static CHUNK: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *CHUNK.get_or_init(|| {
+        std::env::var(FA_CHUNK_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .map(|c| c.next_multiple_of(32).max(32))
+    });
+    forced.unwrap_or_else(|| (n_kv / 2).next_multiple_of(32).clamp(32, FA_CHUNK))
+}
+
+/// The environment variable that sets the weight rows per block of the GEMV on 8-bit
+/// activations (`k_gemv8_*`: 1 to 4, default [`G8_ROWS`]), for tuning.
+pub const G8_ROWS_ENV: &str = "TESSERA_GPU_G8_ROWS";
+
+/// Weight rows per block of `k_gemv8_*` (at most `G8_MAX_ROWS` in matmul.cu). On an H200, 2
+/// rows decoded a 1.1B and an 8B Q4_0 llama 16% and 19% faster than 1, and 4 another 3% and 5%:
+/// each thread has that many rows' loads in flight.
+const G8_ROWS: usize = 4;
+
+fn g8_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var(G8_ROWS_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .map_or(G8_ROWS, |r| r.clamp(1, 4))
+    })
+}
+
 struct Planner<'a> {
     status: u64,
+    scratch: u64,
     tensors: &'a [TensorDesc],
     ptrs: &'a [u64],
     has: &'a dyn Fn(&str) -> bool,
@@ -426,20 +610,15 @@ impl Planner<'_> {
         grid: (u32, u32, u32),
         block: u32,
         args: &mut Args,
-    ) -> Option<Launch> {
-        Some(Launch {
-            kernel,
-            grid,
-            block,
-            args: std::mem::take(&mut args.0),
-        })
+    ) -> NodePlan {
+        NodePlan::one(launch(kernel, grid, block, args))
     }
 
-    fn node(&self, node: TensorId) -> Option<Launch> {
+    fn node(&self, node: TensorId) -> NodePlan {
         let t = self.desc(node);
         let n = t.nelements();
         if n == 0 || t.op().kind().is_view() {
-            return None;
+            return NodePlan::default();
         }
         let dst = self.kt(node);
         let mut args = Args::default();
@@ -660,9 +839,39 @@ impl Planner<'_> {
                 if tiled {
                     let blocks = tq.ne()[1].div_ceil(16) * tq.ne()[2] * tq.ne()[3];
                     self.go("k_flash_attn_tiled", (blocks as u32, 1, 1), 128, &mut args)
-                } else if (self.has)("k_flash_attn_dec") {
-                    // Decoding: a block of 128 threads per (query, head), 128 keys at a time.
-                    self.go("k_flash_attn_dec", (tasks as u32, 1, 1), 128, &mut args)
+                } else if (self.has)("k_flash_attn_split") && (self.has)("k_flash_attn_merge") {
+                    // Decoding: nsplit blocks of 128 threads per (query, head), each on `chunk`
+                    // keys; partial softmaxes in scratch and a merge when there are several.
+                    let n_kv = self.desc(k).ne()[1];
+                    let chunk = fa_chunk(n_kv);
+                    let nsplit = n_kv.div_ceil(chunk).max(1);
+                    let part_bytes = tasks * nsplit * (dv + 2) * 4;
+                    let part = if nsplit > 1 { self.scratch } else { 0 };
+                    args.ptr(part).i32(nsplit as i32).i64(chunk as i64);
+                    // Heads up to 128 take the kernel with a quarter of the accumulators.
+                    let kernel = if d <= 128 && dv <= 128 && (self.has)("k_flash_attn_split128") {
+                        "k_flash_attn_split128"
+                    } else {
+                        "k_flash_attn_split"
+                    };
+                    let split = launch(kernel, ((tasks * nsplit) as u32, 1, 1), 128, &mut args);
+                    if nsplit == 1 {
+                        return NodePlan::one(split);
+                    }
+                    let mut margs = Args::default();
+                    margs
+                        .push_bytes(&dst)
+                        .push_bytes(&self.kt(q))
+                        .push_bytes(&self.kt(v))
+                        .push_bytes(&self.kt(sinks.unwrap_or(q)))
+                        .i32(sinks.is_some() as i32)
+                        .ptr(part)
+                        .i32(nsplit as i32);
+                    let merge = launch("k_flash_attn_merge", (tasks as u32, 1, 1), 128, &mut margs);
+                    NodePlan {
+                        launches: vec![split, merge],
+                        scratch: part_bytes,
+                    }
                 } else {
                     self.go(
                         "k_flash_attn_ext",
@@ -726,7 +935,7 @@ impl Planner<'_> {
                 self.go("k_concat", grid_1d(n), BLOCK, &mut args)
             }
             // View-like ops compute nothing; others are refused by `supports` before a run.
-            _ => None,
+            _ => NodePlan::default(),
         }
     }
 
@@ -763,7 +972,66 @@ impl Planner<'_> {
         fits.then_some(kernel)
     }
 
-    fn mul_mat(&self, node: TensorId, dst: &[u8; 80]) -> Option<Launch> {
+    /// The GEMV on 8-bit activations (matmul.cu) for MUL_MAT `node` (one column), if the
+    /// device has it and the node fits it: `k_quantize_x8` rounds every activation row once
+    /// into scratch (as ggml's `quantize_row_q8_0`, which llama.cpp multiplies these weights
+    /// with), then `k_gemv8_*` multiplies the weights' integer levels with them, a block of 128
+    /// threads per weight row. For Q8_0, Q4_0, Q4_K and Q6_K weights (rows aligned as the
+    /// widest load needs: 4 bytes for Q4_K, 2 for the others) and f32 activations contiguous
+    /// along k in 16-byte aligned rows. `args` holds the GEMV's tensors and broadcast factors.
+    fn gemv8(&self, node: TensorId, w: TensorId, x: TensorId, args: &mut Args) -> Option<NodePlan> {
+        let (t, tw, tx) = (self.desc(node), self.desc(w), self.desc(x));
+        let (kernel, align) = match tw.dtype() {
+            DType::Q8_0 => ("k_gemv8_q8_0", 2),
+            DType::Q4_0 => ("k_gemv8_q4_0", 2),
+            DType::Q4_K => ("k_gemv8_q4_k", 4),
+            DType::Q6_K => ("k_gemv8_q6_k", 2),
+            _ => return None,
+        };
+        let aligned = |id: TensorId, a: u64| {
+            let d = self.desc(id);
+            self.ptrs[id.index()].is_multiple_of(a)
+                && d.nb()[1..].iter().all(|&nb| (nb as u64).is_multiple_of(a))
+        };
+        let k = tw.ne()[0];
+        let fits = gemv8_on()
+            && (self.has)(kernel)
+            && (self.has)("k_quantize_x8")
+            && t.dtype() == DType::F32
+            && tx.dtype() == DType::F32
+            && tx.nb()[0] == 4
+            && tw.nb()[0] == tw.dtype().type_size()
+            && k.is_multiple_of(32)
+            && aligned(w, align)
+            && aligned(x, 16);
+        if !fits {
+            return None;
+        }
+        // Scratch: the rounded levels (k bytes per activation row), then one f32 scale per 32.
+        let rows = tx.nrows();
+        let levels = (rows * k).next_multiple_of(SCRATCH_ALIGN);
+        let scales = rows * (k / 32) * 4;
+        let (xq, xd) = (self.scratch, self.scratch + levels as u64);
+        let groups = rows * k / 8;
+        let mut qargs = Args::default();
+        qargs
+            .push_bytes(&self.kt(x))
+            .ptr(xq)
+            .ptr(xd)
+            .i64(groups as i64);
+        let quantize = launch("k_quantize_x8", grid_1d(groups), BLOCK, &mut qargs);
+        // One block of 128 threads per `rows` weight rows of a plane.
+        let rows = g8_rows();
+        let blocks = tw.ne()[1].div_ceil(rows) * t.ne()[2] * t.ne()[3];
+        args.ptr(xq).ptr(xd).i32(rows as i32);
+        let gemv = launch(kernel, (blocks as u32, 1, 1), 128, args);
+        Some(NodePlan {
+            launches: vec![quantize, gemv],
+            scratch: levels + scales,
+        })
+    }
+
+    fn mul_mat(&self, node: TensorId, dst: &[u8; 80]) -> NodePlan {
         let t = self.desc(node);
         let (w, x) = (self.src(node, 0), self.src(node, 1));
         let (tw, tx) = (self.desc(w), self.desc(x));
@@ -777,6 +1045,11 @@ impl Planner<'_> {
             .push_bytes(&self.kt(x))
             .i64(r2)
             .i64(r3);
+        if ncols == 1
+            && let Some(p) = self.gemv8(node, w, x, &mut args)
+        {
+            return p;
+        }
         let fast = if ncols == 1 {
             self.fast_gemv(node, w, x)
         } else {
@@ -843,7 +1116,11 @@ mod tests {
         assert!(matches!(supports(ts, l), Support::No(_)));
 
         let ptrs = vec![0x100u64; ts.len()];
-        let l = plan(ts, &ptrs, 0x40, y).unwrap();
+        let mem = StreamMem {
+            status: 0x40,
+            ..Default::default()
+        };
+        let l = plan(ts, &ptrs, mem, y).launches.remove(0);
         assert_eq!((l.kernel, l.block), ("k_mul_mat_id", 128));
         // ceil(10 / 4) row blocks × 2 slots × 3 tokens.
         assert_eq!(l.grid, (18, 1, 1));
@@ -851,7 +1128,7 @@ mod tests {
         assert_eq!(l.args[4], Arg::Ptr(0x40));
         // The plain form: not local, first expert 0.
         assert_eq!((&l.args[5], &l.args[6]), (&Arg::I32(0), &Arg::I64(0)));
-        let l = plan(ts, &ptrs, 0x40, s).unwrap();
+        let l = plan(ts, &ptrs, mem, s).launches.remove(0);
         assert_eq!((l.kernel, l.grid, l.block), ("k_argsort", (2, 1, 1), 256));
         assert_eq!(l.args[2], Arg::I32(1));
     }

@@ -189,12 +189,16 @@ mod tests {
         let b = ctx.cast(h, DType::BF16).unwrap();
         let ts = ctx.tensors();
         let ptrs = vec![0x1000; ts.len()];
-        let l = crate::gpu::plan::plan(ts, &ptrs, 0x40, y).unwrap();
+        let mem = crate::gpu::plan::StreamMem {
+            status: 0x40,
+            ..Default::default()
+        };
+        let l = crate::gpu::plan::plan(ts, &ptrs, mem, y).launches.remove(0);
         assert_eq!(l.kernel, "k_mul_mat_vec_q");
         assert_eq!(TypeSet::of_launch(&l).to_string(), "f32,f16,q4_K");
         let u = Unit::launch(&l).unwrap();
         assert_eq!(u.label(), "matmul.cu:k_mul_mat_vec_q[f32,f16,q4_K]");
-        let l = crate::gpu::plan::plan(ts, &ptrs, 0x40, b).unwrap();
+        let l = crate::gpu::plan::plan(ts, &ptrs, mem, b).launches.remove(0);
         assert_eq!(TypeSet::of_launch(&l).to_string(), "f16,bf16");
         let comm = Launch {
             kernel: "k_add_f32",
