@@ -551,7 +551,7 @@ const FA_CHUNK: usize = 256;
 /// Keys per block of the split decode attention over `n_kv` keys: at most [`FA_CHUNK`], and at
 /// least two blocks per (query, head) from 64 keys on. On an H200 (1.1B and 8B llamas, 32
 /// heads), 128 keys per block beat 256 by 6% in whole-model decode over 256 cached cells, and
-/// 256 beat 128 and 512 by 15% and 23% over 4096 keys.
+/// over 4096 keys 128 and 512 took 11 to 17% and 30% longer than 256.
 fn fa_chunk(n_kv: usize) -> usize {
     static CHUNK: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let forced = *CHUNK.get_or_init(|| {
@@ -568,7 +568,7 @@ fn fa_chunk(n_kv: usize) -> usize {
 pub const G8_ROWS_ENV: &str = "TESSERA_GPU_G8_ROWS";
 
 /// Weight rows per block of `k_gemv8_*` (at most `G8_MAX_ROWS` in matmul.cu). On an H200, 2
-/// rows decoded a 1.1B and an 8B Q4_0 llama 16% and 19% faster than 1, and 4 another 3% and 5%:
+/// rows decoded a 1.1B and an 8B Q4_0 llama 16 to 19% faster than 1, and 4 another 3% and 5%:
 /// each thread has that many rows' loads in flight.
 const G8_ROWS: usize = 4;
 
