@@ -252,15 +252,19 @@ __device__ __forceinline__ void fa_split(const int maxd, const Tensor& dst, cons
             for (i64 jj = 0; jj < nj; jj++) {
                 float p = ps[warp][jj];
                 const char* vr = vb + jj * v.nb[1];
+                // A masked key (p = 0) adds nothing, not 0 × a stale cell's NaN.
+                bool live = p != 0.0f;
 #pragma unroll
                 for (int u = 0; u < maxd / 128; u++) {
                     i64 c = 4 * lane + 128 * u;
                     if (c < dv) {
                         fa_u2 h2 = *(const fa_u2*)(vr + 2 * c);
-                        acc[4 * u] += p * h2f((u16)(h2.x & 0xffffu));
-                        acc[4 * u + 1] += p * h2f((u16)(h2.x >> 16));
-                        acc[4 * u + 2] += p * h2f((u16)(h2.y & 0xffffu));
-                        acc[4 * u + 3] += p * h2f((u16)(h2.y >> 16));
+                        float e[4] = {h2f((u16)(h2.x & 0xffffu)), h2f((u16)(h2.x >> 16)), h2f((u16)(h2.y & 0xffffu)),
+                                      h2f((u16)(h2.y >> 16))};
+#pragma unroll
+                        for (int q4 = 0; q4 < 4; q4++) {
+                            acc[4 * u + q4] = live ? acc[4 * u + q4] + p * e[q4] : acc[4 * u + q4];
+                        }
                     }
                 }
             }
@@ -271,7 +275,10 @@ __device__ __forceinline__ void fa_split(const int maxd, const Tensor& dst, cons
                 if (c < dv) {
                     float a = acc[t];
                     for (i64 jj = 0; jj < nj; jj++) {
-                        a += ps[warp][jj] * ld(v, c, g + jj, hk, b);
+                        float p = ps[warp][jj];
+                        if (p != 0.0f) {
+                            a += p * ld(v, c, g + jj, hk, b);
+                        }
                     }
                     acc[t] = a;
                 }

@@ -6,8 +6,8 @@
 // mode 0: RMS_NORM, x / sqrt(mean(x^2) + eps); mode 1: NORM, (x - mean) / sqrt(var + eps). With
 // has_w, each output is also multiplied by w (broadcast over dst as ggml broadcasts: index modulo
 // each of w's sizes): the norm and the MUL that scales it, in one launch.
-__device__ __forceinline__ void norm_rows(const Tensor& dst, const Tensor& a, const Tensor& w, bool has_w, float eps,
-                                          int mode) {
+__device__ __forceinline__ void norm_rows(const Tensor& dst, const Tensor& nrm, const Tensor& a, const Tensor& w,
+                                          bool has_w, float eps, int mode) {
     TSHARED(float, scratch, [32]);
     i64 r[4];
     unravel_row(blockIdx.x, a.ne, r);
@@ -34,6 +34,9 @@ __device__ __forceinline__ void norm_rows(const Tensor& dst, const Tensor& a, co
     for (i64 k = threadIdx.x; k < n; k += blockDim.x) {
         float y = (ld(a, k, r[1], r[2], r[3]) - mean) * scale;
         if (has_w) {
+            // The norm too: another graph (a split on another device, the host) may read it. When
+            // dst shares its memory, the product written last is what stays.
+            st(nrm, k, r[1], r[2], r[3], y);
             y *= ld(w, whole ? k : k % w.ne[0], w1, w2, w3);
         }
         st(dst, k, r[1], r[2], r[3], y);
@@ -41,13 +44,13 @@ __device__ __forceinline__ void norm_rows(const Tensor& dst, const Tensor& a, co
 }
 
 extern "C" __global__ void k_norm(Tensor dst, Tensor a, float eps, int mode) {
-    norm_rows(dst, a, a, false, eps, mode);
+    norm_rows(dst, dst, a, a, false, eps, mode);
 }
 
-// k_norm followed by MUL with w: a decode step's norms are each scaled by a row of weights, and
-// the pair cost two launches and a round trip of the row through memory.
-extern "C" __global__ void k_norm_mul(Tensor dst, Tensor a, Tensor w, float eps, int mode) {
-    norm_rows(dst, a, w, true, eps, mode);
+// k_norm (into nrm) followed by MUL with w (into dst): a decode step's norms are each scaled by a
+// row of weights, and the pair cost two launches.
+extern "C" __global__ void k_norm_mul(Tensor dst, Tensor nrm, Tensor a, Tensor w, float eps, int mode) {
+    norm_rows(dst, nrm, a, w, true, eps, mode);
 }
 
 extern "C" __global__ void k_sum_rows(Tensor dst, Tensor a) {

@@ -829,6 +829,31 @@ fn norm_cases(v: &mut Vec<Case>) {
                 ));
             }
         }
+        // The norm scaled by weights (the GPUs fuse the pair into one launch, which must still
+        // write the norm itself): a row of weights, weights per row, a single weight.
+        for w_ne in [[64, 1, 1, 1], [64, 5, 1, 1], [1, 1, 1, 1]] {
+            let ne = [64, 5, 4, 1];
+            let params = format!("type=f32,ne={},eps=1e-6,mul={}", ne_str(ne), ne_str(w_ne));
+            v.push(Case::new(
+                name,
+                params,
+                Tolerance::Nmse(NMSE_F32_MATH),
+                move |ctx| {
+                    let a = source(ctx, DType::F32, ne, Layout::Contiguous)?;
+                    let w = ctx.new_tensor(DType::F32, w_ne)?;
+                    let n = if rms {
+                        ctx.rms_norm(a, 1e-6)?
+                    } else {
+                        ctx.norm(a, 1e-6)?
+                    };
+                    let y = ctx.mul(n, w)?;
+                    Ok(Built {
+                        outputs: vec![n, y],
+                        ..Built::default()
+                    })
+                },
+            ));
+        }
     }
 }
 
@@ -1084,7 +1109,7 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
             DType::Q8_0 | DType::Q4_0 | DType::Q4_K | DType::Q6_K
         ) {
             // The GPUs' GEMV on 8-bit activations: a block of 128 threads takes a row's chunks
-            // in turns; k = 17 super-blocks needs two turns and part of a third.
+            // in turns; k = 17 super-blocks is 2.1 turns of 16-weight chunks (4.25 of Q8_0's 8).
             all.push((7, 1, 4352, [1, 1], [1, 1], Layout::Contiguous));
         }
         if !type_a.is_quantized() {
@@ -1353,9 +1378,10 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
             kv,
             ..base
         }));
-        // Decoding over more keys than the GPUs' decode kernel scores at once (128): the
-        // online softmax carried across passes, a first pass wholly masked (a window that has
-        // moved on), soft-capping, head size 256 with sinks.
+        // Decoding over more keys than one block of the GPUs' split decode attention takes
+        // (160 of 300 here): the online softmax carried across passes and blocks, a first block
+        // partly and one wholly masked (a window that has moved on), soft-capping, head size
+        // 256 with sinks.
         v.push(flash_attn_case(Fa {
             d: 128,
             dv: 128,
@@ -1374,6 +1400,16 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
             mask: Some(DType::F16),
             softcap: 30.0,
             window: 150,
+            kv,
+            ..base
+        }));
+        v.push(flash_attn_case(Fa {
+            n_q: 1,
+            n_kv: 300,
+            h_kv: 1,
+            mask: Some(DType::F16),
+            window: 200,
+            sinks: true,
             kv,
             ..base
         }));

@@ -59,19 +59,6 @@ fn fuse_on() -> bool {
     *ON.get_or_init(|| std::env::var(FUSE_ENV).map_or(true, |v| v.trim() != "0"))
 }
 
-/// How many times each tensor is read as a source by the graph's nodes.
-fn readers(graph: &Graph) -> Vec<u32> {
-    let tensors = graph.tensors();
-    let mut count = vec![0u32; tensors.len()];
-    for &n in graph.nodes() {
-        let t = &tensors[n.index()];
-        for s in t.srcs() {
-            count[s.index()] += 1;
-        }
-    }
-    count
-}
-
 /// A program's launches: node, kernel and launch, in order.
 type Launches<D> = Vec<(TensorId, <D as Driver>::Function, plan::Launch)>;
 
@@ -216,20 +203,15 @@ impl<D: Driver> GpuStream<D> {
         // while its scratch and that tensor are unchanged: products of one input (q, k and v;
         // gate and up) share it, even with other nodes (rope, a cache write) between them.
         let mut rounded: Option<(usize, std::ops::Range<u64>)> = None;
-        let readers = readers(graph);
         let nodes = graph.nodes();
         let mut fused_into: Option<TensorId> = None;
         for (i, &n) in nodes.iter().enumerate() {
             if fused_into == Some(n) {
                 continue;
             }
-            // A norm whose only reader is the next node's scaling runs fused with it.
+            // A norm scaled by the next node runs fused with it (still writing the norm).
             let fused = nodes.get(i + 1).filter(|_| fuse_on()).and_then(|&next| {
-                let only_reader = readers[n.index()] == 1 && !graph.outputs().contains(&n);
-                only_reader
-                    .then(|| plan::plan_norm_mul(tensors, ptrs, n, next, &has))
-                    .flatten()
-                    .map(|p| (next, p))
+                plan::plan_norm_mul(tensors, ptrs, n, next, &has).map(|p| (next, p))
             });
             let (n, planned) = match fused {
                 Some((next, p)) => {

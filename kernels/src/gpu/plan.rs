@@ -480,10 +480,10 @@ pub fn plan_with(
 }
 
 /// The fused launch of RMS_NORM or NORM node `norm` and the MUL node `mul` that scales its
-/// output (`k_norm_mul`: the norm, then the product with `mul`'s other source broadcast over the
-/// rows), if the device has the kernel and the pair fits it: `mul`'s first source is `norm`, and
-/// both are f32 of one shape. The caller checks that `mul` is the only reader of `norm`'s output
-/// and that the output is not a result of the graph: the fused launch never writes it.
+/// output (`k_norm_mul`: the norm, written as a node's result, then the product with `mul`'s
+/// other source broadcast over the rows), if the device has the kernel and the pair fits it:
+/// `mul`'s first source is `norm`, and both are f32 of one shape. The pair then computes what
+/// the two launches did, whoever reads the norm.
 pub fn plan_norm_mul(
     tensors: &[TensorDesc],
     ptrs: &[u64],
@@ -520,6 +520,7 @@ pub fn plan_norm_mul(
     let ta = p.desc(a);
     let mut args = Args::default();
     args.push_bytes(&p.kt(mul))
+        .push_bytes(&p.kt(norm))
         .push_bytes(&p.kt(a))
         .push_bytes(&p.kt(w))
         .f32(eps)
@@ -544,6 +545,9 @@ fn gemv8_on() -> bool {
 /// The environment variable that sets how many keys one block of the split decode attention
 /// takes (`k_flash_attn_split`; a multiple of 32, default [`FA_CHUNK`]), for tuning.
 pub const FA_CHUNK_ENV: &str = "TESSERA_GPU_FA_CHUNK";
+
+/// Most scratch bytes the split attention's partial results may take.
+const FA_SCRATCH_MAX: usize = 32 << 20;
 
 /// Most keys per block of the split decode attention.
 const FA_CHUNK: usize = 256;
@@ -843,8 +847,17 @@ impl Planner<'_> {
                     // Decoding: nsplit blocks of 128 threads per (query, head), each on `chunk`
                     // keys; partial softmaxes in scratch and a merge when there are several.
                     let n_kv = self.desc(k).ne()[1];
-                    let chunk = fa_chunk(n_kv);
-                    let nsplit = n_kv.div_ceil(chunk).max(1);
+                    let mut chunk = fa_chunk(n_kv);
+                    let mut nsplit = n_kv.div_ceil(chunk).max(1);
+                    // Partial results grow with queries × splits: past FA_SCRATCH_MAX (long
+                    // prompts the tiled kernel does not take) fewer, longer splits, down to
+                    // one block per task, which needs no scratch.
+                    let per_split = tasks * (dv + 2) * 4;
+                    if nsplit * per_split > FA_SCRATCH_MAX {
+                        nsplit = (FA_SCRATCH_MAX / per_split).max(1);
+                        chunk = n_kv.div_ceil(nsplit).next_multiple_of(32);
+                        nsplit = n_kv.div_ceil(chunk).max(1);
+                    }
                     let part_bytes = tasks * nsplit * (dv + 2) * 4;
                     let part = if nsplit > 1 { self.scratch } else { 0 };
                     args.ptr(part).i32(nsplit as i32).i64(chunk as i64);
