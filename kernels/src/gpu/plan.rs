@@ -543,7 +543,7 @@ fn gemv8_on() -> bool {
 }
 
 /// The environment variable that sets how many keys one block of the split decode attention
-/// takes (`k_flash_attn_split`; a multiple of 32, default [`FA_CHUNK`]), for tuning.
+/// takes (`k_flash_attn_split`; a multiple of 32, default at most 256), for tuning.
 pub const FA_CHUNK_ENV: &str = "TESSERA_GPU_FA_CHUNK";
 
 /// Most scratch bytes the split attention's partial results may take.
@@ -568,7 +568,7 @@ fn fa_chunk(n_kv: usize) -> usize {
 }
 
 /// The environment variable that sets the weight rows per block of the GEMV on 8-bit
-/// activations (`k_gemv8_*`: 1 to 4, default [`G8_ROWS`]), for tuning.
+/// activations (`k_gemv8_*`: 1 to 4, default 4), for tuning.
 pub const G8_ROWS_ENV: &str = "TESSERA_GPU_G8_ROWS";
 
 /// Weight rows per block of `k_gemv8_*` (at most `G8_MAX_ROWS` in matmul.cu). On an H200, 2
