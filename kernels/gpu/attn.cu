@@ -122,6 +122,13 @@ extern "C" __global__ void k_flash_attn_ext(Tensor dst, Tensor q, Tensor k, Tens
 // part[(task * nsplit + split) * (dv + 2) ..] for k_flash_attn_merge. nsplit blocks per task,
 // each on a bounded span: a long cache fills the chip instead of one block walking it.
 #define FS_WARPS 4
+// Unrolling that keeps several loads in flight on a GPU; the SYCL and HIP compat builds leave the
+// loops to their compilers (the OpenCL CPU JIT spends seconds on each unrolled copy).
+#if defined(TESSERA_CUDA) && !defined(TESSERA_COMPAT)
+#define FS_UNROLL(n) _Pragma(#n)
+#else
+#define FS_UNROLL(n)
+#endif
 
 struct alignas(16) fa_u4 {
     u32 x, y, z, w;
@@ -195,7 +202,7 @@ __device__ __forceinline__ void fa_split(const int maxd, const Tensor& dst, cons
 #endif
                     const fa_u4* kr = (const fa_u4*)row_ptr(k, j, hk, b);
                     // Unrolled so that several loads are in flight (the row is the lane's own).
-#pragma unroll 8
+FS_UNROLL(unroll 8)
                     for (i64 c8 = 0; c8 < d / 8; c8++) {
                         fa_u4 u = kr[c8];
                         u32 w4[4] = {u.x, u.y, u.z, u.w};
@@ -248,7 +255,7 @@ __device__ __forceinline__ void fa_split(const int maxd, const Tensor& dst, cons
             // Lane c takes columns 4 c + 128 u .. + 3 of each f16 row (8-byte loads), the
             // unrolled key loop keeping several rows' loads in flight.
             const char* vb = row_ptr(v, g, hk, b);
-#pragma unroll 16
+FS_UNROLL(unroll 16)
             for (i64 jj = 0; jj < nj; jj++) {
                 float p = ps[warp][jj];
                 const char* vr = vb + jj * v.nb[1];
@@ -390,7 +397,7 @@ extern "C" __global__ void k_flash_attn_merge(Tensor dst, Tensor q, Tensor v, Te
             i64 c = threadIdx.x + (i64)FM_THREADS * u;
             if (c < dv) {
                 float a = o[u];
-#pragma unroll 8
+FS_UNROLL(unroll 8)
                 for (int i = 0; i < n; i++) {
                     a += wts[i] * p[(i64)(s0 + i) * (dv + 2) + 2 + c];
                 }
