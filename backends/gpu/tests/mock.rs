@@ -444,6 +444,12 @@ fn two_nodes(dev: &Arc<dyn Device>) -> (tessera_core::Graph, tessera_core::Tenso
     (graph, dev.buffer_type().alloc_tensors(&ctx).unwrap())
 }
 
+/// Computes `graph` on `gs` and waits for it.
+fn run(gs: &mut GpuStream<Mock>, graph: &tessera_core::Graph, b: &tessera_core::Bindings) {
+    gs.compute(graph, b).unwrap();
+    gs.synchronize().unwrap();
+}
+
 fn mock_stream(s: &mut Box<dyn Backend>) -> &mut GpuStream<Mock> {
     s.as_any_mut().downcast_mut::<GpuStream<Mock>>().unwrap()
 }
@@ -493,11 +499,6 @@ fn a_graph_is_planned_once_then_recorded_and_replayed() {
     let mut s = stream(&devs[0]);
     let gs = mock_stream(&mut s);
     let (graph, buf) = two_nodes(&devs[0]);
-    let run =
-        |gs: &mut GpuStream<Mock>, graph: &tessera_core::Graph, b: &tessera_core::Bindings| {
-            gs.compute(graph, b).unwrap();
-            gs.synchronize().unwrap();
-        };
     for _ in 0..4 {
         run(gs, &graph, buf.bindings());
     }
@@ -587,11 +588,6 @@ fn nodes_of_several_launches_share_a_scratch_that_grows() {
     let mut s = stream(&devs[0]);
     let gs = mock_stream(&mut s);
     gs.set_replay(false);
-    let run =
-        |gs: &mut GpuStream<Mock>, graph: &tessera_core::Graph, b: &tessera_core::Bindings| {
-            gs.compute(graph, b).unwrap();
-            gs.synchronize().unwrap();
-        };
     assert_eq!(
         gs.scratch_bytes(),
         0,
@@ -645,8 +641,7 @@ fn products_of_one_input_share_its_rounding_until_the_input_is_written() {
     let y2 = ctx.mul_mat(w[2], x2).unwrap();
     let graph = ctx.build_forward_multi(&[y0, sq, y1, y2]).unwrap();
     let buf = devs[0].buffer_type().alloc_tensors(&ctx).unwrap();
-    gs.compute(&graph, buf.bindings()).unwrap();
-    gs.synchronize().unwrap();
+    run(gs, &graph, buf.bindings());
     let order: Vec<_> = graph.nodes().to_vec();
     let pos = |t| order.iter().position(|&n| n == t);
     // The copy node (x2 is a view of x over it) runs between y1 and y2.
@@ -686,8 +681,7 @@ fn a_norm_scaled_by_weights_runs_as_one_launch() {
         let graph = ctx.build_forward_multi(&outs).unwrap();
         let buf = devs[0].buffer_type().alloc_tensors(&ctx).unwrap();
         let before = gs.driver_stream().launches.load(Ordering::Relaxed);
-        gs.compute(&graph, buf.bindings()).unwrap();
-        gs.synchronize().unwrap();
+        run(gs, &graph, buf.bindings());
         gs.driver_stream().launches.load(Ordering::Relaxed) - before
     };
     assert_eq!(launches_of(gs, false, false), 1);

@@ -601,6 +601,12 @@ impl Planner<'_> {
     fn kt(&self, id: TensorId) -> [u8; 80] {
         ktensor(self.desc(id), self.ptrs[id.index()])
     }
+    /// Whether tensor `id`'s address and row, plane and batch strides are multiples of `a`.
+    fn rows_aligned(&self, id: TensorId, a: u64) -> bool {
+        let d = self.desc(id);
+        self.ptrs[id.index()].is_multiple_of(a)
+            && d.nb()[1..].iter().all(|&nb| (nb as u64).is_multiple_of(a))
+    }
     fn src(&self, node: TensorId, i: usize) -> TensorId {
         // Validated graphs always carry the sources their op needs; a missing one is a Tessera bug.
         self.desc(node)
@@ -858,7 +864,7 @@ impl Planner<'_> {
                         chunk = n_kv.div_ceil(nsplit).next_multiple_of(32);
                         nsplit = n_kv.div_ceil(chunk).max(1);
                     }
-                    let part_bytes = tasks * nsplit * (dv + 2) * 4;
+                    let part_bytes = nsplit * per_split;
                     let part = if nsplit > 1 { self.scratch } else { 0 };
                     args.ptr(part).i32(nsplit as i32).i64(chunk as i64);
                     // Heads up to 128 take the kernel with a quarter of the accumulators.
@@ -969,19 +975,14 @@ impl Planner<'_> {
             DType::Q6_K => ("k_gemv_q6_k", 2),
             _ => return None,
         };
-        let aligned = |id: TensorId, a: u64| {
-            let d = self.desc(id);
-            self.ptrs[id.index()].is_multiple_of(a)
-                && d.nb()[1..].iter().all(|&nb| (nb as u64).is_multiple_of(a))
-        };
         let fits = (self.has)(kernel)
             && t.dtype() == DType::F32
             && tx.dtype() == DType::F32
             && tx.nb()[0] == 4
             && tw.nb()[0] == tw.dtype().type_size()
             && tw.ne()[0].is_multiple_of(8)
-            && aligned(w, align)
-            && aligned(x, 16);
+            && self.rows_aligned(w, align)
+            && self.rows_aligned(x, 16);
         fits.then_some(kernel)
     }
 
@@ -1001,11 +1002,6 @@ impl Planner<'_> {
             DType::Q6_K => ("k_gemv8_q6_k", 2),
             _ => return None,
         };
-        let aligned = |id: TensorId, a: u64| {
-            let d = self.desc(id);
-            self.ptrs[id.index()].is_multiple_of(a)
-                && d.nb()[1..].iter().all(|&nb| (nb as u64).is_multiple_of(a))
-        };
         let k = tw.ne()[0];
         let fits = gemv8_on()
             && (self.has)(kernel)
@@ -1015,8 +1011,8 @@ impl Planner<'_> {
             && tx.nb()[0] == 4
             && tw.nb()[0] == tw.dtype().type_size()
             && k.is_multiple_of(32)
-            && aligned(w, align)
-            && aligned(x, 16);
+            && self.rows_aligned(w, align)
+            && self.rows_aligned(x, 16);
         if !fits {
             return None;
         }
@@ -1178,6 +1174,37 @@ mod tests {
         }
         assert!(support(DType::Q8_0, true) && support(DType::Q4_0, false));
         assert_eq!(alignment_of(DType::MXFP4), 1);
+    }
+
+    /// Decode attention splits over the keys with a merge and scratch for the partials; a long
+    /// prompt the tiled kernel declines (head size 256) keeps its partials under the cap, here
+    /// by one block per query and head, with no scratch.
+    #[test]
+    fn split_attention_scratch_is_bounded() {
+        let fa = |d: usize, n_q: usize, n_kv: usize| {
+            let mut ctx = tessera_core::Context::new();
+            let q = ctx.new_tensor(DType::F32, [d, n_q, 8]).unwrap();
+            let k = ctx.new_tensor(DType::F16, [d, n_kv, 2]).unwrap();
+            let v = ctx.new_tensor(DType::F16, [d, n_kv, 2]).unwrap();
+            let y = ctx.flash_attn_ext(q, k, v, None, 0.1, 0.0, 0.0).unwrap();
+            let ts = ctx.tensors();
+            let mem = StreamMem {
+                status: 0x40,
+                scratch: 0x10000,
+                scratch_len: 0,
+            };
+            plan(ts, &vec![0x100u64; ts.len()], mem, y)
+        };
+        let p = fa(128, 1, 4096);
+        let kernels: Vec<_> = p.launches.iter().map(|l| l.kernel).collect();
+        assert_eq!(kernels, ["k_flash_attn_split128", "k_flash_attn_merge"]);
+        // 8 heads × 16 blocks of 256 keys, each block's maximum, sum and 128 columns.
+        assert_eq!(p.launches[0].grid.0, 8 * 16);
+        assert_eq!(p.scratch, 8 * 16 * 130 * 4);
+        let p = fa(256, 4096, 4096);
+        assert_eq!(p.launches.len(), 1);
+        assert_eq!(p.launches[0].kernel, "k_flash_attn_split");
+        assert_eq!((p.launches[0].grid.0, p.scratch), (4096 * 8, 0));
     }
 
     #[test]
