@@ -405,7 +405,7 @@ for file in "${FILES[@]}"; do
   if [ "$TENSOR" -gt 0 ] && [ "$N_GEN" -gt 0 ]; then
     llama_run "$file" 0 "$N_GEN" "$TENSOR"
     tessera_run "$file" "tg$N_GEN" tensor -p 0 -n "$N_GEN" -r "$REPS" --split-mode tensor \
-      --devices "cpu:$TENSOR" -t 1
+      --devices "cpu:$TENSOR" -t "$TENSOR"
     add_row "$model" "tg$N_GEN" "tensor cpu:$TENSOR × 1"
   fi
 done

@@ -107,7 +107,8 @@ enum Command {
         /// auto (the backend's comm when it covers every device, else generic), vendor or generic.
         #[arg(long, default_value = "auto")]
         path: String,
-        /// Threads per device stream.
+        /// Threads in all, divided among the CPU devices as llama.cpp's -t (default: one per
+        /// core of each device).
         #[arg(short = 't', long, value_parser = commands::args::threads)]
         threads: Option<usize>,
         /// Minimum seconds to measure each size.

@@ -105,7 +105,8 @@ pub struct SessionOptions {
     pub split_mode: SplitMode,
     /// One ratio per device for `layer`, `tensor` and `expert` (empty: even).
     pub ratios: Vec<f32>,
-    /// Worker threads per device stream (`None`: each device's default).
+    /// Threads in all, divided among the CPU devices (`None`: each device's default, one per
+    /// core it owns), as llama.cpp's `-t`: two CPU devices with `Some(4)` run two each.
     pub threads: Option<usize>,
     /// The processes of a distributed job (`tensor` and `expert` only): every rank opens its
     /// session with its own devices and the same model, and the meta device spans all ranks.
@@ -162,7 +163,7 @@ impl SessionOptions {
         self
     }
 
-    /// These options with `threads` per device stream.
+    /// These options with `threads` in all (see [`SessionOptions::threads`]).
     pub fn with_threads(mut self, threads: Option<usize>) -> SessionOptions {
         self.threads = threads;
         self
@@ -339,8 +340,8 @@ impl Session {
     }
 
     /// The whole model split tensor-parallel by `meta` (whose policy is the model's,
-    /// [`LlamaModel::meta_device_with`]), with `threads` per device stream (`None`: each
-    /// device's default). Reports split mode `tensor`.
+    /// [`LlamaModel::meta_device_with`]), with `threads` in all, divided among its CPU devices
+    /// (`None`: each device's default). Reports split mode `tensor`.
     ///
     /// # Errors
     /// As [`Session::open`].

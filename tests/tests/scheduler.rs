@@ -525,3 +525,72 @@ fn a_meta_device_is_scheduled_like_any_other_device() {
     // The hidden state is copied into the meta device's plain memory.
     assert!(splits.iter().any(|s| s.0 == 1 && s.2 > 0), "{splits:?}");
 }
+
+/// The threads each stream of `sched` runs: a CPU stream's pool, or each of a meta device's.
+fn stream_threads(sched: &Scheduler) -> Vec<Vec<usize>> {
+    (0..sched.devices().len())
+        .map(|i| {
+            let any = sched.backend(i).and_then(|b| b.as_any()).unwrap();
+            if let Some(cpu) = any.downcast_ref::<tessera_cpu::CpuBackend>() {
+                return vec![cpu.n_threads()];
+            }
+            let meta = any
+                .downcast_ref::<tessera_core::meta::MetaBackend>()
+                .expect("a CPU or meta stream");
+            (0..)
+                .map_while(|j| meta.device_stream(j))
+                .map(|s| {
+                    s.as_any()
+                        .and_then(|a| a.downcast_ref::<tessera_cpu::CpuBackend>())
+                        .unwrap()
+                        .n_threads()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_thread_count_is_divided_among_the_cpu_devices() {
+    let raw = split_devices(3);
+    let cpus: Vec<Arc<dyn Device>> = raw
+        .iter()
+        .map(|d| Arc::new(d.clone()) as Arc<dyn Device>)
+        .collect();
+    let meta: Arc<dyn Device> = Arc::new(
+        tessera_core::meta::MetaDevice::new(&cpus[1..], |_: &tessera_core::TensorDesc, _: &_| {
+            Ok(tessera_core::meta::SplitState::mirrored())
+        })
+        .unwrap(),
+    );
+    assert_eq!(meta.thread_pools(), 2);
+    let with = |devices: &[Arc<dyn Device>], n| {
+        let opts = SchedOptions {
+            n_threads: n,
+            ..SchedOptions::default()
+        };
+        stream_threads(&Scheduler::new(devices, opts).unwrap())
+    };
+    // llama.cpp's -t: threads in all, the first pools taking the remainder.
+    assert_eq!(with(&cpus[..2], Some(4)), [vec![2], vec![2]]);
+    assert_eq!(with(&cpus[..2], Some(3)), [vec![2], vec![1]]);
+    assert_eq!(with(&cpus[..2], Some(1)), [vec![1], vec![1]]);
+    assert_eq!(with(&cpus, Some(7)), [vec![3], vec![2], vec![2]]);
+    // A meta device's share is divided among its devices in turn.
+    let mixed = [cpus[0].clone(), meta.clone()];
+    assert_eq!(with(&mixed, Some(5)), [vec![2], vec![2, 1]]);
+    assert_eq!(with(&[meta], Some(4)), [vec![2, 2]]);
+    // None keeps each device's default (one thread per core it owns); zero is refused by the
+    // device, not rounded up.
+    let defaults: Vec<Vec<usize>> = raw[..2].iter().map(|d| vec![d.default_threads()]).collect();
+    assert_eq!(with(&cpus[..2], None), defaults);
+    let err = Scheduler::new(
+        &cpus[..2],
+        SchedOptions {
+            n_threads: Some(0),
+            ..SchedOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("thread count 0"), "{err}");
+}

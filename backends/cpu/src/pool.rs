@@ -1,17 +1,43 @@
 //! A per-device pool of worker threads that run one parallel region at a time.
 //!
 //! The caller of [`Pool::run`] is thread 0; workers `1..n` park on a condition variable between
-//! regions, so an idle device costs nothing and an oversubscribed machine (more devices than cores)
-//! stays correct. Inside a region, [`Barrier::wait`] spins briefly then parks.
+//! regions, so an idle device costs nothing and an oversubscribed machine (more threads than
+//! cores) stays correct. Inside a region, [`Barrier::wait`] spins, then yields, then parks.
+//!
+//! Spinning is right while every thread of the process has a core of its own: the awaited
+//! thread is running and arrives within microseconds. With more pool threads than cores (`-t 4`
+//! on two cores, two devices of two threads each, another process on the same cores) a spinning
+//! thread may hold the very core the awaited one needs, and a fixed spin of tens of
+//! microseconds per barrier, hundreds of barriers per token, turned a 67 t/s decode into 3 t/s.
+//! So the spin is bounded in time, shortened to a moment when the process's pool threads
+//! outnumber its cores, and followed by yields that hand the core to a runnable peer.
 
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-/// How long a barrier spins before parking: long enough to cover a small op on an idle core,
-/// short enough not to starve another device's threads on a shared core.
-const SPIN_ITERS: u32 = 20_000;
+/// Spin budget of a barrier while the process's pool threads have a core each: covers a peer
+/// finishing an uneven share of a node, bounded so a preempted peer costs little.
+const SPIN: Duration = Duration::from_micros(50);
+/// Spin budget when the pool threads outnumber the cores: about a cache-line round trip, in
+/// case the peer runs on another core, before giving this core away.
+const SPIN_OVERSUBSCRIBED: Duration = Duration::from_micros(1);
+/// Yields before parking. A yield lets a runnable peer on this core run and returns at once
+/// when there is none, so it is bounded to stop a waiter from burning the core meanwhile.
+const YIELDS: u32 = 64;
+
+/// Threads of every live pool of the process (callers included): more than the cores the
+/// process may run on means some pool threads share a core.
+static LIVE_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether the process's pool threads outnumber the cores it may run on.
+fn oversubscribed() -> bool {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| crate::sys::allowed_cores().len().max(1));
+    LIVE_THREADS.load(Ordering::Relaxed) > cores
+}
 
 type Region = Arc<dyn Fn(usize, usize) + Send + Sync>;
 
@@ -31,21 +57,27 @@ struct Shared {
 /// A thread barrier for the `n` threads of a region.
 pub(crate) struct Barrier {
     n: usize,
+    /// How long a waiter spins before yielding.
+    spin: Duration,
     /// Set when a thread of the region panicked: waits return at once so the others finish.
-    poisoned: std::sync::atomic::AtomicBool,
+    poisoned: AtomicBool,
     arrived: AtomicUsize,
     phase: AtomicUsize,
+    sleepers: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
 }
 
 impl Barrier {
-    pub(crate) fn new(n: usize) -> Barrier {
+    /// A barrier for `n` threads whose waiters spin for `spin` before yielding and parking.
+    pub(crate) fn new(n: usize, spin: Duration) -> Barrier {
         Barrier {
             n,
-            poisoned: std::sync::atomic::AtomicBool::new(false),
+            spin,
+            poisoned: AtomicBool::new(false),
             arrived: AtomicUsize::new(0),
             phase: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             cv: Condvar::new(),
         }
@@ -53,7 +85,7 @@ impl Barrier {
 
     /// Releases every waiter now and later: a thread of the region died.
     pub(crate) fn poison(&self) {
-        self.poisoned.store(true, Ordering::Release);
+        self.poisoned.store(true, Ordering::SeqCst);
         let _g = self.lock.lock();
         self.cv.notify_all();
     }
@@ -66,23 +98,44 @@ impl Barrier {
         let phase = self.phase.load(Ordering::Acquire);
         if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
             self.arrived.store(0, Ordering::Relaxed);
-            let _g = self.lock.lock();
-            self.phase.fetch_add(1, Ordering::Release);
-            self.cv.notify_all();
+            // SeqCst here and in the parking waiter: either this thread sees the sleeper or the
+            // sleeper sees the new phase, so no wake-up is lost (and no lock is taken when
+            // nobody sleeps, the common case).
+            self.phase.fetch_add(1, Ordering::SeqCst);
+            if self.sleepers.load(Ordering::SeqCst) > 0 {
+                let _g = self.lock.lock();
+                self.cv.notify_all();
+            }
             return;
         }
-        for _ in 0..SPIN_ITERS {
-            if self.phase.load(Ordering::Acquire) != phase || self.poisoned.load(Ordering::Acquire)
-            {
+        let done =
+            || self.phase.load(Ordering::Acquire) != phase || self.poisoned.load(Ordering::Acquire);
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if done() {
                 return;
             }
             std::hint::spin_loop();
+            spins += 1;
+            // Reading the clock costs tens of nanoseconds: only every 64 spins.
+            if spins.is_multiple_of(64) && start.elapsed() >= self.spin {
+                break;
+            }
         }
+        for _ in 0..YIELDS {
+            std::thread::yield_now();
+            if done() {
+                return;
+            }
+        }
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
         let mut g = self.lock.lock();
-        while self.phase.load(Ordering::Acquire) == phase && !self.poisoned.load(Ordering::Acquire)
-        {
+        while self.phase.load(Ordering::SeqCst) == phase && !self.poisoned.load(Ordering::SeqCst) {
             self.cv.wait(&mut g);
         }
+        drop(g);
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -116,9 +169,16 @@ impl Pool {
             start: Condvar::new(),
             done: Condvar::new(),
         });
-        let mut workers = Vec::with_capacity(n_threads - 1);
+        LIVE_THREADS.fetch_add(n_threads, Ordering::Relaxed);
+        // Built before the workers so that a failed spawn drops it: the workers started so far
+        // are told to stop and joined, and the count comes back down.
+        let mut pool = Pool {
+            shared,
+            workers: Vec::with_capacity(n_threads - 1),
+            n_threads,
+        };
         for ith in 1..n_threads {
-            let shared = shared.clone();
+            let shared = pool.shared.clone();
             let pin = if cores.is_empty() {
                 vec![]
             } else {
@@ -127,17 +187,24 @@ impl Pool {
             let handle = std::thread::Builder::new()
                 .name(format!("{name}-w{ith}"))
                 .spawn(move || worker(shared, ith, n_threads, pin))?;
-            workers.push(handle);
+            pool.workers.push(handle);
         }
-        Ok(Pool {
-            shared,
-            workers,
-            n_threads,
-        })
+        Ok(pool)
     }
 
     pub(crate) fn n_threads(&self) -> usize {
         self.n_threads
+    }
+
+    /// A barrier for one region of this pool, spinning as long as the process's pool threads
+    /// (counted now) leave it a core per thread.
+    pub(crate) fn barrier(&self) -> Barrier {
+        let spin = if oversubscribed() {
+            SPIN_OVERSUBSCRIBED
+        } else {
+            SPIN
+        };
+        Barrier::new(self.n_threads, spin)
     }
 
     /// Runs `f(ith, n_threads)` on every thread, the caller as thread 0, and returns when all are done.
@@ -197,6 +264,7 @@ fn worker(shared: Arc<Shared>, ith: usize, n: usize, pin: Vec<usize>) {
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        LIVE_THREADS.fetch_sub(self.n_threads, Ordering::Relaxed);
         self.shared.state.lock().shutdown = true;
         self.shared.start.notify_all();
         for w in self.workers.drain(..) {
@@ -211,10 +279,17 @@ mod tests {
 
     #[test]
     fn every_thread_runs_each_region_and_barriers_hold() {
+        // With no spin at all every wait yields or parks: the path of an oversubscribed machine.
+        for spin in [SPIN, Duration::ZERO] {
+            regions_and_barriers_hold(spin);
+        }
+    }
+
+    fn regions_and_barriers_hold(spin: Duration) {
         let pool = Pool::new("t", 4, vec![]).unwrap();
         for _ in 0..50 {
             let hits = Arc::new(AtomicUsize::new(0));
-            let barrier = Arc::new(Barrier::new(4));
+            let barrier = Arc::new(Barrier::new(4, spin));
             let (h, b) = (hits.clone(), barrier.clone());
             pool.run(Arc::new(move |_ith, _n| {
                 h.fetch_add(1, Ordering::SeqCst);

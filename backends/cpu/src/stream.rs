@@ -4,7 +4,7 @@
 
 use crate::buffer::CpuBuffer;
 use crate::ops::{self, Exec, SharedScratch};
-use crate::pool::{Barrier, Pool};
+use crate::pool::Pool;
 use crate::tview::TView;
 use parking_lot::lock_api::ArcRwLockReadGuard;
 use parking_lot::{Condvar, Mutex, RawRwLock};
@@ -406,7 +406,7 @@ fn stream_copy(
 
 fn run_graph(device: &str, pool: &Pool, p: &Prepared, scratch: &mut SharedScratch) -> Result<()> {
     scratch.ensure(p.scratch_bytes);
-    let barrier = Barrier::new(pool.n_threads());
+    let barrier = pool.barrier();
     let counter = AtomicUsize::new(0);
     let errors = Mutex::new(None::<String>);
     let exec = Exec {
@@ -507,6 +507,9 @@ impl Backend for CpuBackend {
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+    fn as_any(&self) -> Option<&dyn Any> {
+        Some(self)
     }
 }
 

@@ -44,7 +44,8 @@ pub struct BenchArgs {
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub repetitions: usize,
-    /// Threads per device stream (default: the device's cores).
+    /// Threads in all, divided among the CPU devices as llama.cpp's -t (default: one per core
+    /// of each device).
     #[arg(short = 't', long, value_parser = super::args::threads)]
     pub threads: Option<usize>,
     /// Synthetic model to run when no file is given.

@@ -15,7 +15,7 @@ pub struct Options {
     pub wire: Wire,
     /// Exchange pattern.
     pub algorithm: Algorithm,
-    /// Threads per device stream (`None`: the device's default).
+    /// Threads in all, divided among the CPU devices (`None`: each device's default).
     pub threads: Option<usize>,
     /// Minimum measuring time per size.
     pub min_time: Duration,
@@ -133,13 +133,17 @@ pub fn run(devices: &[Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
         "|{:-<12}|{:-<12}|{:-<12}|{:-<12}|{:-<12}|{:-<13}|{:-<11}|{:-<18}|",
         "", "", "", "", "", "", "", ""
     );
-    let bopts = opts
-        .threads
-        .map(BackendOptions::with_threads)
-        .unwrap_or_default();
+    let bopts = tessera::backend::per_device_options(
+        devices,
+        &opts
+            .threads
+            .map(BackendOptions::with_threads)
+            .unwrap_or_default(),
+    );
     let mut streams = devices
         .iter()
-        .map(|d| d.init_backend(&bopts))
+        .zip(&bopts)
+        .map(|(d, o)| d.init_backend(o))
         .collect::<tessera::Result<Vec<_>>>()?;
     let mut ar = AllReduce::new(devices, opts.wire, opts.algorithm)?;
     // The backend's comm is usable only when one registry covers every device and accepts them.

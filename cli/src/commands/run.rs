@@ -43,7 +43,8 @@ pub struct RunArgs {
     /// Context (KV cache rows); default: prompt + generated tokens, within the model's context.
     #[arg(short = 'c', long, value_parser = super::args::context)]
     pub ctx_size: Option<usize>,
-    /// Threads per device stream.
+    /// Threads in all, divided among the CPU devices as llama.cpp's -t (default: one per core
+    /// of each device).
     #[arg(short = 't', long, value_parser = super::args::threads)]
     pub threads: Option<usize>,
     /// Writes the logits of every evaluated position (f32 little-endian, row-major

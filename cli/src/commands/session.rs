@@ -50,23 +50,22 @@ pub(crate) fn open_session(
 ) -> anyhow::Result<Session> {
     let (mode, threads, comm) = (opts.split_mode, opts.threads, opts.comm.clone());
     let names = device_names(devices);
-    // `-t` is per device: more threads than cores in all makes the device streams fight over
-    // them (tensor split over cpu:2 with -t 2 on 2 cores runs several times slower).
+    // `-t` counts threads in all (divided among the CPU devices' pools by the scheduler); more
+    // than the cores here still works, only slower, and fewer than the pools gives each one.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if let Some(t) = threads
-        && devices.len() > 1
-        && t * devices.len() > cores
-    {
-        eprintln!(
-            "warning: {t} threads per device on {} devices exceed the {cores} cores here; \
-             consider -t {}",
-            devices.len(),
-            (cores / devices.len()).max(1)
-        );
-    }
-    let t0 = Instant::now();
+    let pools: usize = devices.iter().map(|d| d.thread_pools()).sum();
     // Under --dist only rank 0 reports.
     let loud = comm.as_ref().is_none_or(|c| c.rank() == 0);
+    if let Some(t) = threads
+        && loud
+    {
+        if t > cores {
+            eprintln!("warning: -t {t} exceeds the {cores} cores here: threads will share cores");
+        } else if t < pools {
+            eprintln!("note: -t {t} is fewer than the {pools} CPU devices: each runs one thread");
+        }
+    }
+    let t0 = Instant::now();
     let tty = std::io::stderr().is_terminal() && loud;
     let mut last_pct = usize::MAX;
     let progress = |d: usize, n: usize| {

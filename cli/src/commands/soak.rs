@@ -37,7 +37,8 @@ pub struct SoakArgs {
     /// Seed of the request lengths and prompt tokens.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
-    /// Threads per device stream.
+    /// Threads in all, divided among the CPU devices as llama.cpp's -t (default: one per core
+    /// of each device).
     #[arg(short = 't', long, value_parser = super::args::threads)]
     pub threads: Option<usize>,
 }

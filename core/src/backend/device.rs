@@ -74,8 +74,46 @@ impl Support {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BackendOptions {
-    /// Worker threads for CPU-like devices; `None` = the device's default.
+    /// Threads in all for the stream's CPU thread pools ([`Device::thread_pools`]); `None` = the
+    /// device's default. A CPU device runs this many; a device of several pools (a meta device
+    /// over CPU devices) divides them as [`divide_threads`] does; a GPU ignores it.
     pub n_threads: Option<usize>,
+}
+
+/// Divides `total` threads among consumers that run `pools[i]` CPU thread pools each (see
+/// [`Device::thread_pools`]): every pool gets `total / Σpools`, the first `total % Σpools`
+/// pools one more, and never less than one. Returns each consumer's sum (`None` for a consumer
+/// without pools, which takes no threads).
+///
+/// This is what a thread count means in llama.cpp (`-t N`: N threads in all), applied to a
+/// model split over several CPU devices: giving each device all N would run `devices × N`
+/// threads on N cores.
+///
+/// ```
+/// use tessera_core::backend::divide_threads;
+/// assert_eq!(divide_threads(4, &[1, 1]), vec![Some(2), Some(2)]);
+/// assert_eq!(divide_threads(3, &[1, 0, 1]), vec![Some(2), None, Some(1)]);
+/// assert_eq!(divide_threads(5, &[2]), vec![Some(5)]);
+/// assert_eq!(divide_threads(1, &[1, 1]), vec![Some(1), Some(1)]); // one each at least
+/// ```
+pub fn divide_threads(total: usize, pools: &[usize]) -> Vec<Option<usize>> {
+    let n_pools: usize = pools.iter().sum();
+    let per = total.checked_div(n_pools).unwrap_or(0);
+    let extra = total.checked_rem(n_pools).unwrap_or(0);
+    let mut pool = 0;
+    pools
+        .iter()
+        .map(|&n| {
+            if n == 0 {
+                return None;
+            }
+            let sum = (pool..pool + n)
+                .map(|p| (per + usize::from(p < extra)).max(1))
+                .sum();
+            pool += n;
+            Some(sum)
+        })
+        .collect()
 }
 
 impl BackendOptions {
@@ -83,6 +121,34 @@ impl BackendOptions {
     pub fn with_threads(n: usize) -> BackendOptions {
         BackendOptions { n_threads: Some(n) }
     }
+}
+
+/// `opts` for a stream on each of `devices`: a thread count is the total for all of them,
+/// divided among their thread pools as [`divide_threads`] does (a device without pools keeps
+/// `opts` as given). Schedulers and meta devices start their streams with these.
+pub fn per_device_options(
+    devices: &[std::sync::Arc<dyn Device>],
+    opts: &BackendOptions,
+) -> Vec<BackendOptions> {
+    // Zero stays zero, for each device to refuse by name.
+    let Some(total) = opts.n_threads.filter(|&t| t > 0) else {
+        return vec![opts.clone(); devices.len()];
+    };
+    let pools: Vec<usize> = devices.iter().map(|d| d.thread_pools()).collect();
+    let n_pools: usize = pools.iter().sum();
+    if total < n_pools {
+        tracing::info!(
+            threads = total,
+            pools = n_pools,
+            "fewer threads than CPU devices: each device runs one"
+        );
+    }
+    divide_threads(total, &pools)
+        .into_iter()
+        .map(|n| BackendOptions {
+            n_threads: n.or(opts.n_threads),
+        })
+        .collect()
 }
 
 /// A device that owns memory and runs graphs.
@@ -152,4 +218,10 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// # Errors
     /// Vendor errors, [`crate::Error::InvalidArgument`] for options the device cannot honour.
     fn init_backend(&self, opts: &BackendOptions) -> Result<Box<dyn Backend>>;
+    /// Optional. How many CPU thread pools a stream of this device runs: what a thread budget
+    /// ([`BackendOptions::n_threads`]) is divided by. Default: one for a [`DeviceType::Cpu`],
+    /// none for any other kind (a GPU's stream computes elsewhere).
+    fn thread_pools(&self) -> usize {
+        usize::from(self.kind() == DeviceType::Cpu)
+    }
 }

@@ -13,5 +13,8 @@ mod stream;
 
 pub use bindings::{Bindings, Slot, TensorBuffer};
 pub use buffer::{Buffer, BufferType, HostMemory, copy_between};
-pub use device::{BackendOptions, Device, DeviceCaps, DeviceType, MemoryInfo, Support};
+pub use device::{
+    BackendOptions, Device, DeviceCaps, DeviceType, MemoryInfo, Support, divide_threads,
+    per_device_options,
+};
 pub use stream::{Backend, Event, EventImpl, HostEvent, check_supported};

@@ -426,4 +426,7 @@ impl Device for MetaDevice {
     fn init_backend(&self, opts: &BackendOptions) -> Result<Box<dyn Backend>> {
         Ok(Box::new(self.init_meta_backend(opts)?))
     }
+    fn thread_pools(&self) -> usize {
+        self.inner.devices.iter().map(|d| d.thread_pools()).sum()
+    }
 }

@@ -178,7 +178,8 @@ impl MetaBackend {
         let mut streams = inner
             .devices
             .iter()
-            .map(|d| d.init_backend(opts))
+            .zip(crate::backend::per_device_options(&inner.devices, opts))
+            .map(|(d, o)| d.init_backend(&o))
             .collect::<Result<Vec<_>>>()?;
         let n = inner.devices.len();
         // Within this process: its own devices (all of them unless distributed).
@@ -330,6 +331,11 @@ impl MetaBackend {
                 Ok(None)
             }
         }
+    }
+
+    /// The stream on device `j` of the meta device (`None` past the last).
+    pub fn device_stream(&self, j: usize) -> Option<&dyn Backend> {
+        self.streams.get(j).map(|s| s.as_ref())
     }
 
     /// The all-reduce path chosen at creation.

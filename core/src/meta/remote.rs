@@ -87,6 +87,10 @@ impl Device for RemoteDevice {
             name: self.name.clone(),
         }))
     }
+    fn thread_pools(&self) -> usize {
+        // Its threads are its own rank's: `-t` counts the threads of each process.
+        0
+    }
 }
 
 #[derive(Debug)]

@@ -34,7 +34,8 @@ pub const DEBUG_ENV: &str = "TESSERA_SCHED_DEBUG";
 /// Scheduler settings.
 #[derive(Clone, Debug)]
 pub struct SchedOptions {
-    /// Threads per CPU-like stream (`None`: the device's default).
+    /// Threads in all, divided among the devices' CPU thread pools as
+    /// [`crate::backend::divide_threads`] does (`None`: each device's default).
     pub n_threads: Option<usize>,
     /// Copies of split inputs (1..=4): more than one lets consecutive micro-batches overlap.
     pub n_copies: usize,
@@ -100,15 +101,19 @@ impl Scheduler {
                 opts.n_copies
             )));
         }
-        let bopts = BackendOptions {
-            n_threads: opts.n_threads,
-        };
+        let bopts = crate::backend::per_device_options(
+            devices,
+            &BackendOptions {
+                n_threads: opts.n_threads,
+            },
+        );
         let streams = devices
             .iter()
-            .map(|d| {
+            .zip(&bopts)
+            .map(|(d, bopts)| {
                 Ok(Stream {
                     device: d.clone(),
-                    backend: d.init_backend(&bopts)?,
+                    backend: d.init_backend(bopts)?,
                     compute_buf: None,
                     slot_bufs: vec![None; opts.n_copies],
                     slot_events: vec![None; opts.n_copies],
