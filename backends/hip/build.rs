@@ -1,9 +1,9 @@
 //! Embeds HIP kernel code objects built ahead of time when `hipcc` is present (see
-//! `tessera_build::hip`): writes `$OUT_DIR/hip_aot.rs` with the targets and one offload bundle
+//! `tessera_toolchain::hip`): writes `$OUT_DIR/hip_aot.rs` with the targets and one offload bundle
 //! per kernel source, or empty lists (hipRTC then compiles at run time).
 
 use std::path::PathBuf;
-use tessera_build::{discover, hip};
+use tessera_toolchain::{discover, hip};
 
 fn main() {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"));

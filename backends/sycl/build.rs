@@ -4,7 +4,7 @@
 //! registry has no devices and gives that reason.
 
 use std::path::PathBuf;
-use tessera_build::{discover, sycl};
+use tessera_toolchain::{discover, sycl};
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));

@@ -62,7 +62,8 @@ mod tests {
 
     #[test]
     fn venvs_and_site_packages_are_found_nearest_first() {
-        let root = std::env::temp_dir().join(format!("tessera-build-test-{}", std::process::id()));
+        let root =
+            std::env::temp_dir().join(format!("tessera-toolchain-test-{}", std::process::id()));
         let inner = root.join("a/b");
         let sp = root.join(".venv/lib/python3.11/site-packages");
         std::fs::create_dir_all(&inner).unwrap();

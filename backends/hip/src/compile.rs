@@ -3,7 +3,7 @@
 //!
 //! A code object comes from, in order:
 //! 1. the offload bundles built ahead of time by `hipcc --genco` when the crate was built on a
-//!    machine with hipcc (see `tessera_build::hip`; [`AOT_ARCHS`] lists their targets);
+//!    machine with hipcc (see `tessera_toolchain::hip`; [`AOT_ARCHS`] lists their targets);
 //! 2. the disk cache, `$XDG_CACHE_HOME/tessera/hip` (or `~/.cache/tessera/hip`), whose file names
 //!    carry the source name, a hash of the source and compat header, the target and the HIP
 //!    runtime version; `TESSERA_HIP_CACHE=0` turns it off;

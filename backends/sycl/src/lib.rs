@@ -1,7 +1,7 @@
 //! The Tessera SYCL backend.
 //!
 //! - A host-only C++ shim (`shim/tessera_sycl_shim.cpp`), compiled by the build script against a
-//!   SYCL runtime's headers and `libsycl` (found by `tessera-build`: `SYCL_ROOT`, a `.venv-sycl`
+//!   SYCL runtime's headers and `libsycl` (found by `tessera-toolchain`: `SYCL_ROOT`, a `.venv-sycl`
 //!   or `.venv` with the `dpcpp-cpp-rt` wheel, or oneAPI), is loaded at run time, so the crate
 //!   builds and a binary starts without any runtime: the registry then has no devices and
 //!   [`SyclRegistry::reason`] says why.
