@@ -22,10 +22,13 @@ pub(crate) fn new_buffer_type(
     dev: sys::ggml_backend_dev_t,
     device: Arc<dyn Device>,
 ) -> *mut sys::ggml_backend_buffer_type {
-    let tessera = device.buffer_type();
+    // Buffers come from the weight buffer type: it writes like the plain one, and may keep a
+    // whole weight in the device's layout when the plugin asks (see `weights`).
+    let tessera = device.weight_buffer_type();
     let ctx = Box::into_raw(Box::new(BufferTypeCtx {
         name: CString::new(format!("Tessera{}", tessera.name()).replace('\0', " "))
             .unwrap_or_default(),
+        weight_layout: crate::weights::has_weight_layout(device.as_ref()),
         tessera,
     }));
     Box::into_raw(Box::new(sys::ggml_backend_buffer_type {
@@ -79,7 +82,12 @@ unsafe extern "C" fn buft_alloc_buffer(
         };
         let span = size.div_ceil(BASE_ALIGN).saturating_add(1) * BASE_ALIGN;
         let base = NEXT_BASE.fetch_add(span, Ordering::Relaxed);
-        let bctx = Box::into_raw(Box::new(BufferCtx { buffer, base, size }));
+        let bctx = Box::into_raw(Box::new(BufferCtx {
+            buffer,
+            weight_layout: ctx.weight_layout,
+            base,
+            size,
+        }));
         // SAFETY: `buft` is live; BUFFER_IFACE's functions take a `BufferCtx` context, which ggml
         // hands back to `free_buffer` exactly once.
         let b = unsafe { api.buffer_init(buft, BUFFER_IFACE, bctx.cast(), size) };
@@ -174,7 +182,7 @@ unsafe extern "C" fn buf_memset_tensor(
     })
 }
 
-unsafe extern "C" fn buf_set_tensor(
+pub(crate) unsafe extern "C" fn buf_set_tensor(
     buffer: sys::ggml_backend_buffer_t,
     tensor: *mut sys::ggml_tensor,
     data: *const c_void,
@@ -192,14 +200,29 @@ unsafe extern "C" fn buf_set_tensor(
                 std::slice::from_raw_parts(data.cast::<u8>(), size),
             )
         };
+        // A whole weight loaded into a buffer ggml marked as holding weights may be kept in
+        // the device's layout; anything else is written as it is.
+        // SAFETY: ggml passes a live buffer and tensor.
+        let weight = unsafe {
+            let marked =
+                (*buffer).usage == sys::ggml_backend_buffer_usage_GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
+            (ctx.weight_layout && marked)
+                .then(|| crate::weights::whole_tensor(tensor, offset, size))
+                .flatten()
+        };
         // SAFETY: as above.
-        let r = unsafe { ctx.offset_of(tensor, offset, size) }
-            .and_then(|at| ctx.buffer.write(at, src).map_err(|e| e.to_string()));
+        let r = unsafe { ctx.offset_of(tensor, offset, size) }.and_then(|at| {
+            match &weight {
+                Some(desc) => ctx.buffer.set_tensor(desc, at, src),
+                None => ctx.buffer.write(at, src),
+            }
+            .map_err(|e| e.to_string())
+        });
         report("set_tensor", r);
     })
 }
 
-unsafe extern "C" fn buf_get_tensor(
+pub(crate) unsafe extern "C" fn buf_get_tensor(
     buffer: sys::ggml_backend_buffer_t,
     tensor: *const sys::ggml_tensor,
     data: *mut c_void,

@@ -30,6 +30,7 @@ pub mod sys;
 #[cfg(all(test, feature = "cpu"))]
 mod tests;
 pub mod translate;
+mod weights;
 
 pub use ggml::{GGML_VERSION, check_version};
 

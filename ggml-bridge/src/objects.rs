@@ -55,8 +55,11 @@ pub(crate) fn owns_buffer_type(buft: sys::ggml_backend_buffer_type_t) -> bool {
 
 /// What a ggml buffer type of this plugin points at.
 pub(crate) struct BufferTypeCtx {
+    /// The device's weight buffer type: buffers come from it (see `weights`).
     pub(crate) tessera: Arc<dyn BufferType>,
     pub(crate) name: CString,
+    /// Its buffers may keep weights in the device's own layout (`weights::has_weight_layout`).
+    pub(crate) weight_layout: bool,
 }
 
 impl BufferTypeCtx {
@@ -78,6 +81,8 @@ impl BufferTypeCtx {
 /// What a ggml buffer of this plugin points at.
 pub(crate) struct BufferCtx {
     pub(crate) buffer: Arc<dyn Buffer>,
+    /// Whole weights written here may be kept in the device's own layout.
+    pub(crate) weight_layout: bool,
     /// The address ggml sees as the buffer's start.
     pub(crate) base: usize,
     pub(crate) size: usize,

@@ -260,6 +260,11 @@ unsafe extern "C" fn dev_supports_op(
             return false;
         }
         // SAFETY: as above.
+        if let Some(why) = unsafe { crate::weights::misread_weight(op) } {
+            tracing::debug!(device = %ctx.device.name(), why, "op declined");
+            return false;
+        }
+        // SAFETY: as above.
         unsafe { translate::supports(ctx.device.as_ref(), op) }.is_ok()
     })
 }

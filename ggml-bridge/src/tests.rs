@@ -195,3 +195,170 @@ fn tessera_devices_get_ggml_names_and_types() {
         sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_IGPU
     );
 }
+
+/// A buffer of this plugin on the CPU device, as `buft_alloc_buffer` makes it, behind a ggml
+/// buffer of `usage` (boxed so that pointers to both stay put).
+fn bridge_buffer(
+    size: usize,
+    usage: sys::ggml_backend_buffer_usage,
+) -> (
+    Box<crate::objects::BufferCtx>,
+    Box<sys::ggml_backend_buffer>,
+) {
+    let dev = cpu();
+    let mut ctx = Box::new(crate::objects::BufferCtx {
+        buffer: dev.weight_buffer_type().alloc(size).unwrap(),
+        weight_layout: crate::weights::has_weight_layout(dev.as_ref()),
+        base: 1 << 40,
+        size,
+    });
+    // SAFETY: ggml_backend_buffer is plain data; all-zero is a valid (empty) buffer.
+    let mut buf: Box<sys::ggml_backend_buffer> = Box::new(unsafe { std::mem::zeroed() });
+    buf.context = (&mut *ctx as *mut crate::objects::BufferCtx).cast();
+    buf.size = size;
+    buf.usage = usage;
+    (ctx, buf)
+}
+
+#[test]
+fn whole_weights_in_a_weights_buffer_take_the_device_layout_and_read_back_as_written() {
+    let dev = cpu();
+    let (k, rows) = (256, 64);
+    let values: Vec<f32> = (0..k * rows)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 16.0)
+        .collect();
+    let bytes = tessera::encode_f32(DType::Q4_0, &values).unwrap();
+    // Whether this machine's CPU kernels repack Q4_0 at all (AVX-512 VNNI, arm64 dotprod).
+    let packs = {
+        let mut c = tessera::Context::new();
+        let id = c.new_tensor(DType::Q4_0, [k, rows]).unwrap();
+        let b = dev.weight_buffer_type().alloc(bytes.len()).unwrap();
+        b.set_tensor(&c.tensors()[id.index()], 0, &bytes).unwrap();
+        b.holds_device_layout(0, bytes.len())
+    };
+    println!("the CPU kernels here repack Q4_0: {packs}");
+    let weights = sys::ggml_backend_buffer_usage_GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
+    let any = sys::ggml_backend_buffer_usage_GGML_BACKEND_BUFFER_USAGE_ANY;
+    for (usage, want) in [(weights, packs), (any, false)] {
+        let (ctx, mut buf) = bridge_buffer(bytes.len(), usage);
+        let mut t = tensor(
+            DType::Q4_0,
+            [k as i64, rows as i64, 1, 1],
+            sys::ggml_op_GGML_OP_NONE,
+            &[],
+        );
+        t.data = ctx.base as *mut std::ffi::c_void;
+        t.buffer = &mut *buf;
+        // SAFETY: `buf` is a buffer of this plugin holding `t`; `bytes` is all of `t`.
+        unsafe {
+            crate::buffer::buf_set_tensor(
+                &mut *buf,
+                ptr(&mut t),
+                bytes.as_ptr().cast(),
+                0,
+                bytes.len(),
+            )
+        };
+        assert_eq!(
+            ctx.buffer.holds_device_layout(0, bytes.len()),
+            want,
+            "usage {usage}"
+        );
+        let mut back = vec![0u8; bytes.len()];
+        // SAFETY: as above; `back` holds all of `t`.
+        unsafe {
+            crate::buffer::buf_get_tensor(
+                &mut *buf,
+                ptr(&mut t),
+                back.as_mut_ptr().cast(),
+                0,
+                back.len(),
+            )
+        };
+        assert!(
+            back == bytes,
+            "usage {usage}: ggml reads back other bytes than it wrote"
+        );
+        // A part of a weight is written as it is, and unpacks what it touches.
+        let part = [0x11u8; 18];
+        // SAFETY: as above; 18 bytes (one Q4_0 block) inside `t`.
+        unsafe {
+            crate::buffer::buf_set_tensor(&mut *buf, ptr(&mut t), part.as_ptr().cast(), 0, 18)
+        };
+        assert!(
+            !ctx.buffer.holds_device_layout(0, bytes.len()),
+            "usage {usage}"
+        );
+    }
+}
+
+#[test]
+fn ops_reading_a_weight_in_the_device_layout_otherwise_are_declined() {
+    use crate::weights::misread;
+    let mut w = tensor(DType::Q4_0, [64, 16, 1, 1], sys::ggml_op_GGML_OP_NONE, &[]);
+    let mut x = tensor(DType::F32, [64, 4, 1, 1], sys::ggml_op_GGML_OP_NONE, &[]);
+    let wp = ptr(&mut w) as *const sys::ggml_tensor;
+    let held = |t: &sys::ggml_tensor| std::ptr::eq(t, wp);
+    let check = |t: &sys::ggml_tensor| {
+        // SAFETY: the tensors and their sources live on this stack frame.
+        unsafe { misread(t, held) }
+    };
+    let mm = tensor(
+        DType::F32,
+        [16, 4, 1, 1],
+        sys::ggml_op_GGML_OP_MUL_MAT,
+        &[ptr(&mut w), ptr(&mut x)],
+    );
+    assert_eq!(
+        check(&mm),
+        None,
+        "MUL_MAT reads its weight in the device layout"
+    );
+    let mut ids = tensor(DType::I32, [2, 1, 1, 1], sys::ggml_op_GGML_OP_NONE, &[]);
+    let rows = tensor(
+        DType::F32,
+        [64, 2, 1, 1],
+        sys::ggml_op_GGML_OP_GET_ROWS,
+        &[ptr(&mut w), ptr(&mut ids)],
+    );
+    assert_eq!(check(&rows), None);
+    // The weight as another operand, under another op, or through a view: declined.
+    let swapped = tensor(
+        DType::F32,
+        [4, 16, 1, 1],
+        sys::ggml_op_GGML_OP_MUL_MAT,
+        &[ptr(&mut x), ptr(&mut w)],
+    );
+    assert!(check(&swapped).unwrap().contains("source 1"));
+    let cpy = tensor(
+        DType::F32,
+        [64, 16, 1, 1],
+        sys::ggml_op_GGML_OP_CPY,
+        &[ptr(&mut w)],
+    );
+    assert!(check(&cpy).is_some());
+    let mut view = tensor(
+        DType::Q4_0,
+        [64, 8, 1, 1],
+        sys::ggml_op_GGML_OP_VIEW,
+        &[ptr(&mut w)],
+    );
+    view.view_src = ptr(&mut w);
+    assert!(check(&view).unwrap().contains("view"));
+    let mm_view = tensor(
+        DType::F32,
+        [8, 4, 1, 1],
+        sys::ggml_op_GGML_OP_MUL_MAT,
+        &[ptr(&mut view), ptr(&mut x)],
+    );
+    assert!(check(&mm_view).is_some());
+    // A weight not held in the device layout reads as usual.
+    let mut plain = tensor(DType::Q4_0, [64, 16, 1, 1], sys::ggml_op_GGML_OP_NONE, &[]);
+    let cpy_plain = tensor(
+        DType::F32,
+        [64, 16, 1, 1],
+        sys::ggml_op_GGML_OP_CPY,
+        &[ptr(&mut plain)],
+    );
+    assert_eq!(check(&cpy_plain), None);
+}

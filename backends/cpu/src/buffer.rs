@@ -428,6 +428,9 @@ impl Buffer for CpuBuffer {
         self.has_packed.store(true, Ordering::Release);
         Ok(())
     }
+    fn holds_device_layout(&self, offset: usize, len: usize) -> bool {
+        self.packed_within(offset, len)
+    }
     fn memset(&self, offset: usize, len: usize, value: u8) -> Result<()> {
         check_range(&self.name, offset, len, self.size)?;
         if !self.writable() {

@@ -35,7 +35,7 @@ static LIVE_THREADS: AtomicUsize = AtomicUsize::new(0);
 /// Whether the process's pool threads outnumber the cores it may run on.
 fn oversubscribed() -> bool {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let cores = *CORES.get_or_init(|| crate::sys::allowed_cores().len().max(1));
+    let cores = *CORES.get_or_init(|| crate::sys::process_cores().len().max(1));
     LIVE_THREADS.load(Ordering::Relaxed) > cores
 }
 

@@ -193,6 +193,7 @@ impl CpuBackend {
             .filter_map(|b| b.as_any().downcast_ref::<CpuBuffer>())
             .map(|b| b.access.read_arc())
             .collect();
+        let mut packed = Vec::new();
         for (id, bi, off) in resolved {
             let Some(cpu) = buffers[bi].as_any().downcast_ref::<CpuBuffer>() else {
                 continue;
@@ -202,11 +203,12 @@ impl CpuBackend {
                 continue;
             }
             let layout = cpu.packed_at(off, t);
-            check_packed_reads(graph, id, layout.is_some())?;
+            packed.push((id, layout.is_some()));
             if let (Some(v), Some(p)) = (views[id.index()].as_mut(), layout) {
                 v.packed = Some((p.wt, p.layout));
             }
         }
+        check_packed_reads(graph, &packed)?;
         Ok(Prepared {
             graph: graph.clone(),
             views,
@@ -219,20 +221,29 @@ impl CpuBackend {
 
 /// A weight stored packed may be read only by kernels that know the layout: MUL_MAT, MUL_MAT_ID
 /// and GET_ROWS as their first operand. Anything else (a view, a copy, another op, a write) would
-/// misread it, so the graph is refused with the tensor and op named.
-fn check_packed_reads(graph: &Graph, id: tessera_core::TensorId, whole: bool) -> Result<()> {
+/// misread it, so the graph is refused with the tensor and op named. `packed` lists the graph's
+/// tensors held packed, each with whether it is a whole packed tensor; one pass over the nodes
+/// checks them all (a model step reads hundreds of packed weights).
+fn check_packed_reads(graph: &Graph, packed: &[(tessera_core::TensorId, bool)]) -> Result<()> {
+    if packed.is_empty() {
+        return Ok(());
+    }
     let tensors = graph.tensors();
-    let t = &tensors[id.index()];
-    let refuse = |why: String| {
+    let refuse = |id: tessera_core::TensorId, why: String| {
         Err(Error::InvalidArgument(format!(
             "tensor {} is stored in the CPU's packed weight layout, {why}; allocate it with \
              buffer_type() rather than weight_buffer_type(), or set TESSERA_CPU_REPACK=0",
             graph.label(id)
         )))
     };
-    if !whole || t.view_of().is_some() || t.op().kind() != tessera_core::OpKind::None {
-        return refuse("and this graph accesses part of it or writes it".into());
+    for &(id, whole) in packed {
+        let t = &tensors[id.index()];
+        if !whole || t.view_of().is_some() || t.op().kind() != tessera_core::OpKind::None {
+            return refuse(id, "and this graph accesses part of it or writes it".into());
+        }
     }
+    let ids: std::collections::HashSet<tessera_core::TensorId> =
+        packed.iter().map(|&(id, _)| id).collect();
     for &n in graph.nodes() {
         let node = &tensors[n.index()];
         let kind = node.op().kind();
@@ -244,12 +255,14 @@ fn check_packed_reads(graph: &Graph, id: tessera_core::TensorId, whole: bool) ->
                         | tessera_core::OpKind::MulMatId
                         | tessera_core::OpKind::GetRows
                 );
-            if s == id && !ok {
-                return refuse(format!("which {} {} cannot read", kind, graph.label(n)));
+            if !ok && ids.contains(&s) {
+                return refuse(s, format!("which {} {} cannot read", kind, graph.label(n)));
             }
         }
-        if node.view_of().is_some_and(|v| v.src == id) {
-            return refuse(format!("which view {} cannot read", graph.label(n)));
+        if let Some(v) = node.view_of()
+            && ids.contains(&v.src)
+        {
+            return refuse(v.src, format!("which view {} cannot read", graph.label(n)));
         }
     }
     Ok(())

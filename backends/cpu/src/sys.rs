@@ -11,13 +11,32 @@ pub(crate) fn core_count() -> usize {
 /// The cores of this process's affinity mask, in order (all cores up to [`core_count`] where the
 /// mask cannot be read).
 pub(crate) fn allowed_cores() -> Vec<usize> {
+    affinity(0)
+}
+
+/// The cores of the process's main thread: what the process may use, even when asked from a
+/// thread pinned to fewer (a device's worker).
+pub(crate) fn process_cores() -> Vec<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        affinity(pid)
+    }
+    #[cfg(not(target_os = "linux"))]
+    affinity(0)
+}
+
+/// The cores of thread `tid`'s affinity mask (0: the calling thread).
+fn affinity(tid: i32) -> Vec<usize> {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: `cpu_set_t` is plain data; zeroed is a valid empty set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: the pointer and size describe `set`, which lives for the call; pid 0 = this thread.
-        let rc =
-            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+        // SAFETY: the pointer and size describe `set`, which lives for the call.
+        let rc = unsafe {
+            libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set)
+        };
         if rc == 0 {
             // SAFETY: `set` was filled by the kernel; CPU_ISSET only reads it.
             let cores: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
@@ -28,6 +47,8 @@ pub(crate) fn allowed_cores() -> Vec<usize> {
             }
         }
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = tid;
     (0..core_count()).collect()
 }
 

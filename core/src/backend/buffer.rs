@@ -96,6 +96,13 @@ pub trait Buffer: Send + Sync + fmt::Debug {
         let _ = t;
         self.write(offset, src)
     }
+    /// Optional. Whether any of the `len` bytes at `offset` are held in a device-specific
+    /// layout that [`Buffer::set_tensor`] chose: only the kernels that know it (a weight's
+    /// reader) may read them in place, everyone else through [`Buffer::read`]. Default: none.
+    fn holds_device_layout(&self, offset: usize, len: usize) -> bool {
+        let _ = (offset, len);
+        false
+    }
     /// Sets `len` bytes at `offset` to `value`.
     ///
     /// # Errors
