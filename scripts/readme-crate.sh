@@ -39,7 +39,7 @@ for entry in "${pkgs[@]}"; do
   crate=$root/target/package/$name-$version.crate
   [ -f "$crate" ] || { echo "$crate is missing: run cargo package --workspace first" >&2; exit 1; }
   tar -xzf "$crate" -C "$out/crates"
-  patch+="$name = { path = \"$out/crates/$name-$version\" }"$'\n'
+  patch+="$name = { path = '$out/crates/$name-$version' }"$'\n'
 done
 
 facade_version=$(printf '%s\n' "${pkgs[@]}" | awk '$1 == "tessera-rs" { print $2 }')

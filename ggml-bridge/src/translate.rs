@@ -743,7 +743,20 @@ unsafe fn translate(
     let mut tr = Translator::new(device, Mode::Compute);
     tr.graph_nodes = nodes.iter().map(|&n| n.cast_const()).collect();
     for &n in nodes {
-        tr.tensor(G(n))?;
+        // ggml's scheduler may hand a view of a weight to the device that holds the weight
+        // without asking `supports_op` (views take their source's device). A view computes
+        // nothing and whoever reads it through ggml gets unpacked bytes, but a Tessera graph
+        // may not view a weight held in the device's layout: it is left out. Every op reading
+        // it was declined, so nothing here reads it.
+        let g = G(n);
+        if is_view_op(g.t().op)
+            && g.view_src()
+                // SAFETY: live tensors (the caller's contract).
+                .is_some_and(|root| unsafe { crate::weights::held_in_device_layout(root.t()) })
+        {
+            continue;
+        }
+        tr.tensor(g)?;
     }
     let mut bindings = Bindings::new();
     for &(id, g) in &tr.owners {

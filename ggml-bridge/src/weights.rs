@@ -85,7 +85,7 @@ pub(crate) unsafe fn misread_weight(op: *const sys::ggml_tensor) -> Option<Strin
 ///
 /// # Safety
 /// `owner` is a live tensor.
-unsafe fn held_in_device_layout(owner: &sys::ggml_tensor) -> bool {
+pub(crate) unsafe fn held_in_device_layout(owner: &sys::ggml_tensor) -> bool {
     // SAFETY: the caller's contract.
     unsafe {
         let len = crate::layout::nbytes(owner);

@@ -144,6 +144,8 @@ pub(crate) struct Pool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     n_threads: usize,
+    /// More threads than the cores they are pinned to: some always share one.
+    crowded: bool,
 }
 
 impl std::fmt::Debug for Pool {
@@ -176,6 +178,7 @@ impl Pool {
             shared,
             workers: Vec::with_capacity(n_threads - 1),
             n_threads,
+            crowded: !cores.is_empty() && n_threads > cores.len(),
         };
         for ith in 1..n_threads {
             let shared = pool.shared.clone();
@@ -196,10 +199,11 @@ impl Pool {
         self.n_threads
     }
 
-    /// A barrier for one region of this pool, spinning as long as the process's pool threads
-    /// (counted now) leave it a core per thread.
+    /// A barrier for one region of this pool, spinning as long as its threads have a core each:
+    /// neither pinned more than one to a core nor outnumbering, with every other pool of the
+    /// process (counted now, idle ones included), the process's cores.
     pub(crate) fn barrier(&self) -> Barrier {
-        let spin = if oversubscribed() {
+        let spin = if self.crowded || oversubscribed() {
             SPIN_OVERSUBSCRIBED
         } else {
             SPIN
@@ -283,6 +287,29 @@ mod tests {
         for spin in [SPIN, Duration::ZERO] {
             regions_and_barriers_hold(spin);
         }
+    }
+
+    #[test]
+    fn waiters_parked_behind_a_late_thread_wake_up() {
+        // One thread arrives 2 ms late, far past the spin and the yields: the others park and
+        // must be woken by its arrival, phase after phase.
+        let pool = Pool::new("t", 3, vec![]).unwrap();
+        let barrier = Arc::new(Barrier::new(3, Duration::ZERO));
+        let passed = Arc::new(AtomicUsize::new(0));
+        let (b, p) = (barrier.clone(), passed.clone());
+        pool.run(Arc::new(move |ith, _n| {
+            for phase in 0..3 {
+                if ith == phase {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                b.wait();
+                p.fetch_add(1, Ordering::SeqCst);
+                b.wait();
+                assert_eq!(p.load(Ordering::SeqCst), 3 * (phase + 1));
+            }
+        }));
+        assert_eq!(passed.load(Ordering::SeqCst), 9);
+        assert_eq!(barrier.sleepers.load(Ordering::SeqCst), 0);
     }
 
     fn regions_and_barriers_hold(spin: Duration) {

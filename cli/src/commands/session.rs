@@ -53,7 +53,13 @@ pub(crate) fn open_session(
     // `-t` counts threads in all (divided among the CPU devices' pools by the scheduler); more
     // than the cores here still works, only slower, and fewer than the pools gives each one.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let pools: usize = devices.iter().map(|d| d.thread_pools()).sum();
+    // Split mode none loads the model on the first device only.
+    let used = if mode == SplitMode::None {
+        &devices[..devices.len().min(1)]
+    } else {
+        devices
+    };
+    let pools: usize = used.iter().map(|d| d.thread_pools()).sum();
     // Under --dist only rank 0 reports.
     let loud = comm.as_ref().is_none_or(|c| c.rank() == 0);
     if let Some(t) = threads
