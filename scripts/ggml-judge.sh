@@ -9,10 +9,14 @@
 #      device and prints a table per op of passed / failed / not supported; any failure fails;
 #   4. with --models FILE[=PROMPT_FILE],..: llama-completion greedy (16 tokens) on each model once
 #      on ggml's CPU backend and once with every layer on TesseraCPU (the same text, or failure),
-#      and llama-bench of both (not with --no-bench: CI, where speed means nothing).
+#      and llama-bench of both (not with --no-bench: CI, where speed means nothing);
+#   5. with --split LIST (a Tessera device list, e.g. cpu:2): the plugin offers TesseraMETA, a
+#      tensor split over LIST (TESSERA_GGML_SPLIT), which --devices may name; the models' greedy
+#      text runs on it too (2 threads in all), and llama-bench with it.
 #
 #   scripts/ggml-judge.sh [--devices SPEC,..] [--models A.gguf,B.gguf] [--features cpu,vulkan]
-#                         [--profile release|test] [--jobs N] [--no-bench] [--build-only]
+#                         [--split LIST] [--profile release|test] [--jobs N] [--no-bench]
+#                         [--build-only]
 #
 # --build-only stops after step 1, having built what the same arguments would run (CI builds
 # llama.cpp early, in the background, then runs the judge with the same --models and --no-bench).
@@ -38,16 +42,18 @@ PROFILE=release
 JOBS=1
 BENCH=1
 BUILD_ONLY=0
+SPLIT=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --devices) DEVICES="${2:?--devices needs a list}"; shift 2 ;;
     --models) MODELS="${2:?--models needs a list}"; shift 2 ;;
     --features) FEATURES="${2:?--features needs a list}"; shift 2 ;;
+    --split) SPLIT="${2:?--split needs a device list}"; shift 2 ;;
     --profile) PROFILE="${2:?--profile needs a name}"; shift 2 ;;
     --jobs) JOBS="${2:?--jobs needs a number}"; shift 2 ;;
     --no-bench) BENCH=0; shift ;;
     --build-only) BUILD_ONLY=1; shift ;;
-    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -119,6 +125,11 @@ esac
 [ -f "$PLUGIN" ] || die "no $PLUGIN"
 log "plugin built in $((SECONDS - t0)) s"
 export GGML_BACKEND_PATH="$PLUGIN"
+if [ -n "$SPLIT" ]; then
+  export TESSERA_GGML_SPLIT="$SPLIT"
+else
+  unset TESSERA_GGML_SPLIT
+fi
 
 status=0
 mkdir -p target/ggml-judge
@@ -159,10 +170,20 @@ if [ -n "$MODELS" ]; then
     got="$(cd "$BIN" && ./llama-completion "${gen[@]}" --device TesseraCPU -ngl 99 \
       2>"$ROOT/target/ggml-judge/completion-$name.log")" ||
       die "llama-completion on TesseraCPU failed on $name (log: target/ggml-judge/completion-$name.log)"
-    printf 'ggml CPU:   %s\nTesseraCPU: %s\n' "${want//$'\n'/ }" "${got//$'\n'/ }"
+    printf 'ggml CPU:    %s\nTesseraCPU:  %s\n' "${want//$'\n'/ }" "${got//$'\n'/ }"
     if [ "$want" != "$got" ]; then
       log "$name: the greedy texts differ"
       status=1
+    fi
+    if [ -n "$SPLIT" ]; then
+      got="$(cd "$BIN" && ./llama-completion "${gen[@]}" --device TesseraMETA -ngl 99 -t 2 \
+        2>"$ROOT/target/ggml-judge/completion-meta-$name.log")" ||
+        die "llama-completion on TesseraMETA failed on $name (log: target/ggml-judge/completion-meta-$name.log)"
+      printf 'TesseraMETA: %s\n' "${got//$'\n'/ }"
+      if [ "$want" != "$got" ]; then
+        log "$name: the greedy text on TesseraMETA ($SPLIT) differs"
+        status=1
+      fi
     fi
     [ "$BENCH" = 1 ] || continue
     log "llama-bench of $name: ggml's CPU backend, then TesseraCPU"
@@ -170,6 +191,10 @@ if [ -n "$MODELS" ]; then
     (cd "$BIN" && GGML_BACKEND_PATH='' ./llama-bench "${bench[@]}" 2>/dev/null | grep '^|') || status=1
     (cd "$BIN" && ./llama-bench "${bench[@]}" -dev TesseraCPU -ngl 99 2>/dev/null | grep '^|' | tail -n +3) ||
       status=1
+    if [ -n "$SPLIT" ]; then
+      (cd "$BIN" && ./llama-bench "${bench[@]}" -dev TesseraMETA -ngl 99 2>/dev/null | grep '^|' | tail -n +3) ||
+        status=1
+    fi
   done
 fi
 exit "$status"

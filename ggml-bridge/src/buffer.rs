@@ -9,7 +9,7 @@ use crate::sys;
 use std::ffi::{CString, c_char, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tessera::Device;
+use tessera::{Buffer, Device};
 
 /// Next free address of the ranges handed to ggml as buffer bases: never dereferenced, only
 /// distinct, aligned and above the null page.
@@ -30,6 +30,27 @@ pub(crate) fn new_buffer_type(
             .unwrap_or_default(),
         weight_layout: crate::weights::has_weight_layout(device.as_ref()),
         tessera,
+        meta: None,
+    }));
+    Box::into_raw(Box::new(sys::ggml_backend_buffer_type {
+        iface: BUFFER_TYPE_IFACE,
+        device: dev,
+        context: ctx.cast(),
+    }))
+}
+
+/// The buffer type of the meta device `meta` (ggml device `dev`), leaked: buffers are staged in
+/// its first device's memory until sealed (see `meta_device`).
+pub(crate) fn new_meta_buffer_type(
+    dev: sys::ggml_backend_dev_t,
+    meta: &'static crate::objects::MetaCtx,
+) -> *mut sys::ggml_backend_buffer_type {
+    let ctx = Box::into_raw(Box::new(BufferTypeCtx {
+        name: CString::new(format!("Tessera{}", meta.device.name()).replace('\0', " "))
+            .unwrap_or_default(),
+        weight_layout: false,
+        tessera: meta.device.devices()[0].buffer_type(),
+        meta: Some(meta),
     }));
     Box::into_raw(Box::new(sys::ggml_backend_buffer_type {
         iface: BUFFER_TYPE_IFACE,
@@ -82,18 +103,27 @@ unsafe extern "C" fn buft_alloc_buffer(
         };
         let span = size.div_ceil(BASE_ALIGN).saturating_add(1) * BASE_ALIGN;
         let base = NEXT_BASE.fetch_add(span, Ordering::Relaxed);
-        let bctx = Box::into_raw(Box::new(BufferCtx {
+        let stage = ctx.meta.map(crate::objects::Stage::new);
+        let bctx = Box::into_raw(Box::new(BufferCtx::new(
             buffer,
-            weight_layout: ctx.weight_layout,
+            ctx.weight_layout,
             base,
             size,
-        }));
+            stage,
+        )));
         // SAFETY: `buft` is live; BUFFER_IFACE's functions take a `BufferCtx` context, which ggml
         // hands back to `free_buffer` exactly once.
         let b = unsafe { api.buffer_init(buft, BUFFER_IFACE, bctx.cast(), size) };
         if b.is_null() {
             // SAFETY: ggml did not take the context.
             drop(unsafe { Box::from_raw(bctx) });
+        } else if let Some(meta) = ctx.meta {
+            // SAFETY: ggml owns the context now and frees it only through `buf_free`.
+            let bctx = unsafe { &*bctx };
+            if let Some(stage) = &bctx.stage {
+                stage.lock().ggml = b as usize;
+            }
+            meta.add_pending(bctx.key());
         }
         b
     })
@@ -120,7 +150,7 @@ unsafe extern "C" fn buft_is_host(_: sys::ggml_backend_buffer_type_t) -> bool {
 const BUFFER_IFACE: sys::ggml_backend_buffer_i = sys::ggml_backend_buffer_i {
     free_buffer: Some(buf_free),
     get_base: Some(buf_get_base),
-    init_tensor: None,
+    init_tensor: Some(buf_init_tensor),
     memset_tensor: Some(buf_memset_tensor),
     set_tensor: Some(buf_set_tensor),
     get_tensor: Some(buf_get_tensor),
@@ -150,9 +180,44 @@ fn report(what: &str, r: Result<(), String>) {
 unsafe extern "C" fn buf_free(buffer: sys::ggml_backend_buffer_t) {
     crate::ggml::guard("buf_free", (), || {
         // SAFETY: ggml frees each buffer once; its context is the box `buft_alloc_buffer` made.
-        unsafe { drop(Box::from_raw((*buffer).context.cast::<BufferCtx>())) };
+        let ctx = unsafe { Box::from_raw((*buffer).context.cast::<BufferCtx>()) };
+        if let Some(meta) = ctx.meta {
+            meta.forget(ctx.key());
+        }
+        drop(ctx);
         crate::objects::note_freed();
     })
+}
+
+unsafe extern "C" fn buf_init_tensor(
+    buffer: sys::ggml_backend_buffer_t,
+    tensor: *mut sys::ggml_tensor,
+) -> sys::ggml_status {
+    crate::ggml::guard(
+        "buf_init_tensor",
+        sys::ggml_status_GGML_STATUS_FAILED,
+        || {
+            // SAFETY: ggml passes our buffer and a tensor it just placed there.
+            unsafe { crate::meta_device::record(buf_ctx(buffer), tensor) };
+            sys::ggml_status_GGML_STATUS_SUCCESS
+        },
+    )
+}
+
+/// For a buffer of the meta device: ggml wrote `len` bytes at `at`.
+pub(crate) fn rewritten(ctx: &BufferCtx, at: usize, len: usize) {
+    if let Some(meta) = ctx.meta {
+        meta.rewritten(ctx.key(), at, at + len);
+    }
+}
+
+/// For a buffer of the meta device: an error if `len` bytes at `at` are a node's value the
+/// meta device did not write back.
+pub(crate) fn check_read(ctx: &BufferCtx, at: usize, len: usize) -> Result<(), String> {
+    match ctx.meta {
+        Some(meta) => meta.check_read(ctx.key(), at, at + len),
+        None => Ok(()),
+    }
 }
 
 unsafe extern "C" fn buf_get_base(buffer: sys::ggml_backend_buffer_t) -> *mut c_void {
@@ -174,9 +239,11 @@ unsafe extern "C" fn buf_memset_tensor(
         let ctx = unsafe { buf_ctx(buffer) };
         // SAFETY: as above.
         let r = unsafe { ctx.offset_of(tensor, offset, size) }.and_then(|at| {
-            ctx.buffer
+            ctx.buffer()
                 .memset(at, size, value)
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+            rewritten(ctx, at, size);
+            Ok(())
         });
         report("memset_tensor", r);
     })
@@ -212,11 +279,14 @@ pub(crate) unsafe extern "C" fn buf_set_tensor(
         };
         // SAFETY: as above.
         let r = unsafe { ctx.offset_of(tensor, offset, size) }.and_then(|at| {
+            let buffer = ctx.buffer();
             match &weight {
-                Some(desc) => ctx.buffer.set_tensor(desc, at, src),
-                None => ctx.buffer.write(at, src),
+                Some(desc) => buffer.set_tensor(desc, at, src),
+                None => buffer.write(at, src),
             }
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+            rewritten(ctx, at, size);
+            Ok(())
         });
         report("set_tensor", r);
     })
@@ -241,8 +311,14 @@ pub(crate) unsafe extern "C" fn buf_get_tensor(
             )
         };
         // SAFETY: as above.
-        let r = unsafe { ctx.offset_of(tensor, offset, size) }
-            .and_then(|at| ctx.buffer.read(at, dst).map_err(|e| e.to_string()));
+        let r = unsafe { ctx.offset_of(tensor, offset, size) }.and_then(|at| {
+            check_read(ctx, at, size)?;
+            ctx.buffer().read(at, dst).map_err(|e| e.to_string())
+        });
+        if r.is_err() {
+            // ggml's get has no failure value: NaNs, not whatever `dst` held, reach the reader.
+            dst.fill(0xff);
+        }
         report("get_tensor", r);
     })
 }
@@ -263,14 +339,17 @@ unsafe extern "C" fn buf_cpy_tensor(
             let len = crate::layout::nbytes(src);
             let r = from.offset_of(src, 0, len).and_then(|so| {
                 let doff = to.offset_of(dst, 0, len)?;
+                check_read(from, so, len)?;
                 tessera::backend::copy_between(
-                    from.buffer.as_ref(),
+                    from.buffer().as_ref(),
                     so,
-                    to.buffer.as_ref(),
+                    to.buffer().as_ref(),
                     doff,
                     len,
                 )
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+                rewritten(to, doff, len);
+                Ok(())
             });
             let ok = r.is_ok();
             report("cpy_tensor", r);
@@ -283,11 +362,19 @@ unsafe extern "C" fn buf_clear(buffer: sys::ggml_backend_buffer_t, value: u8) {
     crate::ggml::guard("buf_clear", (), || {
         // SAFETY: ggml calls it on our buffer.
         let ctx = unsafe { buf_ctx(buffer) };
-        report(
-            "clear",
-            ctx.buffer
-                .memset(0, ctx.size, value)
-                .map_err(|e| e.to_string()),
-        );
+        let buffer = ctx.buffer();
+        // A meta buffer is cleared tensor by tensor: each is split on its own.
+        let r = match buffer.as_any().downcast_ref::<tessera::meta::MetaBuffer>() {
+            Some(mb) => mb
+                .placements()
+                .iter()
+                .filter(|p| p.window_of.is_none())
+                .try_for_each(|p| mb.memset(p.offset, p.desc.nbytes(), value)),
+            None => buffer.memset(0, ctx.size, value),
+        };
+        if r.is_ok() {
+            rewritten(ctx, 0, ctx.size);
+        }
+        report("clear", r.map_err(|e| e.to_string()));
     })
 }

@@ -163,7 +163,9 @@ impl Api {
 /// How loud a message is, as ggml numbers its log levels.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Level {
+    Debug = 1,
     Info = 2,
+    Warning = 3,
     Error = 4,
 }
 
@@ -171,7 +173,9 @@ pub(crate) enum Level {
 /// go), or on stderr where the host has no ggml; also as a `tracing` event.
 pub(crate) fn log(level: Level, msg: &str) {
     match level {
+        Level::Debug => tracing::debug!(target: "tessera::ggml", "{msg}"),
         Level::Info => tracing::info!(target: "tessera::ggml", "{msg}"),
+        Level::Warning => tracing::warn!(target: "tessera::ggml", "{msg}"),
         Level::Error => tracing::error!(target: "tessera::ggml", "{msg}"),
     }
     let line =

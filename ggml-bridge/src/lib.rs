@@ -22,6 +22,7 @@
 mod buffer;
 mod ggml;
 mod layout;
+mod meta_device;
 mod objects;
 mod registry;
 mod stream;
@@ -29,6 +30,8 @@ mod stream;
 pub mod sys;
 #[cfg(all(test, feature = "cpu"))]
 mod tests;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_meta;
 pub mod translate;
 mod weights;
 

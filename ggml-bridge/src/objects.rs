@@ -4,10 +4,13 @@
 //! `stream`.
 
 use crate::sys;
+use parking_lot::{Mutex, RwLock};
 use std::ffi::CString;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use tessera::{Buffer, BufferType, Device};
+use tessera::meta::MetaDevice;
+use tessera::{Buffer, BufferType, Device, TensorDesc};
+use tessera_model::LlamaSplitPolicy;
 
 /// What a ggml device of this plugin points at.
 pub(crate) struct DeviceCtx {
@@ -16,6 +19,46 @@ pub(crate) struct DeviceCtx {
     pub(crate) description: CString,
     /// The device's buffer type, as ggml sees it (its context is a [`BufferTypeCtx`]).
     pub(crate) buffer_type: *mut sys::ggml_backend_buffer_type,
+    /// The meta device's state, for the device `TESSERA_GGML_SPLIT` asks for.
+    pub(crate) meta: Option<&'static MetaCtx>,
+}
+
+/// The meta device of a process and its bookkeeping.
+pub(crate) struct MetaCtx {
+    pub(crate) device: MetaDevice,
+    /// The policy learned at the latest seal that saw weights (`None`: mirror everything).
+    pub(crate) learned: Arc<Mutex<Option<LlamaSplitPolicy>>>,
+    /// Staged buffers not sealed yet ([`BufferCtx::key`]s of live buffers).
+    pub(crate) pending: Mutex<Vec<usize>>,
+    /// Nodes of the latest graph whose values were not written back to ggml's memory.
+    pub(crate) lost: Mutex<Vec<Lost>>,
+    /// ggml's scheduler was told an op cannot run here, so it may cut a model's graph into
+    /// several parts on this device: every node's value is then written back.
+    pub(crate) keep_all: AtomicBool,
+    /// The translation whose lost values `lost` lists last.
+    pub(crate) last_graph: Mutex<u64>,
+}
+
+/// Bytes `start..end` of a buffer ([`BufferCtx::key`] `buf`) that ggml's tensor `label` would
+/// hold had the meta device written it back.
+#[derive(Clone, Debug)]
+pub(crate) struct Lost {
+    pub(crate) buf: usize,
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    pub(crate) label: Arc<str>,
+}
+
+/// What a staged buffer of the meta device holds until it is sealed.
+pub(crate) struct Stage {
+    pub(crate) meta: &'static MetaCtx,
+    /// ggml's buffer (its usage tells weights, caches and compute memory apart); 0 until known.
+    pub(crate) ggml: usize,
+    /// Tensors placed in it: offset and descriptor (named as ggml names it).
+    pub(crate) tensors: Vec<(usize, TensorDesc)>,
+    /// A tensor Tessera cannot describe: the buffer then stays whole (mirrored), with a warning.
+    pub(crate) undescribed: Option<String>,
+    pub(crate) sealed: bool,
 }
 
 /// The registry's objects. Raw pointers to leaked boxes: ggml keeps them as long as the plugin is
@@ -60,6 +103,9 @@ pub(crate) struct BufferTypeCtx {
     pub(crate) name: CString,
     /// Its buffers may keep weights in the device's own layout (`weights::has_weight_layout`).
     pub(crate) weight_layout: bool,
+    /// The meta device whose buffer type this is: `tessera` is then its first device's plain
+    /// buffer type, and buffers are staged there until sealed (see `meta_device`).
+    pub(crate) meta: Option<&'static MetaCtx>,
 }
 
 impl BufferTypeCtx {
@@ -80,15 +126,52 @@ impl BufferTypeCtx {
 
 /// What a ggml buffer of this plugin points at.
 pub(crate) struct BufferCtx {
-    pub(crate) buffer: Arc<dyn Buffer>,
+    /// Replaced once, when a meta device's staged buffer is sealed.
+    buffer: RwLock<Arc<dyn Buffer>>,
     /// Whole weights written here may be kept in the device's own layout.
     pub(crate) weight_layout: bool,
     /// The address ggml sees as the buffer's start.
     pub(crate) base: usize,
     pub(crate) size: usize,
+    /// A buffer of the meta device: its tensors until it is sealed (see `meta_device`).
+    pub(crate) stage: Option<Mutex<Stage>>,
+    /// The meta device this buffer belongs to (read without the stage's lock).
+    pub(crate) meta: Option<&'static MetaCtx>,
 }
 
 impl BufferCtx {
+    pub(crate) fn new(
+        buffer: Arc<dyn Buffer>,
+        weight_layout: bool,
+        base: usize,
+        size: usize,
+        stage: Option<Stage>,
+    ) -> BufferCtx {
+        BufferCtx {
+            buffer: RwLock::new(buffer),
+            weight_layout,
+            base,
+            size,
+            meta: stage.as_ref().map(Stage::meta),
+            stage: stage.map(Mutex::new),
+        }
+    }
+
+    /// The Tessera buffer holding the data now.
+    pub(crate) fn buffer(&self) -> Arc<dyn Buffer> {
+        self.buffer.read().clone()
+    }
+
+    /// Makes `buffer` the one holding the data (its contents already copied there).
+    pub(crate) fn replace(&self, buffer: Arc<dyn Buffer>) {
+        *self.buffer.write() = buffer;
+    }
+
+    /// This context's identity, as the meta device's bookkeeping names buffers.
+    pub(crate) fn key(&self) -> usize {
+        self as *const BufferCtx as usize
+    }
+
     /// The context of `buffer` if it is one of this plugin's buffers.
     ///
     /// # Safety
@@ -125,7 +208,7 @@ impl BufferCtx {
             format!(
                 "{len} bytes at offset {offset} of a tensor at {data:#x} fall outside {} \
                  ({} bytes at {:#x})",
-                self.buffer.name(),
+                self.buffer().name(),
                 self.size,
                 self.base
             )

@@ -5,6 +5,7 @@ use crate::ggml::{self, Level};
 use crate::objects::{BufferTypeCtx, DeviceCtx, REGISTRY, Registry, device_ctx};
 use crate::{buffer, stream, sys, translate};
 use std::ffi::{CString, c_char, c_void};
+use std::sync::Arc;
 use tessera::{Device, DeviceType};
 
 /// The registry ggml asks for (made once), or null when the host's ggml is another version.
@@ -71,7 +72,7 @@ fn build() -> Registry {
     }));
     let mut devices = Vec::new();
     for device in tessera::registry().devices() {
-        let ctx = Box::into_raw(Box::new(DeviceCtx {
+        let ctx = DeviceCtx {
             name: cstring(ggml_name(device.as_ref())),
             description: cstring(format!(
                 "Tessera {}: {}",
@@ -80,15 +81,29 @@ fn build() -> Registry {
             )),
             buffer_type: std::ptr::null_mut(),
             device: device.clone(),
+            meta: None,
+        };
+        devices.push(leak_device(reg, ctx, |dev| {
+            buffer::new_buffer_type(dev, device)
         }));
-        let dev = Box::into_raw(Box::new(sys::ggml_backend_device {
-            iface: DEVICE_IFACE,
-            reg,
-            context: ctx.cast(),
-        }));
-        // SAFETY: `ctx` was just leaked and is not shared yet.
-        unsafe { (*ctx).buffer_type = buffer::new_buffer_type(dev, device) };
-        devices.push(dev);
+    }
+    match crate::meta_device::from_env() {
+        Ok(Some(meta)) => {
+            let meta: &'static crate::objects::MetaCtx = Box::leak(Box::new(meta));
+            let names: Vec<&str> = meta.device.devices().iter().map(|d| d.name()).collect();
+            let ctx = DeviceCtx {
+                name: cstring(format!("Tessera{}", crate::meta_device::NAME)),
+                description: cstring(format!("Tessera tensor split over {}", names.join(", "))),
+                buffer_type: std::ptr::null_mut(),
+                device: Arc::new(meta.device.clone()),
+                meta: Some(meta),
+            };
+            devices.push(leak_device(reg, ctx, |dev| {
+                buffer::new_meta_buffer_type(dev, meta)
+            }));
+        }
+        Ok(None) => {}
+        Err(e) => ggml::log(Level::Error, &format!("no Tessera meta device: {e}")),
     }
     let names: Vec<String> = devices
         .iter()
@@ -100,6 +115,24 @@ fn build() -> Registry {
         &format!("Tessera devices: {}", names.join(", ")),
     );
     Registry { reg, devices }
+}
+
+/// A ggml device of `reg` for `ctx`, leaked with its context (ggml keeps them for the process's
+/// lifetime), its buffer type made by `buffer_type`.
+fn leak_device(
+    reg: sys::ggml_backend_reg_t,
+    ctx: DeviceCtx,
+    buffer_type: impl FnOnce(sys::ggml_backend_dev_t) -> *mut sys::ggml_backend_buffer_type,
+) -> sys::ggml_backend_dev_t {
+    let ctx = Box::into_raw(Box::new(ctx));
+    let dev = Box::into_raw(Box::new(sys::ggml_backend_device {
+        iface: DEVICE_IFACE,
+        reg,
+        context: ctx.cast(),
+    }));
+    // SAFETY: `ctx` was just leaked and is not shared yet.
+    unsafe { (*ctx).buffer_type = buffer_type(dev) };
+    dev
 }
 
 unsafe extern "C" fn reg_get_name(_: sys::ggml_backend_reg_t) -> *const c_char {
@@ -124,13 +157,24 @@ unsafe extern "C" fn reg_get_device(
     })
 }
 
-unsafe extern "C" fn reg_get_proc_address(
+pub(crate) unsafe extern "C" fn reg_get_proc_address(
     _: sys::ggml_backend_reg_t,
-    _name: *const c_char,
+    name: *const c_char,
 ) -> *mut c_void {
     crate::ggml::guard("reg_get_proc_address", std::ptr::null_mut(), || {
-        // No extension functions: ggml's optional ones (thread counts, comm trio) are declined, so
+        if name.is_null() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: ggml passes a NUL-terminated name.
+        let name = unsafe { std::ffi::CStr::from_ptr(name) };
+        // llama.cpp sets every backend's thread count through this before each graph (`-t`).
+        // ggml's other optional functions (the comm trio, extra buffer types) are declined, so
         // callers take their defaults.
+        if name == c"ggml_backend_set_n_threads" {
+            let f: unsafe extern "C" fn(sys::ggml_backend_t, std::ffi::c_int) =
+                stream::set_n_threads;
+            return f as *mut c_void;
+        }
         std::ptr::null_mut()
     })
 }
@@ -265,7 +309,20 @@ unsafe extern "C" fn dev_supports_op(
             return false;
         }
         // SAFETY: as above.
-        unsafe { translate::supports(ctx.device.as_ref(), op) }.is_ok()
+        match unsafe { translate::supports(ctx.device.as_ref(), op) } {
+            Ok(()) => true,
+            Err(d) => {
+                // llama.cpp shows debug lines with -v: why an op runs on another backend.
+                ggml::log(
+                    Level::Debug,
+                    &format!("{} declines {d}", ctx.name.to_string_lossy()),
+                );
+                if let Some(meta) = ctx.meta {
+                    meta.declined(&d.node);
+                }
+                false
+            }
+        }
     })
 }
 
@@ -278,7 +335,9 @@ unsafe extern "C" fn dev_supports_buft(
         let ctx = unsafe { device_ctx(dev) };
         // SAFETY: as above.
         match unsafe { BufferTypeCtx::of(buft) } {
-            Some(b) => ctx.device.supports_buffer_type(b.tessera.as_ref()),
+            // The meta device's own buffer type (its staging memory is not the meta device's).
+            Some(_) if ctx.meta.is_some() => buft == ctx.buffer_type,
+            Some(b) => b.meta.is_none() && ctx.device.supports_buffer_type(b.tessera.as_ref()),
             None => false,
         }
     })

@@ -20,6 +20,8 @@ struct StreamCtx {
 struct Inner {
     stream: Box<dyn Backend>,
     cache: Cache,
+    /// The thread count the stream was opened with (`None`: the device's default).
+    threads: Option<usize>,
 }
 
 static GUID: sys::ggml_guid = *b"tessera-ggml-v01";
@@ -29,7 +31,13 @@ pub(crate) fn init(
     dev: sys::ggml_backend_dev_t,
     device: &'static DeviceCtx,
 ) -> sys::ggml_backend_t {
-    let stream = match device.device.init_backend(&BackendOptions::default()) {
+    // A meta device's CPU devices divide the threads among them; unless ggml says how many
+    // (`ggml_backend_set_n_threads`), as many as the process may run on.
+    let threads = device
+        .meta
+        .map(|_| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let opts = threads.map_or_else(BackendOptions::default, BackendOptions::with_threads);
+    let stream = match device.device.init_backend(&opts) {
         Ok(s) => s,
         Err(e) => {
             ggml::log(
@@ -45,6 +53,7 @@ pub(crate) fn init(
         inner: Mutex::new(Inner {
             stream,
             cache: Cache::default(),
+            threads,
         }),
     }));
     Box::into_raw(Box::new(sys::ggml_backend {
@@ -136,8 +145,10 @@ unsafe extern "C" fn set_tensor_async(
                     s.inner
                         .lock()
                         .stream
-                        .write_async(b.buffer.as_ref(), at, src)
-                        .map_err(|e| e.to_string())
+                        .write_async(b.buffer().as_ref(), at, src)
+                        .map_err(|e| e.to_string())?;
+                    crate::buffer::rewritten(b, at, size);
+                    Ok(())
                 }),
                 None => Err("the tensor is not in a Tessera buffer".into()),
             };
@@ -165,10 +176,15 @@ unsafe extern "C" fn get_tensor_async(
             let r = match BufferCtx::of((*tensor).buffer) {
                 Some(b) => b.offset_of(tensor, offset, size).and_then(|at| {
                     let dst = std::slice::from_raw_parts_mut(data.cast::<u8>(), size);
+                    if let Err(e) = crate::buffer::check_read(b, at, size) {
+                        // As `buf_get_tensor`: NaNs, not stale bytes.
+                        dst.fill(0xff);
+                        return Err(e);
+                    }
                     s.inner
                         .lock()
                         .stream
-                        .read_async(b.buffer.as_ref(), at, dst)
+                        .read_async(b.buffer().as_ref(), at, dst)
                         .map_err(|e| e.to_string())
                 }),
                 None => Err("the tensor is not in a Tessera buffer".into()),
@@ -205,19 +221,85 @@ unsafe extern "C" fn graph_compute(
         // SAFETY: `graph` is live for the call; its tensors stay live while it runs.
         let nodes = unsafe { api.graph_nodes(graph) };
         let mut inner = s.inner.lock();
-        let Inner { stream, cache } = &mut *inner;
-        // SAFETY: as above.
-        let r =
-            unsafe { cache.get(s.device.device.as_ref(), &nodes) }.and_then(|t: &Translated| {
-                match &t.graph {
-                    Some(g) => stream.compute(g, &t.bindings).map_err(|e| e.to_string()),
-                    None => Ok(()),
+        let meta = s.device.meta;
+        if let Some(meta) = meta {
+            // SAFETY: as above.
+            match unsafe { crate::meta_device::seal(meta, &nodes) } {
+                // Translations bound to the staging memory are stale.
+                Ok(true) => crate::objects::note_freed(),
+                Ok(false) => {}
+                Err(e) => {
+                    report("graph_compute", s, Err(e));
+                    return sys::ggml_status_GGML_STATUS_FAILED;
                 }
-            });
+            }
+        }
+        let Inner { stream, cache, .. } = &mut *inner;
+        // SAFETY: as above.
+        let r = unsafe {
+            cache.get(
+                s.device.device.as_ref(),
+                &nodes,
+                meta.is_some_and(|m| m.keep_all()),
+            )
+        }
+        .and_then(|t: &Translated| {
+            if let Some(meta) = meta {
+                for &(buf, start, end) in &t.reads {
+                    meta.check_read(buf, start, end)?;
+                }
+            }
+            if let Some(g) = &t.graph {
+                stream.compute(g, &t.bindings).map_err(|e| e.to_string())?;
+            }
+            if let Some(meta) = meta {
+                meta.set_lost(t.id, &t.lost, &t.written);
+            }
+            Ok(())
+        });
         if report("graph_compute", s, r) {
             sys::ggml_status_GGML_STATUS_SUCCESS
         } else {
             sys::ggml_status_GGML_STATUS_FAILED
+        }
+    })
+}
+
+/// ggml's `ggml_backend_set_n_threads` for this plugin's backends (found by name through the
+/// registry): the stream is reopened with `n` threads in all when that changes; a meta device
+/// over CPU devices divides them among the devices.
+pub(crate) unsafe extern "C" fn set_n_threads(backend: sys::ggml_backend_t, n: std::ffi::c_int) {
+    crate::ggml::guard("set_n_threads", (), || {
+        let Ok(n) = usize::try_from(n) else {
+            return;
+        };
+        if n == 0 || backend.is_null() {
+            return;
+        }
+        // SAFETY: ggml calls it with a backend of this plugin's registry.
+        let s = unsafe { ctx(backend) };
+        if s.device.device.thread_pools() == 0 {
+            // A GPU runs no CPU threads of its own: nothing to reopen.
+            return;
+        }
+        let mut inner = s.inner.lock();
+        if inner.threads == Some(n) {
+            return;
+        }
+        let r = inner.stream.synchronize().and_then(|()| {
+            s.device
+                .device
+                .init_backend(&BackendOptions::with_threads(n))
+        });
+        match r {
+            Ok(stream) => {
+                tracing::debug!(device = %s.device.device.name(), threads = n, "stream reopened");
+                inner.stream = stream;
+                inner.threads = Some(n);
+            }
+            Err(e) => {
+                report("set_n_threads", s, Err(e.to_string()));
+            }
         }
     })
 }

@@ -206,12 +206,13 @@ fn bridge_buffer(
     Box<sys::ggml_backend_buffer>,
 ) {
     let dev = cpu();
-    let mut ctx = Box::new(crate::objects::BufferCtx {
-        buffer: dev.weight_buffer_type().alloc(size).unwrap(),
-        weight_layout: crate::weights::has_weight_layout(dev.as_ref()),
-        base: 1 << 40,
+    let mut ctx = Box::new(crate::objects::BufferCtx::new(
+        dev.weight_buffer_type().alloc(size).unwrap(),
+        crate::weights::has_weight_layout(dev.as_ref()),
+        1 << 40,
         size,
-    });
+        None,
+    ));
     // SAFETY: ggml_backend_buffer is plain data; all-zero is a valid (empty) buffer.
     let mut buf: Box<sys::ggml_backend_buffer> = Box::new(unsafe { std::mem::zeroed() });
     buf.context = (&mut *ctx as *mut crate::objects::BufferCtx).cast();
@@ -263,7 +264,7 @@ fn whole_weights_in_a_weights_buffer_take_the_device_layout_and_read_back_as_wri
             )
         };
         assert_eq!(
-            ctx.buffer.holds_device_layout(0, bytes.len()),
+            ctx.buffer().holds_device_layout(0, bytes.len()),
             want,
             "usage {usage}"
         );
@@ -289,7 +290,7 @@ fn whole_weights_in_a_weights_buffer_take_the_device_layout_and_read_back_as_wri
             crate::buffer::buf_set_tensor(&mut *buf, ptr(&mut t), part.as_ptr().cast(), 0, 18)
         };
         assert!(
-            !ctx.buffer.holds_device_layout(0, bytes.len()),
+            !ctx.buffer().holds_device_layout(0, bytes.len()),
             "usage {usage}"
         );
     }
@@ -364,4 +365,34 @@ fn ops_reading_a_weight_in_the_device_layout_otherwise_are_declined() {
         &[ptr(&mut plain)],
     );
     assert_eq!(check(&cpy_plain), None);
+}
+
+#[test]
+fn a_contiguous_copy_in_another_shape_is_accepted() {
+    // llama.cpp's attention output: [d, heads, T] permuted to [d, T, heads]... made contiguous as
+    // [d * heads, T] by ggml_cont_2d.
+    let mut x = tensor(DType::F32, [16, 4, 3, 1], sys::ggml_op_GGML_OP_NONE, &[]);
+    let mut p = tensor(
+        DType::F32,
+        [16, 3, 4, 1],
+        sys::ggml_op_GGML_OP_PERMUTE,
+        &[ptr(&mut x)],
+    );
+    p.nb = [4, 64 * 4, 16 * 4, 16 * 4 * 4 * 3];
+    p.view_src = ptr(&mut x);
+    let c = tensor(
+        DType::F32,
+        [48, 4, 1, 1],
+        sys::ggml_op_GGML_OP_CONT,
+        &[ptr(&mut p)],
+    );
+    probe(&c).unwrap();
+    // A shape of another element count is still declined.
+    let bad = tensor(
+        DType::F32,
+        [40, 4, 1, 1],
+        sys::ggml_op_GGML_OP_CONT,
+        &[ptr(&mut p)],
+    );
+    assert!(probe(&bad).is_err());
 }

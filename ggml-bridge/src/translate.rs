@@ -365,7 +365,20 @@ impl<'d> Translator<'d> {
         Ok(match op {
             sys::ggml_op_GGML_OP_DUP | sys::ggml_op_GGML_OP_CONT => {
                 let a = self.src(t, 0)?;
-                self.ctx.cont(a).map_err(err)?
+                let c = self.ctx.cont(a).map_err(err)?;
+                let ne = t.ne()?;
+                if self.ctx.tensors()[c.index()].ne() == ne {
+                    c
+                } else {
+                    // ggml_cont_2d/3d/4d: the contiguous copy in ggml's memory, seen in ggml's
+                    // shape (llama.cpp merges the heads of attention's output so).
+                    if let Support::No(why) = self.device.supports_op(self.ctx.tensors(), c) {
+                        return Err(t.decline(format!("{}: {why}", self.device.name())));
+                    }
+                    self.owners.push((c, t));
+                    self.nodes.push(c);
+                    self.ctx.reshape(c, ne).map_err(err)?
+                }
             }
             sys::ggml_op_GGML_OP_CPY => {
                 let from = t.need(0)?.dtype()?;
@@ -638,7 +651,19 @@ pub unsafe fn supports(device: &dyn Device, op: *const sys::ggml_tensor) -> Resu
 pub(crate) struct Translated {
     pub(crate) graph: Option<Graph>,
     pub(crate) bindings: Bindings,
+    /// On a meta device: the graph's inputs in ggml's memory, as (buffer key, start, end).
+    pub(crate) reads: Vec<(usize, usize, usize)>,
+    /// On a meta device: the nodes it does not write back to ggml's memory.
+    pub(crate) lost: Vec<crate::objects::Lost>,
+    /// On a meta device: what it writes back to ggml's memory, as `reads`.
+    pub(crate) written: Vec<(usize, usize, usize)>,
+    /// This translation among all of the process's (the meta device's lost values are kept per
+    /// graph part).
+    pub(crate) id: u64,
 }
+
+/// Translations made so far (their ids).
+static TRANSLATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Translations a stream keeps: llama.cpp hands a device one or a few parts of its graph per
 /// token (more when ops between them run elsewhere), each the same every token.
@@ -658,7 +683,8 @@ pub(crate) struct Cache {
 }
 
 impl Cache {
-    /// The translation of `nodes` on `device`.
+    /// The translation of `nodes` on `device`; on a meta device with `keep_all`, every node's
+    /// value is written back to ggml's memory (see `meta_device`).
     ///
     /// # Safety
     /// `nodes` and every tensor they reach are live.
@@ -666,6 +692,7 @@ impl Cache {
         &mut self,
         device: &dyn Device,
         nodes: &[*mut sys::ggml_tensor],
+        keep_all: bool,
     ) -> Result<&Translated, String> {
         signature(nodes, &mut self.index, &mut self.next);
         let freed = crate::objects::freed();
@@ -677,7 +704,7 @@ impl Cache {
             Some(at) => at,
             None => {
                 // SAFETY: the caller's contract.
-                let t = unsafe { translate(device, nodes) }.map_err(|d| d.to_string())?;
+                let t = unsafe { translate(device, nodes, keep_all) }.map_err(|d| d.to_string())?;
                 if self.entries.len() == CACHED {
                     self.entries.remove(0);
                 }
@@ -717,6 +744,8 @@ fn signature(
         sig.extend(t.nb.iter().map(|&n| n as u64));
         sig.extend(t.op_params.iter().map(|&p| u64::from(p as u32)));
         sig.push(t.buffer as u64);
+        // Which values a meta device writes back depends on ggml's output flags.
+        sig.push(u64::from(t.flags as u32));
         for &s in t.src.iter().chain(std::iter::once(&t.view_src)) {
             // A source met before is named by its number, a new one is described when popped
             // (its place in the walk follows from the order pushed).
@@ -738,11 +767,12 @@ fn signature(
 /// `nodes` and every tensor they reach are live.
 unsafe fn translate(
     device: &dyn Device,
-    nodes: &[*mut sys::ggml_tensor],
+    nodes_in: &[*mut sys::ggml_tensor],
+    keep_all: bool,
 ) -> Result<Translated, Decline> {
     let mut tr = Translator::new(device, Mode::Compute);
-    tr.graph_nodes = nodes.iter().map(|&n| n.cast_const()).collect();
-    for &n in nodes {
+    tr.graph_nodes = nodes_in.iter().map(|&n| n.cast_const()).collect();
+    for &n in nodes_in {
         // ggml's scheduler may hand a view of a weight to the device that holds the weight
         // without asking `supports_op` (views take their source's device). A view computes
         // nothing and whoever reads it through ggml gets unpacked bytes, but a Tessera graph
@@ -758,31 +788,184 @@ unsafe fn translate(
         }
         tr.tensor(g)?;
     }
+    let meta = device.kind() == tessera::DeviceType::Meta;
+    if meta {
+        for &n in nodes_in {
+            // SAFETY: live tensors (the caller's contract).
+            unsafe { transposed_split_write(G(n)) }?;
+        }
+    }
     let mut bindings = Bindings::new();
+    let mut places = Vec::with_capacity(tr.owners.len());
     for &(id, g) in &tr.owners {
         // SAFETY: live tensors (the caller's contract).
         let buffer = unsafe { BufferCtx::of(g.t().buffer) }
-            .filter(|b| device.can_access(b.buffer.as_ref()))
+            // A meta device reads other memory as its inputs (copied to the devices that cannot
+            // read it) and writes its outputs back there.
+            .filter(|b| meta || device.can_access(b.buffer().as_ref()))
             .ok_or_else(|| g.decline("its memory is not a Tessera buffer this device reads"))?;
         let len = tr.ctx.tensors()[id.index()].nbytes();
         // SAFETY: as above.
         let at = unsafe { buffer.offset_of(g.0, 0, len) }.map_err(|e| g.decline(e))?;
-        bindings.bind(id, buffer.buffer.clone(), at);
+        bindings.bind(id, buffer.buffer(), at);
+        places.push((buffer, at, len));
     }
     let computes = tr
         .nodes
         .iter()
         .any(|&id| !tr.ctx.tensors()[id.index()].op().kind().is_view());
+    let nodes: HashSet<TensorId> = tr.nodes.iter().copied().collect();
+    let (mut outputs, mut reads, mut lost) = (tr.nodes.clone(), Vec::new(), Vec::new());
+    if meta {
+        // SAFETY: as above.
+        let kept = unsafe { kept_nodes(nodes_in) };
+        outputs.clear();
+        for (&(id, g), &(buffer, at, len)) in tr.owners.iter().zip(&places) {
+            let range = (buffer.key(), at, at + len);
+            if device.owns_buffer(buffer.buffer().as_ref()) {
+                // Weights and caches are read in place; a node's value stored there (an op
+                // writing its source in place, a result ggml placed beside its inputs) is
+                // written back, split as the tensor it lands in.
+                if nodes.contains(&id) {
+                    outputs.push(id);
+                }
+                continue;
+            }
+            if !nodes.contains(&id) {
+                reads.push(range);
+            } else if keep_all || kept.contains(&g.0) {
+                outputs.push(id);
+            } else {
+                lost.push(crate::objects::Lost {
+                    buf: range.0,
+                    start: range.1,
+                    end: range.2,
+                    label: g.label().into(),
+                });
+            }
+        }
+    }
+    // An in-place node shares its source's memory: what it writes back is not lost.
+    let written: Vec<(usize, usize, usize)> = if meta {
+        let at: HashMap<TensorId, usize> = tr
+            .owners
+            .iter()
+            .enumerate()
+            .map(|(i, &(id, _))| (id, i))
+            .collect();
+        outputs
+            .iter()
+            .filter_map(|o| {
+                let (b, at, len) = places[*at.get(o)?];
+                Some((b.key(), at, at + len))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    lost.retain(|l| {
+        !written
+            .iter()
+            .any(|&(b, s, e)| b == l.buf && s < l.end && l.start < e)
+    });
     let graph = computes.then(|| {
         let tensors: std::sync::Arc<[TensorDesc]> = tr.ctx.tensors().to_vec().into();
-        let nodes: std::collections::HashSet<TensorId> = tr.nodes.iter().copied().collect();
         let leafs = tr
             .owners
             .iter()
             .map(|&(id, _)| id)
             .filter(|id| !nodes.contains(id))
             .collect();
-        Graph::from_parts(tensors, tr.nodes.clone(), leafs, tr.nodes.clone())
+        Graph::from_parts(tensors, tr.nodes.clone(), leafs, outputs)
     });
-    Ok(Translated { graph, bindings })
+    Ok(Translated {
+        graph,
+        bindings,
+        reads,
+        lost,
+        written,
+        id: TRANSLATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    })
+}
+
+/// On a meta device: a row write (SET_ROWS) must land in a tensor the meta device placed, and a
+/// write of one element per row into a tensor split along its rows' width is llama.cpp's
+/// transposed V cache (flash attention off), which a split by heads cannot hold; both are
+/// declined with what to do.
+///
+/// # Safety
+/// `g` and its view source are live.
+unsafe fn transposed_split_write(g: G) -> Result<(), Decline> {
+    let t = g.t();
+    if t.op != sys::ggml_op_GGML_OP_SET_ROWS {
+        return Ok(());
+    }
+    let Some(root) = g.view_src() else {
+        return Ok(());
+    };
+    // SAFETY: the caller's contract.
+    let Some(buffer) = (unsafe { BufferCtx::of(root.t().buffer) }) else {
+        return Ok(());
+    };
+    let held = buffer.buffer();
+    let Some(mb) = held.as_any().downcast_ref::<tessera::meta::MetaBuffer>() else {
+        // Every device would write the same rows into one copy (or a copy of its own that
+        // nobody reads back): rows go only into tensors the meta device placed.
+        return Err(root.decline(
+            "the meta device writes rows only into tensors it placed (weights and caches), \
+             not into graph memory or a buffer it could not describe",
+        ));
+    };
+    if t.ne[0] != 1 {
+        return Ok(());
+    }
+    // SAFETY: as above.
+    let split = unsafe { buffer.offset_of(root.0, 0, 1) }
+        .ok()
+        .and_then(|at| mb.placement_at(at))
+        .is_some_and(|p| p.state.split_axis() == Some(0));
+    if split {
+        return Err(root.decline(
+            "the V cache is split by heads as flash attention lays it out, but llama.cpp \
+             stores it transposed without flash attention: run with flash attention on \
+             (-fa on, or llama.cpp's default -fa auto)",
+        ));
+    }
+    Ok(())
+}
+
+/// The nodes of a graph part whose values ggml may read after it: those no node of the part
+/// reads, ggml's outputs, and the tensors that unread views show.
+///
+/// # Safety
+/// `nodes` and every tensor they reach are live.
+pub(crate) unsafe fn kept_nodes(
+    nodes: &[*mut sys::ggml_tensor],
+) -> HashSet<*const sys::ggml_tensor> {
+    let mut read = HashSet::new();
+    for &n in nodes {
+        // SAFETY: the caller's contract.
+        let t = unsafe { &*n };
+        read.extend(
+            t.src
+                .iter()
+                .filter(|s| !s.is_null())
+                .map(|&s| s.cast_const()),
+        );
+    }
+    let mut kept = HashSet::new();
+    for &n in nodes {
+        let n = n.cast_const();
+        // SAFETY: as above.
+        let t = unsafe { &*n };
+        let output = t.flags & sys::ggml_tensor_flag_GGML_TENSOR_FLAG_OUTPUT as i32 != 0;
+        if read.contains(&n) && !output {
+            continue;
+        }
+        kept.insert(n);
+        if !t.view_src.is_null() {
+            kept.insert(t.view_src.cast_const());
+        }
+    }
+    kept
 }

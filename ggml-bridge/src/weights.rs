@@ -37,23 +37,66 @@ pub(crate) unsafe fn whole_tensor(
     offset: usize,
     size: usize,
 ) -> Option<TensorDesc> {
-    // SAFETY: the caller's contract.
-    let t = unsafe { &*tensor };
-    if offset != 0 || !t.view_src.is_null() || t.op != sys::ggml_op_GGML_OP_NONE {
+    if offset != 0 {
         return None;
     }
-    let dtype = DType::from_ggml_type_id(t.type_)?;
+    // SAFETY: the caller's contract.
+    unsafe { describe(tensor) }.filter(|d| d.nbytes() == size)
+}
+
+/// The Tessera descriptor of `tensor`, named as ggml names it, when it owns its memory (no
+/// view, no op), is contiguous and has a Tessera dtype.
+///
+/// # Safety
+/// `tensor` is a live ggml tensor.
+pub(crate) unsafe fn describe(tensor: *const sys::ggml_tensor) -> Option<TensorDesc> {
+    // SAFETY: the caller's contract.
+    let t = unsafe { &*tensor };
+    if t.op != sys::ggml_op_GGML_OP_NONE {
+        return None;
+    }
+    // SAFETY: as above.
+    unsafe { describe_memory(tensor) }
+}
+
+/// The Tessera descriptor of the memory `tensor` owns (no view; an op's result too), named as
+/// ggml names it, when it is contiguous and has a Tessera dtype.
+///
+/// # Safety
+/// `tensor` is a live ggml tensor.
+pub(crate) unsafe fn describe_memory(tensor: *const sys::ggml_tensor) -> Option<TensorDesc> {
+    // SAFETY: the caller's contract.
+    let t = unsafe { &*tensor };
+    if !t.view_src.is_null() {
+        return None;
+    }
     let mut ne = [0usize; 4];
     for (d, &n) in ne.iter_mut().zip(&t.ne) {
         *d = usize::try_from(n).ok()?;
     }
-    if t.nb != tessera::tensor::contiguous_strides(dtype, ne) {
+    let dtype = match DType::from_ggml_type_id(t.type_) {
+        Some(d) => d,
+        // Row indices of SET_ROWS: read as pairs of i32 (see `translate`).
+        None if t.type_ == sys::ggml_type_GGML_TYPE_I64 => {
+            if t.nb != tessera::tensor::contiguous_strides(DType::I32, ne).map(|b| b * 2) {
+                return None;
+            }
+            ne[0] = ne[0].checked_mul(2)?;
+            DType::I32
+        }
+        None => return None,
+    };
+    if t.nb != tessera::tensor::contiguous_strides(dtype, ne)
+        && t.type_ != sys::ggml_type_GGML_TYPE_I64
+    {
         return None;
     }
     let mut ctx = Context::new();
     let id = ctx.new_tensor(dtype, ne).ok()?;
-    let desc = ctx.tensors()[id.index()].clone();
-    (desc.nbytes() == size).then_some(desc)
+    // SAFETY: ggml's names are NUL-terminated.
+    let name = unsafe { std::ffi::CStr::from_ptr(t.name.as_ptr()) };
+    ctx.set_name(id, name.to_string_lossy()).ok()?;
+    Some(ctx.tensors()[id.index()].clone())
 }
 
 /// Whether a kernel that knows a device's weight layout reads source `i` of an `op` node: the
@@ -92,7 +135,7 @@ pub(crate) unsafe fn held_in_device_layout(owner: &sys::ggml_tensor) -> bool {
         BufferCtx::of(owner.buffer).is_some_and(|b| {
             b.weight_layout
                 && b.offset_of(owner, 0, len)
-                    .is_ok_and(|at| b.buffer.holds_device_layout(at, len))
+                    .is_ok_and(|at| b.buffer().holds_device_layout(at, len))
         })
     }
 }
