@@ -304,6 +304,12 @@ unsafe extern "C" fn dev_supports_op(
             return false;
         }
         // SAFETY: as above.
+        if unsafe { translate::is_empty(op) } {
+            // Nothing to compute (llama.cpp reserves graphs with no output rows): every device
+            // runs it, as ggml's own backends do, and the translation leaves it out.
+            return true;
+        }
+        // SAFETY: as above.
         if let Some(why) = unsafe { crate::weights::misread_weight(op) } {
             tracing::debug!(device = %ctx.device.name(), why, "op declined");
             return false;

@@ -779,6 +779,10 @@ unsafe fn translate(
         // may not view a weight held in the device's layout: it is left out. Every op reading
         // it was declined, so nothing here reads it.
         let g = G(n);
+        // SAFETY: live tensors (the caller's contract).
+        if unsafe { is_empty(n) } {
+            continue;
+        }
         if is_view_op(g.t().op)
             && g.view_src()
                 // SAFETY: live tensors (the caller's contract).
@@ -932,6 +936,15 @@ unsafe fn transposed_split_write(g: G) -> Result<(), Decline> {
         ));
     }
     Ok(())
+}
+
+/// Whether `t` has no elements: an op on it computes nothing.
+///
+/// # Safety
+/// `t` is a live tensor.
+pub(crate) unsafe fn is_empty(t: *const sys::ggml_tensor) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe { (*t).ne.contains(&0) }
 }
 
 /// The nodes of a graph part whose values ggml may read after it: those no node of the part

@@ -1186,8 +1186,13 @@ pub fn known_gap(backend: &str, case: &Case) -> Option<&'static str> {
     // docs/src/backends/vulkan.md). Until test-tp compares rounding splits another way, prompts
     // on Vulkan multiply exact f32 activations.
     let gemm = case.op() == "MUL_MAT" && !case.label().contains(",n=1,");
-    (backend == "vulkan" && case.llama_rounding() && gemm)
-        .then_some("the tiled GEMM multiplies exact f32 activations (issue 30)")
+    if backend == "vulkan" && case.llama_rounding() && gemm {
+        return Some("the tiled GEMM multiplies exact f32 activations (issue 30)");
+    }
+    // Several sequences' KV streams (llama.cpp without a unified KV cache): the GPU attention
+    // kernels read one mask plane for every batch, and their devices decline the op.
+    (backend != "cpu" && case.label().contains("mask_per_batch"))
+        .then_some("the GPU attention kernels read one mask plane for every batch")
 }
 
 /// One FLASH_ATTN_EXT configuration.
@@ -1209,6 +1214,8 @@ struct Fa {
     causal: bool,
     /// A mask hiding the first this many keys (`Init::Window`), when not 0.
     window: usize,
+    /// One mask plane per batch (the KV streams of several sequences) instead of one for all.
+    mask_per_batch: bool,
 }
 
 fn flash_attn_case(c: Fa) -> Case {
@@ -1233,6 +1240,11 @@ fn flash_attn_case(c: Fa) -> Case {
     } else {
         params
     };
+    let params = if c.mask_per_batch {
+        params + ",mask_per_batch"
+    } else {
+        params
+    };
     let tol = if c.kv == DType::F32 {
         Tolerance::Nmse(NMSE_F32_MATH)
     } else {
@@ -1243,6 +1255,9 @@ fn flash_attn_case(c: Fa) -> Case {
         let k = ctx.new_tensor(c.kv, [c.d, c.n_kv, c.h_kv, c.batch])?;
         let v = ctx.new_tensor(c.kv, [c.dv, c.n_kv, c.h_kv, c.batch])?;
         let m = match c.mask {
+            Some(t) if c.mask_per_batch => {
+                Some(ctx.new_tensor(t, [c.n_kv, c.n_q + 1, 1, c.batch])?)
+            }
             Some(t) => Some(ctx.new_tensor(t, [c.n_kv, c.n_q + 1])?),
             None => None,
         };
@@ -1280,7 +1295,18 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
         sinks: false,
         causal: false,
         window: 0,
+        mask_per_batch: false,
     };
+    // Several sequences' KV streams: a mask plane per batch, one query and a block of queries.
+    for n_q in [1, 5] {
+        v.push(flash_attn_case(Fa {
+            n_q,
+            batch: 3,
+            mask: Some(DType::F16),
+            mask_per_batch: true,
+            ..base
+        }));
+    }
     for kv in [DType::F16, DType::F32] {
         // gpt-oss: attention sinks, one query and a block of queries.
         for n_q in [1, 5] {

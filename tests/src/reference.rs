@@ -1202,7 +1202,11 @@ impl RefMemory {
         for ib in 0..batch {
             for iq in 0..n_q {
                 let mrow = match mask {
-                    Some(m) => Some(self.read_row(m, iq, 0, 0)?),
+                    // One mask plane for all batches, or one per batch.
+                    Some(m) => {
+                        let mb = if self.desc(m)?.ne()[3] == 1 { 0 } else { ib };
+                        Some(self.read_row(m, iq, 0, mb)?)
+                    }
                     None => None,
                 };
                 for ih in 0..h {

@@ -1065,7 +1065,8 @@ impl Context {
 
     /// Fused attention: `softmax(scale·q·kᵀ + mask)·v` per head with grouped KV heads.
     /// q `[d, n_q, h, b]` f32; k `[d, n_kv, h_kv, b]` and v `[dv, n_kv, h_kv, b]` both f16 or both
-    /// f32; mask `[n_kv, ≥n_q]` f16/f32 → f32 `[dv, h, n_q, b]`.
+    /// f32; mask `[n_kv, ≥n_q, 1, 1 or b]` f16/f32 (one for every batch, or one per batch: the
+    /// KV streams of several sequences) → f32 `[dv, h, n_q, b]`.
     ///
     /// # Errors
     /// [`Error::InvalidOp`] on any shape or dtype mismatch.
@@ -1130,11 +1131,11 @@ impl Context {
                     && tm.ne[0] == tk.ne[1]
                     && tm.ne[1] >= tq.ne[1]
                     && tm.ne[2] == 1
-                    && tm.ne[3] == 1,
+                    && (tm.ne[3] == 1 || tm.ne[3] == tq.ne[3]),
                 || {
                     format!(
-                        "mask {} {:?} must be f16/f32 [{}, ≥{}, 1, 1]",
-                        tm.dtype, tm.ne, tk.ne[1], tq.ne[1]
+                        "mask {} {:?} must be f16/f32 [{}, ≥{}, 1, 1 or {}]",
+                        tm.dtype, tm.ne, tk.ne[1], tq.ne[1], tq.ne[3]
                     )
                 },
             )?;

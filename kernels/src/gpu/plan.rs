@@ -353,6 +353,10 @@ pub fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
         OpKind::None | OpKind::View | OpKind::Reshape | OpKind::Permute | OpKind::Transpose => {
             Support::Yes
         }
+        // The kernels read one mask plane for every batch.
+        OpKind::FlashAttnExt if src(3).is_some_and(|m| m.ne()[3] > 1) => {
+            Support::No("FLASH_ATTN_EXT with a mask plane per batch".into())
+        }
         OpKind::FlashAttnExt => match (src(0), src(2)) {
             (Some(q), Some(v)) if q.ne()[0] <= FA_MAX_D && v.ne()[0] <= FA_MAX_D => Support::Yes,
             _ => Support::No(format!("FLASH_ATTN_EXT head sizes above {FA_MAX_D}")),

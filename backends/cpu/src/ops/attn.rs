@@ -72,11 +72,13 @@ pub(crate) fn flash_attn_ext(
             sv.read_row(0, 0, 0, &mut sink_row);
             sink_row[h]
         });
+        // A mask of one plane per batch (several sequences' KV streams) or one for all.
+        let mb = mask.map_or(0, |mv| if mv.ne[3] == 1 { 0 } else { b });
         if cached != Some((hk, b)) {
             // Keys no query of the node sees (the causal future, a padded span) are never
             // decoded or scored: the span ends after the last key any mask row shows.
             n_seen = match mask {
-                Some(mv) => visible_keys(&mv, n_q, &mut mrow),
+                Some(mv) => visible_keys(&mv, n_q, mb, &mut mrow),
                 None => n_kv,
             };
             kplane.resize(n_seen * d, 0.0);
@@ -112,7 +114,7 @@ pub(crate) fn flash_attn_ext(
             let iq = iq0 + c;
             let s = &mut scores[c * n_seen..(c + 1) * n_seen];
             if let Some(mv) = mask {
-                mv.read_row(iq, 0, 0, &mut mrow);
+                mv.read_row(iq, 0, mb, &mut mrow);
             }
             let mut smax = f32::NEG_INFINITY;
             for (j, v) in s.iter_mut().enumerate() {
@@ -164,12 +166,12 @@ pub(crate) fn flash_attn_ext(
     }
 }
 
-/// One past the last key any of the `n_q` mask rows leaves visible (0 if none); `row` is
-/// scratch of the mask's row length.
-fn visible_keys(mask: &crate::tview::TView, n_q: usize, row: &mut [f32]) -> usize {
+/// One past the last key any of the `n_q` mask rows of batch plane `b` leaves visible (0 if
+/// none); `row` is scratch of the mask's row length.
+fn visible_keys(mask: &crate::tview::TView, n_q: usize, b: usize, row: &mut [f32]) -> usize {
     let mut seen = 0;
     for iq in 0..n_q {
-        mask.read_row(iq, 0, 0, row);
+        mask.read_row(iq, 0, b, row);
         if let Some(last) = row.iter().rposition(|&m| m != f32::NEG_INFINITY) {
             seen = seen.max(last + 1);
         }
