@@ -103,13 +103,12 @@ unsafe extern "C" fn buft_alloc_buffer(
         };
         let span = size.div_ceil(BASE_ALIGN).saturating_add(1) * BASE_ALIGN;
         let base = NEXT_BASE.fetch_add(span, Ordering::Relaxed);
-        let stage = ctx.meta.map(crate::objects::Stage::new);
         let bctx = Box::into_raw(Box::new(BufferCtx::new(
             buffer,
             ctx.weight_layout,
             base,
             size,
-            stage,
+            ctx.meta,
         )));
         // SAFETY: `buft` is live; BUFFER_IFACE's functions take a `BufferCtx` context, which ggml
         // hands back to `free_buffer` exactly once.

@@ -111,22 +111,6 @@ impl SplitPolicy for LearnedPolicy {
 }
 
 impl Stage {
-    /// The stage of a new buffer of `meta` (listed as pending by the allocator).
-    pub(crate) fn new(meta: &'static MetaCtx) -> Stage {
-        Stage {
-            meta,
-            ggml: 0,
-            tensors: Vec::new(),
-            undescribed: None,
-            sealed: false,
-        }
-    }
-
-    /// The meta device the buffer belongs to.
-    pub(crate) fn meta(&self) -> &'static MetaCtx {
-        self.meta
-    }
-
     fn usage(&self) -> sys::ggml_backend_buffer_usage {
         if self.ggml == 0 {
             return sys::ggml_backend_buffer_usage_GGML_BACKEND_BUFFER_USAGE_ANY;
@@ -315,7 +299,8 @@ pub(crate) unsafe fn seal(meta: &MetaCtx, nodes: &[*mut sys::ggml_tensor]) -> Re
     let weights_usage = sys::ggml_backend_buffer_usage_GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
     let mut weights: Vec<(String, TensorDesc)> = Vec::new();
     for c in &ctxs {
-        let st = c.stage.as_ref().expect("pending buffers are staged").lock();
+        let Some(stage) = &c.stage else { continue };
+        let st = stage.lock();
         if st.usage() == weights_usage {
             weights.extend(
                 st.tensors
@@ -395,7 +380,10 @@ unsafe fn reached_buffers(nodes: &[*mut sys::ggml_tensor]) -> std::collections::
 }
 
 fn seal_one(meta: &MetaCtx, c: &BufferCtx) -> Result<bool, String> {
-    let mut st = c.stage.as_ref().expect("pending buffers are staged").lock();
+    let Some(stage) = &c.stage else {
+        return Ok(false);
+    };
+    let mut st = stage.lock();
     if st.sealed {
         return Ok(false);
     }

@@ -50,8 +50,8 @@ pub(crate) struct Lost {
 }
 
 /// What a staged buffer of the meta device holds until it is sealed.
+#[derive(Default)]
 pub(crate) struct Stage {
-    pub(crate) meta: &'static MetaCtx,
     /// ggml's buffer (its usage tells weights, caches and compute memory apart); 0 until known.
     pub(crate) ggml: usize,
     /// Tensors placed in it: offset and descriptor (named as ggml names it).
@@ -145,15 +145,15 @@ impl BufferCtx {
         weight_layout: bool,
         base: usize,
         size: usize,
-        stage: Option<Stage>,
+        meta: Option<&'static MetaCtx>,
     ) -> BufferCtx {
         BufferCtx {
             buffer: RwLock::new(buffer),
             weight_layout,
             base,
             size,
-            meta: stage.as_ref().map(Stage::meta),
-            stage: stage.map(Mutex::new),
+            meta,
+            stage: meta.map(|_| Mutex::new(Stage::default())),
         }
     }
 

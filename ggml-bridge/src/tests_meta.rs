@@ -4,7 +4,7 @@
 
 use crate::meta_device;
 use crate::objects::BufferCtx;
-use crate::objects::{Lost, MetaCtx, Stage};
+use crate::objects::{Lost, MetaCtx};
 use crate::sys;
 use std::ffi::c_void;
 use tessera::DType;
@@ -22,6 +22,32 @@ fn tensor(name: &str, dtype: DType, ne: [i64; 4], op: sys::ggml_op) -> Box<sys::
         *d = c as std::ffi::c_char;
     }
     t
+}
+
+/// A staged buffer of `meta` of `size` bytes at ggml address `base`, as ggml would hold it with
+/// `usage`, listed as pending (boxed: each points at the other).
+fn staged_buffer(
+    meta: &'static MetaCtx,
+    size: usize,
+    base: usize,
+    usage: sys::ggml_backend_buffer_usage,
+) -> (Box<BufferCtx>, Box<sys::ggml_backend_buffer>) {
+    let first = meta.device.devices()[0].clone();
+    let ctx = Box::new(BufferCtx::new(
+        first.buffer_type().alloc(size).unwrap(),
+        false,
+        base,
+        size,
+        Some(meta),
+    ));
+    // SAFETY: ggml_backend_buffer is plain data; all-zero is a valid (empty) buffer.
+    let mut buf: Box<sys::ggml_backend_buffer> = Box::new(unsafe { std::mem::zeroed() });
+    buf.context = (&*ctx as *const BufferCtx).cast_mut().cast();
+    buf.size = size;
+    buf.usage = usage;
+    ctx.stage.as_ref().unwrap().lock().ggml = &*buf as *const _ as usize;
+    meta.add_pending(ctx.key());
+    (ctx, buf)
 }
 
 fn meta_over_two_cpus() -> &'static MetaCtx {
@@ -75,21 +101,8 @@ fn a_staged_buffer_is_sealed_split_by_the_learned_policy_and_reads_back_as_writt
         ),
     ];
     let size: usize = tensors.iter().map(|t| t.nb[3] * t.ne[3] as usize).sum();
-    let first = meta.device.devices()[0].clone();
-    let ctx = Box::new(BufferCtx::new(
-        first.buffer_type().alloc(size).unwrap(),
-        false,
-        1 << 41,
-        size,
-        Some(Stage::new(meta)),
-    ));
-    // SAFETY: ggml_backend_buffer is plain data; all-zero is a valid (empty) buffer.
-    let mut buf: Box<sys::ggml_backend_buffer> = Box::new(unsafe { std::mem::zeroed() });
-    buf.context = (&*ctx as *const BufferCtx).cast_mut().cast();
-    buf.size = size;
-    buf.usage = sys::ggml_backend_buffer_usage_GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
-    ctx.stage.as_ref().unwrap().lock().ggml = &*buf as *const _ as usize;
-    meta.add_pending(ctx.key());
+    let weights = sys::ggml_backend_buffer_usage_GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
+    let (ctx, mut buf) = staged_buffer(meta, size, 1 << 41, weights);
 
     let mut at = 0;
     let mut written = Vec::new();
@@ -156,20 +169,8 @@ fn a_graph_without_attention_seals_with_every_tensor_mirrored() {
         sys::ggml_op_GGML_OP_NONE,
     );
     let size = 256;
-    let first = meta.device.devices()[0].clone();
-    let ctx = Box::new(BufferCtx::new(
-        first.buffer_type().alloc(size).unwrap(),
-        false,
-        1 << 42,
-        size,
-        Some(Stage::new(meta)),
-    ));
-    // SAFETY: as in the test above.
-    let mut buf: Box<sys::ggml_backend_buffer> = Box::new(unsafe { std::mem::zeroed() });
-    buf.context = (&*ctx as *const BufferCtx).cast_mut().cast();
-    buf.size = size;
-    ctx.stage.as_ref().unwrap().lock().ggml = &*buf as *const _ as usize;
-    meta.add_pending(ctx.key());
+    let any = sys::ggml_backend_buffer_usage_GGML_BACKEND_BUFFER_USAGE_ANY;
+    let (ctx, mut buf) = staged_buffer(meta, size, 1 << 42, any);
     w.data = ctx.base as *mut c_void;
     w.buffer = &mut *buf;
     // SAFETY: `w` lies in `buf`.
