@@ -173,7 +173,9 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match run(Cli::parse()) {
+    match run(Cli::parse_from(commands::session::rewrite_llama_flags(
+        std::env::args_os(),
+    ))) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");

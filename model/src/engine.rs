@@ -10,14 +10,14 @@
 
 use crate::ExpertSplit;
 use crate::llama::Step;
-use crate::{LlamaModel, Outputs};
+use crate::{KvCacheTypes, LlamaModel, Outputs};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use tessera::comm::DistComm;
-use tessera::meta::MetaDevice;
+use tessera::meta::{MetaBuffer, MetaDevice};
 use tessera::sched::{SchedOptions, Scheduler, layer_devices};
-use tessera::{Bindings, Device, Error, Result, TensorBuffer};
+use tessera::{Bindings, Device, Error, Result, TensorBuffer, TensorId};
 
 /// How a model is spread over its devices.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -115,6 +115,9 @@ pub struct SessionOptions {
     /// this many consecutive groups of equal size, each group splits every layer it holds, and
     /// the layers are split between the groups in proportion to their summed ratios.
     pub groups: usize,
+    /// Element types of the KV caches (`None`: the model's own, F16 unless
+    /// [`LlamaModel::with_cache_types`] chose others).
+    pub cache_types: Option<KvCacheTypes>,
 }
 
 impl fmt::Debug for SessionOptions {
@@ -125,6 +128,7 @@ impl fmt::Debug for SessionOptions {
             .field("threads", &self.threads)
             .field("comm", &self.comm.as_ref().map(|c| (c.rank(), c.size())))
             .field("groups", &self.groups)
+            .field("cache_types", &self.cache_types)
             .finish()
     }
 }
@@ -137,6 +141,7 @@ impl Default for SessionOptions {
             threads: None,
             comm: None,
             groups: 1,
+            cache_types: None,
         }
     }
 }
@@ -166,6 +171,12 @@ impl SessionOptions {
     /// These options with `threads` in all (see [`SessionOptions::threads`]).
     pub fn with_threads(mut self, threads: Option<usize>) -> SessionOptions {
         self.threads = threads;
+        self
+    }
+
+    /// These options with KV caches of `types` (see [`SessionOptions::cache_types`]).
+    pub fn with_cache_types(mut self, types: KvCacheTypes) -> SessionOptions {
+        self.cache_types = Some(types);
         self
     }
 
@@ -205,6 +216,8 @@ pub struct Session {
     mode: SplitMode,
     sched: Scheduler,
     groups: Vec<Group>,
+    /// Each KV cache and the scheduler device holding it.
+    cache_home: Vec<(TensorId, usize)>,
     weights: Bindings,
     buffers: Vec<TensorBuffer>,
     n_past: usize,
@@ -248,6 +261,14 @@ impl Session {
         progress: impl FnMut(usize, usize),
     ) -> Result<Session> {
         let mode = opts.split_mode;
+        let typed;
+        let model = match opts.cache_types {
+            Some(types) if types != model.cache_types() => {
+                typed = model.with_cache_types(types)?;
+                &typed
+            }
+            _ => model,
+        };
         if devices.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "split mode {mode}: no devices to load the model on"
@@ -407,11 +428,17 @@ impl Session {
         let (buffers, weights) =
             model.alloc_weights_with_progress(&devices, layer_device, progress)?;
         let sched = Scheduler::new(&devices, opts)?;
+        let cache_home = model
+            .param_devices(&devices, layer_device)?
+            .into_iter()
+            .filter(|&(id, _)| model.is_cache(id))
+            .collect();
         Ok(Session {
             model,
             mode: SplitMode::None,
             sched,
             groups,
+            cache_home,
             weights,
             buffers,
             n_past: 0,
@@ -453,6 +480,60 @@ impl Session {
     /// an earlier step of the sequence wrote.
     pub fn reset(&mut self) {
         self.n_past = 0;
+    }
+
+    /// Forgets every position from `n_past` on, keeping the first `n_past` in the cache: the
+    /// next token is evaluated at position `n_past`, seeing only those before it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `n_past` exceeds [`Session::n_past`] (nothing is changed).
+    pub fn truncate(&mut self, n_past: usize) -> Result<()> {
+        if n_past > self.n_past {
+            return Err(Error::InvalidArgument(format!(
+                "truncate to {n_past} positions: the cache holds only {}",
+                self.n_past
+            )));
+        }
+        self.n_past = n_past;
+        Ok(())
+    }
+
+    /// Bytes of the KV caches on each device, by device name in the order the devices hold
+    /// them (a tensor-parallel group's devices each hold their shard; a mirrored cache counts
+    /// on every device that keeps a copy).
+    pub fn cache_bytes_per_device(&self) -> Vec<(String, usize)> {
+        let mut out: Vec<(String, usize)> = Vec::new();
+        let mut add = |name: String, n: usize| match out.iter_mut().find(|e| e.0 == name) {
+            Some(e) => e.1 += n,
+            None => out.push((name, n)),
+        };
+        let devices = self.sched.devices();
+        for &(id, dev) in &self.cache_home {
+            let nbytes = self.model.context().tensors()[id.index()].nbytes();
+            let Some(g) = self.groups.iter().find(|g| g.device == dev) else {
+                add(devices[dev].name().to_string(), nbytes);
+                continue;
+            };
+            let placed = self.buffers.iter().find_map(|b| {
+                let mb = b.buffer().as_any().downcast_ref::<MetaBuffer>()?;
+                let slot = b.bindings().slot(id)?;
+                g.meta
+                    .owns_buffer(b.buffer().as_ref())
+                    .then(|| mb.placement_at(slot.offset))
+                    .flatten()
+            });
+            match placed {
+                Some(p) => {
+                    for (j, d) in g.meta.devices().iter().enumerate() {
+                        if p.home.get(j) == Some(&j) {
+                            add(d.name().to_string(), p.local_bytes[j]);
+                        }
+                    }
+                }
+                None => add(devices[dev].name().to_string(), nbytes),
+            }
+        }
+        out
     }
 
     /// With `on`, every step runs with every node kept ([`tessera::Graph::with_all_outputs`])

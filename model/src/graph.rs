@@ -8,7 +8,7 @@ impl LlamaModel {
     /// derived from the model's (a clone of [`LlamaModel::context`], possibly grown since).
     ///
     /// Per block: RMS norm, Q/K/V projections, RoPE on Q and K (the architecture's pairing), K and V rows written into the
-    /// caches at rows `n_past..n_past+T` (SET_ROWS, converting to F16), flash attention of Q over
+    /// caches at rows `n_past..n_past+T` (SET_ROWS, converting to the caches' types), flash attention of Q over
     /// cache rows `0..n_past+T` (views of the SET_ROWS results, so attention runs after the write)
     /// with a causal mask, output projection and residual; then RMS norm and a SwiGLU feed-forward
     /// with residual. Finally RMS norm and the output projection to logits (then soft-capping,
@@ -74,7 +74,33 @@ impl LlamaModel {
             None
         };
 
-        let cache_row = c.n_embd_kv() * DType::F16.type_size();
+        let kv_types = self.cache_types();
+        // Bytes of a token's row and of one head in it (whole blocks: `KvCacheTypes::check`).
+        let row_of = |t: DType, n: usize| {
+            t.row_size(n).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "a {t} cache row of {n} elements is not whole blocks"
+                ))
+            })
+        };
+        let (k_row, k_head) = (row_of(kv_types.k, c.n_embd_kv())?, row_of(kv_types.k, hd)?);
+        let (v_row, v_head) = (row_of(kv_types.v, c.n_embd_kv())?, row_of(kv_types.v, hd)?);
+        let [rot_k, rot_v] = self.cache_rotations();
+        // `x` times the n×n rotation `r` in consecutive pieces of n values (n divides each
+        // head, so every piece lies in one head), in x's shape.
+        let rotate = |ctx: &mut Context, x: TensorId, r: TensorId| -> Result<TensorId> {
+            let n = ctx.tensor(r)?.ne()[0];
+            let ne = ctx.tensor(x)?.ne();
+            let x = if ctx.tensor(x)?.is_contiguous() {
+                x
+            } else {
+                ctx.cont(x)?
+            };
+            // Dims above 0 stay apart, so a split by heads (dim 1 or 2) stays on its own dim.
+            let pieces = ctx.reshape(x, [n, ne[0] / n, ne[1], ne[2] * ne[3]])?;
+            let y = ctx.mul_mat(r, pieces)?;
+            ctx.reshape(y, ne)
+        };
         let kq_scale = c.kq_scale();
         let mut h = ctx.get_rows(self.tok_embd(), tokens)?;
         if c.arch.scales_embeddings() {
@@ -141,14 +167,22 @@ impl LlamaModel {
             let k = ctx.reshape(k, [hd, nkv, t])?;
             let k = head_norm(ctx, k, 1)?;
             let k = ctx.rope_ext(k, positions, factors, rope)?;
+            // Block-type caches hold K and V rotated, as llama.cpp's (`KvCacheTypes::rotations`).
+            let (q, k) = match rot_k {
+                Some(r) => (rotate(ctx, q, r)?, rotate(ctx, k, r)?),
+                None => (q, k),
+            };
             let k = ctx.reshape(k, [hd * nkv, t])?;
             let v = proj(ctx, l.wv, bv)?;
+            let v = match rot_v {
+                Some(r) => rotate(ctx, v, r)?,
+                None => v,
+            };
 
             let k_all = ctx.set_rows(l.cache_k, k, kv_rows)?;
             let v_all = ctx.set_rows(l.cache_v, v, kv_rows)?;
-            let strides = [cache_row, hd * DType::F16.type_size(), cache_row * n_kv];
-            let k_view = ctx.view(k_all, [hd, n_kv, nkv], strides, 0)?;
-            let v_view = ctx.view(v_all, [hd, n_kv, nkv], strides, 0)?;
+            let k_view = ctx.view(k_all, [hd, n_kv, nkv], [k_row, k_head, k_row * n_kv], 0)?;
+            let v_view = ctx.view(v_all, [hd, n_kv, nkv], [v_row, v_head, v_row * n_kv], 0)?;
 
             let q = ctx.permute(q, [0, 2, 1, 3])?; // [hd, T, n_head]
             let layer_mask = if swa { mask_swa.unwrap_or(mask) } else { mask };
@@ -164,6 +198,11 @@ impl LlamaModel {
             if let Some(sinks) = l.sinks {
                 ctx.flash_attn_ext_add_sinks(attn, sinks)?;
             }
+            // The rotation is its own inverse: the heads' outputs rotate back.
+            let attn = match rot_v {
+                Some(r) => rotate(ctx, attn, r)?,
+                None => attn,
+            };
             let attn = ctx.reshape(attn, [hd * nh, t])?;
             let mut o = ctx.mul_mat(l.wo, attn)?;
             if let Some(b) = l.bias_o {

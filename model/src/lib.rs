@@ -2,7 +2,8 @@
 //! above ggml.
 //!
 //! - [`LlamaModel`] is a llama-style decoder covering every architecture of [`Arch::ALL`] (RMS
-//!   norm, grouped-query attention with RoPE paired as its architecture does, F16 KV caches,
+//!   norm, grouped-query attention with RoPE paired as its architecture does, KV caches of any
+//!   [`KvCacheTypes`] (F16 by default),
 //!   SwiGLU or GeGLU feed-forward, mixture-of-experts blocks), loaded from a GGUF file
 //!   ([`LlamaModel::from_gguf`]) or made with deterministic synthetic weights, so benchmarks and
 //!   tests need no model file. Its tensors are named as in GGUF.
@@ -37,6 +38,7 @@ mod engine;
 mod finite;
 mod gguf_io;
 mod graph;
+mod kv_types;
 mod llama;
 mod moe;
 pub mod reference;
@@ -59,6 +61,8 @@ mod tests_real;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_reference;
 #[cfg(all(test, feature = "cpu"))]
+mod tests_reference_kv;
+#[cfg(all(test, feature = "cpu"))]
 mod tests_tp;
 pub use tessera_tokenizer as tokenizer;
 mod tp;
@@ -68,6 +72,7 @@ pub use config::{Arch, Gating, LlamaConfig};
 pub use engine::{Session, SessionOptions, SplitMode};
 pub use finite::first_non_finite;
 pub use gguf_io::{ARCHITECTURE, llama_keys};
+pub use kv_types::{CACHE_TYPES, KvCacheTypes};
 pub use llama::{
     KV_PAD, LayerTensors, LlamaModel, MoeTensors, Outputs, Placement, Step, WeightSource,
 };

@@ -2,6 +2,7 @@
 //! [`Context`], synthetic weight generation, placement over devices, and the graph of one step.
 
 use super::config::LlamaConfig;
+use super::kv_types::KvCacheTypes;
 use super::weights::SplitMix;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -25,6 +26,9 @@ enum Init {
     /// YaRN's rotation divisors, computed from the config ([`LlamaConfig::yarn_factors`]); not
     /// a file tensor.
     Yarn,
+    /// An orthonormal Walsh–Hadamard matrix (the KV caches' rotations,
+    /// [`KvCacheTypes::rotations`]); not a file tensor.
+    Hadamard,
     /// All zero: KV caches.
     Zero,
     /// The same values as another parameter (an untied copy of a tied output).
@@ -77,9 +81,9 @@ pub struct LayerTensors {
     pub qk_norm: Option<[TensorId; 2]>,
     /// `blk.{i}.post_attention_norm.weight`, `post_ffw_norm.weight` F32 `[n_embd]` (Gemma 3).
     pub post_norms: Option<[TensorId; 2]>,
-    /// `cache_k.{i}` F16 `[n_head_kv·head_dim, n_ctx]`.
+    /// `cache_k.{i}` `[n_head_kv·head_dim, n_ctx]` ([`LlamaModel::cache_types`]).
     pub cache_k: TensorId,
-    /// `cache_v.{i}` F16 `[n_head_kv·head_dim, n_ctx]`.
+    /// `cache_v.{i}` `[n_head_kv·head_dim, n_ctx]`.
     pub cache_v: TensorId,
 }
 
@@ -176,13 +180,17 @@ pub trait WeightSource: Send + Sync + std::fmt::Debug {
 /// [`WeightSource`].
 ///
 /// The model's [`Context`] holds only parameters (flag `param`): weights named as in GGUF and the
-/// per-layer F16 KV caches `cache_k.{i}` / `cache_v.{i}`. Step graphs are built on clones of that
+/// per-layer KV caches `cache_k.{i}` / `cache_v.{i}` (F16 unless [`LlamaModel::with_cache_types`]). Step graphs are built on clones of that
 /// context, so weight and cache ids are the same in every graph.
 #[derive(Clone, Debug)]
 pub struct LlamaModel {
     config: LlamaConfig,
     seed: u64,
     source: Option<Arc<dyn WeightSource>>,
+    kv_types: KvCacheTypes,
+    /// The rotations of K (with Q) and of V ([`KvCacheTypes::rotations`]), where the cache
+    /// types have them.
+    kv_rot: [Option<TensorId>; 2],
     ctx: Context,
     tok_embd: TensorId,
     layers: Vec<LayerTensors>,
@@ -199,7 +207,7 @@ impl LlamaModel {
     /// # Errors
     /// [`Error::InvalidArgument`] for an invalid config (see [`LlamaConfig::validate`]).
     pub fn new(config: LlamaConfig, seed: u64) -> Result<LlamaModel> {
-        Self::build_params(config, seed, None)
+        Self::build_params(config, seed, None, KvCacheTypes::default())
     }
 
     /// Describes the tensors of a model with `config` whose weights come from `source`: each
@@ -210,13 +218,14 @@ impl LlamaModel {
     /// [`Error::InvalidArgument`] for an invalid config, or naming a tensor the source lacks or
     /// holds with another shape.
     pub fn from_source(config: LlamaConfig, source: Arc<dyn WeightSource>) -> Result<LlamaModel> {
-        Self::build_params(config, 0, Some(source))
+        Self::build_params(config, 0, Some(source), KvCacheTypes::default())
     }
 
     fn build_params(
         config: LlamaConfig,
         seed: u64,
         source: Option<Arc<dyn WeightSource>>,
+        kv_types: KvCacheTypes,
     ) -> Result<LlamaModel> {
         // A source brings its own dtypes; only the shapes of the config matter then.
         let mut check = config.clone();
@@ -224,6 +233,7 @@ impl LlamaModel {
             check.weight_dtype = DType::F32;
         }
         check.validate()?;
+        kv_types.check(&config)?;
         let c = &config;
         let wt = c.weight_dtype;
         let (e, q, kv, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
@@ -419,7 +429,7 @@ impl LlamaModel {
             let cache_k = param(
                 &mut ctx,
                 format!("cache_k.{i}"),
-                DType::F16,
+                kv_types.k,
                 [kv, c.n_ctx, 1],
                 Init::Zero,
                 p,
@@ -427,7 +437,7 @@ impl LlamaModel {
             let cache_v = param(
                 &mut ctx,
                 format!("cache_v.{i}"),
-                DType::F16,
+                kv_types.v,
                 [kv, c.n_ctx, 1],
                 Init::Zero,
                 p,
@@ -478,6 +488,25 @@ impl LlamaModel {
             "rope_yarn_factors",
             Init::Yarn,
         )?;
+        // llama.cpp's rotations of quantized caches: one matrix each for K (and Q) and V.
+        let (rot_k, rot_v) = kv_types.rotations(c.head_dim);
+        let mut rotation = |ctx: &mut Context, n: Option<usize>, name: &str| {
+            n.map(|n| {
+                param(
+                    ctx,
+                    name.into(),
+                    DType::F32,
+                    [n, n, 1],
+                    Init::Hadamard,
+                    Placement::Input,
+                )
+            })
+            .transpose()
+        };
+        let kv_rot = [
+            rotation(&mut ctx, rot_k, "attn_rot_k")?,
+            rotation(&mut ctx, rot_v, "attn_rot_v")?,
+        ];
         let output_norm = param(
             &mut ctx,
             "output_norm.weight".into(),
@@ -502,6 +531,8 @@ impl LlamaModel {
             config,
             seed,
             source,
+            kv_types,
+            kv_rot,
             ctx,
             tok_embd,
             layers,
@@ -538,6 +569,46 @@ impl LlamaModel {
     /// The hyper-parameters.
     pub fn config(&self) -> &LlamaConfig {
         &self.config
+    }
+
+    /// The element types of the KV caches.
+    pub fn cache_types(&self) -> KvCacheTypes {
+        self.kv_types
+    }
+
+    /// This model with KV caches of `types` (the same weights, from the same source or seed).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a type a cache cannot have or heads that are not whole
+    /// blocks of it ([`KvCacheTypes::check`]).
+    pub fn with_cache_types(&self, types: KvCacheTypes) -> Result<LlamaModel> {
+        if types == self.kv_types {
+            return Ok(self.clone());
+        }
+        let mut m = Self::build_params(self.config.clone(), self.seed, self.source.clone(), types)?;
+        // Keep the weights' initialisers (`with_qk_std` changes some), matched by name: the
+        // new types may add or drop rotation matrices.
+        for new in &mut m.params {
+            let name = m.ctx.tensors()[new.0.index()].name();
+            if let Some(old) = self
+                .params
+                .iter()
+                .find(|o| self.ctx.tensors()[o.0.index()].name() == name)
+                .filter(|o| !matches!(o.1, Init::Same(_)))
+            {
+                new.1 = old.1;
+            }
+        }
+        if self.output != self.tok_embd && m.output == m.tok_embd {
+            return m.untie_output();
+        }
+        Ok(m)
+    }
+
+    /// The Walsh–Hadamard matrices `attn_rot_k` and `attn_rot_v` that rotate Q and K, and V,
+    /// for block-type caches ([`KvCacheTypes::rotations`]).
+    pub fn cache_rotations(&self) -> [Option<TensorId>; 2] {
+        self.kv_rot
     }
 
     /// The context holding the parameter tensors (clone it to build graphs).
@@ -607,7 +678,7 @@ impl LlamaModel {
     pub fn is_derived(&self, id: TensorId) -> bool {
         self.params
             .iter()
-            .any(|&(p, init, _)| p == id && init == Init::Yarn)
+            .any(|&(p, init, _)| p == id && matches!(init, Init::Yarn | Init::Hadamard))
     }
 
     /// `output_norm.weight` and `output.weight` (the token embedding when the output is tied).
@@ -743,6 +814,22 @@ impl LlamaModel {
             let values = self.config.yarn_factors().unwrap_or_default();
             return encode_f32(t.dtype(), &values);
         }
+        if init == Init::Hadamard {
+            // Sylvester's construction: H[i][j] = (-1)^popcount(i & j) / √n (symmetric, H² = I).
+            let n = t.ne()[0];
+            let scale = 1.0 / (n as f32).sqrt();
+            let values: Vec<f32> = (0..n * n)
+                .map(|e| {
+                    let (i, j) = (e / n, e % n);
+                    if (i & j).count_ones() % 2 == 0 {
+                        scale
+                    } else {
+                        -scale
+                    }
+                })
+                .collect();
+            return encode_f32(t.dtype(), &values);
+        }
         if let (Some(src), false) = (&self.source, init == Init::Zero) {
             let bytes = src.read(t.name())?;
             if bytes.len() != t.nbytes() {
@@ -755,7 +842,9 @@ impl LlamaModel {
             return Ok(bytes);
         }
         let (center, half) = match init {
-            Init::Zero | Init::Same(_) | Init::Yarn => return Ok(vec![0u8; t.nbytes()]),
+            Init::Zero | Init::Same(_) | Init::Yarn | Init::Hadamard => {
+                return Ok(vec![0u8; t.nbytes()]);
+            }
             Init::RopeFactors => {
                 // Scrambled over [0.25, 4) so that high-frequency pairs, which move most within
                 // a short test sequence, are changed too: a dropped or misapplied factor shows.

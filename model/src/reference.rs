@@ -190,6 +190,17 @@ pub fn reference_models() -> Vec<ReferenceModel> {
             ..base_config(Arch::Gemma3)
         },
     ));
+    // Gemma 3 270M's attention: heads of 256 sharing one KV head (a quantized cache rotates K
+    // by 256, V by 64).
+    out.push(variant(
+        "gemma3-f32-mqa-hd256".into(),
+        LlamaConfig {
+            n_head_kv: 1,
+            head_dim: 256,
+            n_rot: 256,
+            ..base_config(Arch::Gemma3)
+        },
+    ));
     out.push(variant(
         "gemma3-f32-gqa-softcap".into(),
         LlamaConfig {

@@ -234,3 +234,79 @@ fn decoding_reuses_one_plan_per_kv_span_and_allocates_nothing_new() {
         "crossing into the next span plans again"
     );
 }
+
+/// A model whose heads take 32-element blocks (the tiny model's heads of 16 do not).
+fn blockable() -> LlamaConfig {
+    LlamaConfig {
+        n_embd: 128,
+        head_dim: 64,
+        n_rot: 64,
+        n_head: 4,
+        n_head_kv: 2,
+        ..LlamaConfig::tiny()
+    }
+}
+
+#[test]
+fn quantized_caches_are_smaller_and_typed_errors_name_the_cache() {
+    let f16 = LlamaModel::new(blockable(), SEED).unwrap();
+    let kv = |k: &str, v: &str| KvCacheTypes::parse(k, v).unwrap();
+    let q8 = f16.with_cache_types(kv("q8_0", "q8_0")).unwrap();
+    let q4 = f16.with_cache_types(kv("q4_0", "q4_0")).unwrap();
+    let ratio = |m: &LlamaModel| m.cache_bytes_total() as f64 / f16.cache_bytes_total() as f64;
+    assert!(
+        ratio(&q8) <= 0.54 && ratio(&q4) <= 0.29,
+        "{} {}",
+        ratio(&q8),
+        ratio(&q4)
+    );
+    // The weights are the same; the caches change, and two 64×64 f32 rotations join.
+    assert_eq!(
+        q8.weight_bytes_total(),
+        f16.weight_bytes_total() + 2 * 64 * 64 * 4
+    );
+    assert!(q8.cache_rotations().iter().all(Option::is_some));
+    assert!(f16.cache_rotations().iter().all(Option::is_none));
+    // Heads of 16 are not whole blocks: a typed error naming the cache, at open time too.
+    let tiny = LlamaModel::new(LlamaConfig::tiny(), SEED).unwrap();
+    let e = tiny.with_cache_types(kv("f16", "q8_0")).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("cache_v.0"),
+        "{e}"
+    );
+    let opts = SessionOptions::new(SplitMode::Tensor).with_cache_types(kv("q4_1", "f16"));
+    let Err(e) = Session::open(&tiny, &registry().select("cpu:2").unwrap(), &opts) else {
+        panic!("q4_1 keys with heads of 16 opened");
+    };
+    assert!(e.to_string().contains("cache_k.0"), "{e}");
+}
+
+#[test]
+fn session_options_choose_the_cache_and_report_its_bytes() {
+    let model = LlamaModel::new(blockable(), SEED).unwrap();
+    let kv = KvCacheTypes::parse("q8_0", "q4_0").unwrap();
+    let devices = registry().select("cpu:2").unwrap();
+    for mode in [SplitMode::None, SplitMode::Layer, SplitMode::Tensor] {
+        let opts = SessionOptions::new(mode).with_cache_types(kv);
+        let mut s = Session::open(&model, &devices, &opts).unwrap();
+        assert_eq!(s.model().cache_types(), kv, "{mode}");
+        let per = s.cache_bytes_per_device();
+        let total: usize = per.iter().map(|(_, b)| b).sum();
+        assert_eq!(total, s.model().cache_bytes_total(), "{mode}: {per:?}");
+        assert_eq!(
+            per.len(),
+            if mode == SplitMode::None { 1 } else { 2 },
+            "{mode}: {per:?}"
+        );
+        // Forgetting positions: the same logits as evaluating the kept prefix fresh.
+        let full = s.eval(&PROMPT).unwrap();
+        s.truncate(2).unwrap();
+        let again = s.eval(&PROMPT[2..]).unwrap();
+        let n_vocab = model.config().n_vocab;
+        assert!(nmse(&again, &full[2 * n_vocab..]) < 1e-6, "{mode}");
+        assert!(
+            s.truncate(99).is_err() && s.n_past() == PROMPT.len(),
+            "{mode}"
+        );
+    }
+}

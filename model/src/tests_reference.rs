@@ -26,7 +26,7 @@ use tessera::sched::{SchedOptions, layer_devices};
 /// llama.cpp's own on/off runs differ by 3e-7–2e-6 per position (recorded as `fa_nmse`), and
 /// Tessera sits as far from either (measured: F32 medians 3e-7–1e-6, worst 7.9e-6). The mean over
 /// positions is held to twice llama.cpp's own on/off mean as well.
-const F32_NMSE: f64 = 1e-5;
+pub(super) const F32_NMSE: f64 = 1e-5;
 /// Top-two gap below which either choice is faithful.
 const TIE_GAP: f32 = 0.1;
 
@@ -34,6 +34,9 @@ const TIE_GAP: f32 = 0.1;
 pub(super) struct RefRow {
     /// NMSE of llama.cpp's flash-attention-off logits against these.
     pub fa_nmse: f64,
+    /// NMSE of llama.cpp's logits with this file's KV cache types against its F16 cache's, over
+    /// the ids written (cache-type references only; 0 otherwise).
+    pub kv_nmse: f64,
     /// The whole row (small vocabularies).
     pub values: Vec<f32>,
     /// The largest logits as (id, value), best first (large vocabularies).
@@ -115,6 +118,7 @@ pub(super) fn parse_reference(text: &str) -> Reference {
             Some("row") => {
                 let mut row = RefRow {
                     fa_nmse: 0.0,
+                    kv_nmse: 0.0,
                     values: Vec::new(),
                     top: Vec::new(),
                     top_nmse: 0.0,
@@ -122,6 +126,8 @@ pub(super) fn parse_reference(text: &str) -> Reference {
                 for field in it.skip(1) {
                     if let Some(v) = field.strip_prefix("fa_nmse=") {
                         row.fa_nmse = v.parse().unwrap();
+                    } else if let Some(v) = field.strip_prefix("kv_nmse=") {
+                        row.kv_nmse = v.parse().unwrap();
                     } else if let Some(v) = field.strip_prefix("top_nmse=") {
                         row.top_nmse = v.parse().unwrap();
                     } else if field.contains('=') {
@@ -154,8 +160,18 @@ pub(super) fn row_nmse(row: &[f32], r: &RefRow) -> f64 {
 
 /// Calls `f(label, evaluator, reset)` for each split mode: `none`, `layer` over 2 devices,
 /// `tensor` over 2 and over 3 devices with ratios 5:1:3.
-fn with_each_mode(
+pub(super) fn with_each_mode(
     model: &LlamaModel,
+    f: impl FnMut(&str, &mut dyn FnMut(&[i32]) -> Vec<f32>, &mut dyn FnMut()),
+) {
+    with_modes(model, &|_| true, f);
+}
+
+/// [`with_each_mode`] over the modes whose label `keep` accepts (and the environment's
+/// `TESSERA_REFERENCE_MODES` allows).
+pub(super) fn with_modes(
+    model: &LlamaModel,
+    keep: &dyn Fn(&str) -> bool,
     mut f: impl FnMut(&str, &mut dyn FnMut(&[i32]) -> Vec<f32>, &mut dyn FnMut()),
 ) {
     let n_layer = model.config().n_layer;
@@ -172,11 +188,12 @@ fn with_each_mode(
     // development runs pick what they need. Unset: every mode.
     let modes_env = std::env::var("TESSERA_REFERENCE_MODES").ok();
     let wanted = |label: &str| {
-        modes_env.as_deref().is_none_or(|m| {
-            m.split(',')
-                .map(str::trim)
-                .any(|w| !w.is_empty() && label.starts_with(w))
-        })
+        keep(label)
+            && modes_env.as_deref().is_none_or(|m| {
+                m.split(',')
+                    .map(str::trim)
+                    .any(|w| !w.is_empty() && label.starts_with(w))
+            })
     };
     let one = select(1);
     let two = select(2);
@@ -270,7 +287,7 @@ fn check_moe_reduces(label: &str, s: &Session, c: &LlamaConfig, experts: ExpertS
 }
 
 /// Logit rows of `tokens`: the prompt as one batch, then the rest one token at a time.
-fn teacher_forced(
+pub(super) fn teacher_forced(
     eval: &mut dyn FnMut(&[i32]) -> Vec<f32>,
     prompt: &[i32],
     rest: &[i32],
@@ -297,7 +314,7 @@ fn greedy(eval: &mut dyn FnMut(&[i32]) -> Vec<f32>, prompt: &[i32], n: usize) ->
     out
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(super) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }

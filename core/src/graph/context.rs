@@ -1064,8 +1064,8 @@ impl Context {
     }
 
     /// Fused attention: `softmax(scale·q·kᵀ + mask)·v` per head with grouped KV heads.
-    /// q `[d, n_q, h, b]` f32; k `[d, n_kv, h_kv, b]` and v `[dv, n_kv, h_kv, b]` both f16 or both
-    /// f32; mask `[n_kv, ≥n_q, 1, 1 or b]` f16/f32 (one for every batch, or one per batch: the
+    /// q `[d, n_q, h, b]` f32; k `[d, n_kv, h_kv, b]` and v `[dv, n_kv, h_kv, b]` each of any
+    /// float or block type (rows of whole blocks, which `new_tensor` already requires); mask `[n_kv, ≥n_q, 1, 1 or b]` f16/f32 (one for every batch, or one per batch: the
     /// KV streams of several sequences) → f32 `[dv, h, n_q, b]`.
     ///
     /// # Errors
@@ -1088,18 +1088,21 @@ impl Context {
         };
         let (tq, tk, tv) = (
             self.check_float(&op, q)?,
-            self.check_float(&op, k)?,
-            self.check_float(&op, v)?,
+            self.get(&op, k)?,
+            self.get(&op, v)?,
         );
         self.check(&op, q, tq.dtype == DType::F32, || {
             format!("q must be f32, got {}", tq.dtype)
         })?;
-        self.check(
-            &op,
-            v,
-            tk.dtype == tv.dtype && tk.dtype != DType::BF16,
-            || format!("k/v must both be f16 or f32, got {}/{}", tk.dtype, tv.dtype),
-        )?;
+        // A KV cache of any float or block type, K and V independently (llama.cpp's -ctk/-ctv).
+        for (id, t, which) in [(k, tk, "k"), (v, tv, "v")] {
+            self.check(
+                &op,
+                id,
+                t.dtype.is_float() || t.dtype.is_quantized(),
+                || format!("{which} must be a float or block type, got {}", t.dtype),
+            )?;
+        }
         self.check(&op, k, tk.ne[0] == tq.ne[0], || {
             format!("head size {} vs q {}", tk.ne[0], tq.ne[0])
         })?;

@@ -222,11 +222,47 @@ pub(crate) fn nested(
     dst: &TensorDesc,
     offset: usize,
 ) -> Result<SplitState, Why> {
-    if src.dtype().is_quantized() || !src.is_contiguous() {
-        return Err("needs a contiguous, non-quantized source".into());
+    if !src.is_contiguous() {
+        return Err("needs a contiguous source".into());
     }
     let g = contiguous_strides(src.dtype(), src.ne());
-    let (ne, nb) = (dst.ne(), dst.nb());
+    let (mut ne, nb) = (dst.ne(), dst.nb());
+    // A block type is mapped in whole blocks (the strides count them along dim 0): dim 0 of
+    // the view and a split of dim 0 are counted in blocks, and a result on dim 0 scaled back.
+    let bs = src.dtype().block_size();
+    let blocks = bs > 1;
+    let scaled;
+    let state = if blocks {
+        if nb[0] != src.dtype().type_size() || !ne[0].is_multiple_of(bs) {
+            return Err(format!(
+                "a view of a {} tensor must keep whole blocks along dim 0",
+                src.dtype()
+            ));
+        }
+        ne[0] /= bs;
+        if a == 0 {
+            let mut segs = Vec::new();
+            for seg in state.segments() {
+                if seg.lens.iter().any(|l| !l.is_multiple_of(bs)) {
+                    return Err(format!(
+                        "a piece of {:?} elements is not whole {} blocks of {bs}",
+                        seg.lens,
+                        src.dtype()
+                    ));
+                }
+                segs.push(Segment::new(
+                    seg.lens.iter().map(|l| l / bs).collect(),
+                    seg.repeats,
+                ));
+            }
+            scaled = to_state(0, segs, state.total_len() / bs)?;
+            &scaled
+        } else {
+            state
+        }
+    } else {
+        state
+    };
     // (step along the split axis, view dim) of the dims that move along it.
     let mut on_axis: Vec<(usize, usize)> = Vec::new();
     for d in 0..MAX_DIMS {
@@ -283,6 +319,13 @@ pub(crate) fn nested(
             lens.push(l / step_out);
         }
         out.push(Segment::new(lens, s.repeats));
+    }
+    if blocks && d_out == 0 {
+        let out = out
+            .into_iter()
+            .map(|s| Segment::new(s.lens.iter().map(|l| l * bs).collect(), s.repeats))
+            .collect();
+        return to_state(0, out, ne[0] * bs);
     }
     to_state(d_out, out, ne[d_out])
 }

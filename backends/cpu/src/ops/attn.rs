@@ -1,16 +1,46 @@
-//! FLASH_ATTN_EXT: one task per (query, head, batch). Tasks are ordered query-fastest, so a
-//! thread's consecutive tasks share a KV head: the K/V plane is decoded to f32 once per thread and
-//! KV head, not once per query, and a block of up to [`Q_BLOCK`] queries gets its scores from one
-//! f32 tile product with the K plane, a vectorised softmax per query, and the weighted sums of V
-//! as a second tile product.
+//! FLASH_ATTN_EXT: one task per (query, head, batch), ordered query-fastest. A thread takes its
+//! tasks in blocks of up to [`Q_BLOCK`] that share a KV head and batch (consecutive queries of a
+//! head in a prompt, the heads of a GQA group in a decode step), so each block's scores are one
+//! tile product of the block's queries with the K rows.
+//!
+//! K is read where it lies, in its own type: the scores are the MUL_MAT kernels' tile product
+//! with the K rows as the weights, so the queries are rounded to K's activation form exactly as
+//! ggml rounds them to its `vec_dot_type` (Q8_0 for Q8_0/Q4_0/Q5_0/IQ4_NL keys, Q8_1 for
+//! Q4_1/Q5_1, f32 for float keys), and no key is ever decoded. V rows are decoded one at a time
+//! and added into the block's outputs; a thread with several blocks on one KV head (a prompt)
+//! decodes that head's visible V rows once, transposed, and takes the weighted sums as a tile
+//! product too.
 
 use super::norm::alibi_slope;
 use super::{Exec, ThreadScratch, split_range};
-use tessera_core::{Op, TensorId};
+use crate::tview::TView;
+use tessera_core::{DType, Op, TensorId};
 use tessera_kernels::cpu as k;
 
 /// Queries whose scores one tile product computes.
 const Q_BLOCK: usize = 16;
+
+/// Per-thread buffers of the attention kernel, kept between nodes and runs.
+#[derive(Default)]
+pub(crate) struct AttnScratch {
+    mrow: Vec<f32>,
+    /// K decoded to f32, only for keys that are not row-contiguous (strided test views).
+    kplane: Vec<f32>,
+    /// V decoded and transposed (`dv` rows of the visible keys), for threads with several
+    /// blocks on one KV head.
+    vplane_t: Vec<f32>,
+    vrow: Vec<f32>,
+    qblk: Vec<f32>,
+    qact: Vec<u8>,
+    scores: Vec<f32>,
+    outs: Vec<f32>,
+    sink_row: Vec<f32>,
+}
+
+/// The KV head and batch of a task: a block never spans two.
+fn kv_of(task: usize, n_q: usize, n_head: usize, group: usize) -> (usize, usize) {
+    ((task / n_q) % n_head / group, task / (n_q * n_head))
+}
 
 pub(crate) fn flash_attn_ext(
     exec: &Exec<'_>,
@@ -36,7 +66,6 @@ pub(crate) fn flash_attn_ext(
     );
     let mask = t.src(3).map(|m| exec.view(m));
     let sinks = t.src(4).map(|m| exec.view(m));
-    let mut sink_row = Vec::new();
     let (d, n_q, n_head, n_batch) = (q.ne[0], q.ne[1], q.ne[2], q.ne[3]);
     let (dv, n_kv, n_head_kv) = (vt.ne[0], kt.ne[1], kt.ne[2]);
     let group = n_head / n_head_kv;
@@ -45,130 +74,210 @@ pub(crate) fn flash_attn_ext(
     } else {
         (scale, 0.0)
     };
-    let mut mrow = vec![0f32; if mask.is_some() { n_kv } else { 0 }];
-    let mut acc = vec![0f32; dv];
-    // V is kept transposed (`dv` rows of `n_kv`) so that the weighted sums of a block are a tile
-    // product too.
-    let (mut kplane, mut vplane_t) = (Vec::<f32>::new(), Vec::<f32>::new());
-    let (mut qblk, mut scores, mut outs) =
-        (Vec::<f32>::new(), Vec::<f32>::new(), Vec::<f32>::new());
+    // Keys read in place: row-contiguous and in ggml's layout (`supports` guarantees a type the
+    // tile kernels take). Otherwise they are decoded to f32 first.
+    let k_direct = kt.row_contiguous() && kt.packed.is_none() && kt.nb[1] >= kt.row_bytes();
+    let k_wt = if k_direct {
+        k::WeightType::of_dtype(kt.dtype).unwrap_or(k::WeightType::F32)
+    } else {
+        k::WeightType::F32
+    };
+    let act = k::act_type(k_wt);
+    let s = &mut ts.attn;
+    s.mrow.resize(if mask.is_some() { n_kv } else { 0 }, 0.0);
+    s.vrow.resize(dv, 0.0);
+    let mut cols: Vec<(usize, usize)> = Vec::with_capacity(Q_BLOCK);
     let mut cached: Option<(usize, usize)> = None;
+    let mut v_planed = false;
     let mut n_seen = n_kv;
     let tasks = split_range(n_q * n_head * n_batch, ith, nth);
     let mut task = tasks.start;
     while task < tasks.end {
-        let iq0 = task % n_q;
-        let h = (task / n_q) % n_head;
-        let b = task / (n_q * n_head);
-        // A block of consecutive queries of one head: their scores are one tile product.
-        let nqb = Q_BLOCK.min(tasks.end - task).min(n_q - iq0);
-        task += nqb;
-        let hk = h / group;
-        let slope = alibi_slope(max_bias, h, n_head);
-        // An attention sink is one more logit in the denominator (as is, not scaled), with no
-        // value.
-        let sink = sinks.map(|sv| {
-            sink_row.resize(sv.ne[0], 0.0);
-            sv.read_row(0, 0, 0, &mut sink_row);
-            sink_row[h]
-        });
+        let (hk, b) = kv_of(task, n_q, n_head, group);
+        cols.clear();
+        while task < tasks.end && cols.len() < Q_BLOCK && kv_of(task, n_q, n_head, group) == (hk, b)
+        {
+            cols.push((task % n_q, (task / n_q) % n_head));
+            task += 1;
+        }
+        let more_on_head = task < tasks.end && kv_of(task, n_q, n_head, group) == (hk, b);
         // A mask of one plane per batch (several sequences' KV streams) or one for all.
         let mb = mask.map_or(0, |mv| if mv.ne[3] == 1 { 0 } else { b });
         if cached != Some((hk, b)) {
             // Keys no query of the node sees (the causal future, a padded span) are never
-            // decoded or scored: the span ends after the last key any mask row shows.
+            // scored or read: the span ends after the last key any mask row shows.
             n_seen = match mask {
-                Some(mv) => visible_keys(&mv, n_q, mb, &mut mrow),
+                Some(mv) => visible_keys(&mv, n_q, mb, &mut s.mrow),
                 None => n_kv,
             };
-            kplane.resize(n_seen * d, 0.0);
-            vplane_t.resize(n_seen * dv, 0.0);
-            for j in 0..n_seen {
-                kt.read_row(j, hk, b, &mut kplane[j * d..(j + 1) * d]);
-                vt.read_row(j, hk, b, &mut acc);
-                for (i, v) in acc.iter().enumerate() {
-                    vplane_t[i * n_seen + j] = *v;
+            if !k_direct {
+                s.kplane.resize(n_seen * d, 0.0);
+                for j in 0..n_seen {
+                    kt.read_row(j, hk, b, &mut s.kplane[j * d..(j + 1) * d]);
                 }
             }
             cached = Some((hk, b));
+            v_planed = false;
         }
-        qblk.resize(nqb * d, 0.0);
-        for c in 0..nqb {
-            q.read_row(iq0 + c, h, b, &mut qblk[c * d..(c + 1) * d]);
-        }
-        scores.resize(nqb * n_seen, 0.0);
-        k::mul_mat_tile(
-            k::WeightType::F32,
-            bytemuck::cast_slice(&kplane),
-            d * 4,
-            n_seen,
-            bytemuck::cast_slice(&qblk),
-            d * 4,
-            nqb,
-            d,
-            &mut scores,
-            n_seen,
-            &mut ts.bytes,
-        );
-        for c in 0..nqb {
-            let iq = iq0 + c;
-            let s = &mut scores[c * n_seen..(c + 1) * n_seen];
-            if let Some(mv) = mask {
-                mv.read_row(iq, 0, mb, &mut mrow);
+        let nc = cols.len();
+        s.scores.resize(nc * n_seen, 0.0);
+        s.outs.resize(nc * dv, 0.0);
+        if n_seen > 0 {
+            s.qblk.resize(nc * d, 0.0);
+            for (c, &(iq, h)) in cols.iter().enumerate() {
+                q.read_row(iq, h, b, &mut s.qblk[c * d..(c + 1) * d]);
             }
-            let mut smax = f32::NEG_INFINITY;
-            for (j, v) in s.iter_mut().enumerate() {
-                let mut x = *v * scale;
-                if softcap != 0.0 {
-                    x = softcap * x.tanh();
+            // BF16 keys: ggml takes their dot products in bf16, so the queries are rounded to
+            // it first (block keys round them in `prepare_act`). F16 keys keep f32 queries:
+            // rounding them too moved Tessera further from llama.cpp's logits.
+            if kt.dtype == DType::BF16 {
+                for v in &mut s.qblk {
+                    *v = half::bf16::from_f32(*v).to_f32();
                 }
-                if mask.is_some() {
-                    // A −∞ mask entry hides the key whatever its score (a slope of 0 included).
-                    x = if mrow[j] == f32::NEG_INFINITY {
-                        f32::NEG_INFINITY
-                    } else {
-                        x + slope * mrow[j]
-                    };
-                }
-                *v = x;
-                smax = smax.max(x);
             }
-            // Normalised probabilities; a query that sees no key gets zeros.
-            if let Some(sink) = sink.filter(|&x| x > f32::NEG_INFINITY) {
-                let m = smax.max(sink);
-                let sum = k::vecmath::exp_shifted_sum(s, m) + (sink - m).exp();
-                let inv = 1.0 / sum;
-                s.iter_mut().for_each(|p| *p *= inv);
-            } else if smax > f32::NEG_INFINITY {
-                let inv = 1.0 / k::vecmath::exp_shifted_sum(s, smax);
-                s.iter_mut().for_each(|p| *p *= inv);
+            let arow = k::act_row_bytes(act, d);
+            s.qact.resize(nc * arow, 0);
+            for c in 0..nc {
+                k::prepare_act(
+                    act,
+                    &s.qblk[c * d..(c + 1) * d],
+                    &mut s.qact[c * arow..(c + 1) * arow],
+                );
+            }
+            let (keys, k_stride) = if k_direct {
+                (kt.rows_raw(0, n_seen, hk, b), kt.nb[1])
             } else {
-                s.fill(0.0);
+                (bytemuck::cast_slice(&s.kplane[..n_seen * d]), d * 4)
+            };
+            k::mul_mat_tile(
+                k_wt,
+                keys,
+                k_stride,
+                n_seen,
+                &s.qact,
+                arow,
+                nc,
+                d,
+                &mut s.scores,
+                n_seen,
+                &mut ts.bytes,
+            );
+        }
+        for (c, &(iq, h)) in cols.iter().enumerate() {
+            let sc = &mut s.scores[c * n_seen..(c + 1) * n_seen];
+            if let Some(mv) = mask {
+                mv.read_row(iq, 0, mb, &mut s.mrow);
+            }
+            let slope = alibi_slope(max_bias, h, n_head);
+            // An attention sink is one more logit in the denominator (as is, not scaled), with
+            // no value.
+            let sink = sinks.map(|sv| {
+                s.sink_row.resize(sv.ne[0], 0.0);
+                sv.read_row(0, 0, 0, &mut s.sink_row);
+                s.sink_row[h]
+            });
+            softmax_row(sc, &s.mrow, mask.is_some(), scale, softcap, slope, sink);
+        }
+        if n_seen == 0 {
+            s.outs.fill(0.0);
+        } else if more_on_head || v_planed {
+            if !v_planed {
+                s.vplane_t.resize(n_seen * dv, 0.0);
+                for j in 0..n_seen {
+                    vt.read_row(j, hk, b, &mut s.vrow);
+                    for (i, v) in s.vrow.iter().enumerate() {
+                        s.vplane_t[i * n_seen + j] = *v;
+                    }
+                }
+                v_planed = true;
+            }
+            k::mul_mat_tile(
+                k::WeightType::F32,
+                bytemuck::cast_slice(&s.vplane_t),
+                n_seen * 4,
+                dv,
+                bytemuck::cast_slice(&s.scores),
+                n_seen * 4,
+                nc,
+                n_seen,
+                &mut s.outs,
+                dv,
+                &mut ts.bytes,
+            );
+        } else {
+            // One block on this head: each visible V row is decoded once and added into every
+            // query's output with its weight.
+            s.outs.fill(0.0);
+            for j in 0..n_seen {
+                if (0..nc).all(|c| s.scores[c * n_seen + j] == 0.0) {
+                    continue;
+                }
+                vt.read_row(j, hk, b, &mut s.vrow);
+                for c in 0..nc {
+                    let p = s.scores[c * n_seen + j];
+                    let out = &mut s.outs[c * dv..(c + 1) * dv];
+                    for (o, v) in out.iter_mut().zip(&s.vrow) {
+                        *o += p * v;
+                    }
+                }
             }
         }
-        outs.resize(nqb * dv, 0.0);
-        k::mul_mat_tile(
-            k::WeightType::F32,
-            bytemuck::cast_slice(&vplane_t),
-            n_seen * 4,
-            dv,
-            bytemuck::cast_slice(&scores),
-            n_seen * 4,
-            nqb,
-            n_seen,
-            &mut outs,
-            dv,
-            &mut ts.bytes,
-        );
-        for c in 0..nqb {
-            dst.write_row(h, iq0 + c, b, &outs[c * dv..(c + 1) * dv]);
+        for (c, &(iq, h)) in cols.iter().enumerate() {
+            dst.write_row(h, iq, b, &s.outs[c * dv..(c + 1) * dv]);
         }
     }
 }
 
+/// Turns one query's raw scores into normalised probabilities: scale, soft-cap, mask (with its
+/// ALiBi slope), then a softmax with an optional sink logit. A query that sees no key gets zeros.
+fn softmax_row(
+    s: &mut [f32],
+    mrow: &[f32],
+    masked: bool,
+    scale: f32,
+    softcap: f32,
+    slope: f32,
+    sink: Option<f32>,
+) {
+    let mut smax = f32::NEG_INFINITY;
+    for (j, v) in s.iter_mut().enumerate() {
+        let mut x = *v * scale;
+        if softcap != 0.0 {
+            x = softcap * x.tanh();
+        }
+        if masked {
+            // A −∞ mask entry hides the key whatever its score (a slope of 0 included).
+            x = if mrow[j] == f32::NEG_INFINITY {
+                f32::NEG_INFINITY
+            } else {
+                x + slope * mrow[j]
+            };
+        }
+        *v = x;
+        smax = smax.max(x);
+    }
+    if let Some(sink) = sink.filter(|&x| x > f32::NEG_INFINITY) {
+        let m = smax.max(sink);
+        let sum = k::vecmath::exp_shifted_sum(s, m) + (sink - m).exp();
+        let inv = 1.0 / sum;
+        s.iter_mut().for_each(|p| *p *= inv);
+    } else if smax > f32::NEG_INFINITY {
+        let inv = 1.0 / k::vecmath::exp_shifted_sum(s, smax);
+        s.iter_mut().for_each(|p| *p *= inv);
+    } else {
+        s.fill(0.0);
+    }
+}
+
+/// Whether the kernel reads K and V of these types in place: any type the tile kernels take
+/// (every float and block type but Q8_K), with rows of whole blocks.
+pub(crate) fn kv_supported(kv: DType, d: usize) -> bool {
+    k::WeightType::of_dtype(kv).is_some() && d.is_multiple_of(kv.block_size())
+}
+
 /// One past the last key any of the `n_q` mask rows of batch plane `b` leaves visible (0 if
 /// none); `row` is scratch of the mask's row length.
-fn visible_keys(mask: &crate::tview::TView, n_q: usize, b: usize, row: &mut [f32]) -> usize {
+fn visible_keys(mask: &TView, n_q: usize, b: usize, row: &mut [f32]) -> usize {
     let mut seen = 0;
     for iq in 0..n_q {
         mask.read_row(iq, 0, b, row);

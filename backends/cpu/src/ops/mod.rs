@@ -18,7 +18,7 @@ use crate::tview::TView;
 use parking_lot::Mutex;
 use std::ops::Range;
 use std::sync::atomic::AtomicUsize;
-use tessera_core::{DType, Graph, Op, OpKind, Support, TensorDesc, TensorId};
+use tessera_core::{Graph, Op, OpKind, Support, TensorDesc, TensorId};
 
 /// State shared by the threads of one graph run.
 pub(crate) struct Exec<'a> {
@@ -63,6 +63,7 @@ pub(crate) struct ThreadScratch {
     pub bytes: Vec<u8>,
     /// MUL_MAT_ID's expert grouping.
     pub routing: moe::Routing,
+    pub attn: attn::AttnScratch,
 }
 
 impl ThreadScratch {
@@ -218,8 +219,18 @@ pub(crate) fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
             .map(|s| s.dtype())
     };
     match t.op().kind() {
-        OpKind::FlashAttnExt if !matches!(src_dtype(1), Some(DType::F16 | DType::F32)) => {
-            Support::No("FLASH_ATTN_EXT needs f16 or f32 K/V".into())
+        OpKind::FlashAttnExt
+            if ![1, 2].into_iter().all(|i| {
+                t.src(i)
+                    .and_then(|s| tensors.get(s.index()))
+                    .is_some_and(|s| attn::kv_supported(s.dtype(), s.ne()[0]))
+            }) =>
+        {
+            Support::No(format!(
+                "FLASH_ATTN_EXT has no CPU kernel for K {} / V {} (or rows of partial blocks)",
+                src_dtype(1).map_or("?", |d| d.name()),
+                src_dtype(2).map_or("?", |d| d.name())
+            ))
         }
         // Q8_K is an activation format (as in ggml): no weight kernel takes it.
         k @ (OpKind::MulMat | OpKind::MulMatId)
@@ -287,7 +298,7 @@ pub(crate) fn shared_scratch_bytes(graph: &Graph) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_core::Context;
+    use tessera_core::{Context, DType};
 
     #[test]
     fn mul_mat_weights_need_a_kernel() {
