@@ -45,6 +45,9 @@ enum Command {
     /// tokens per second.
     #[command(after_help = commands::architectures_help())]
     Run(commands::run::RunArgs),
+    /// What each KV cache type costs against the F16 cache: KL divergence, same top token and
+    /// perplexity over a text (llama-perplexity's --kl-divergence), with each type's KV bytes.
+    Kld(commands::kld::KldArgs),
     /// Write the synthetic model (deterministic weights, a small SentencePiece vocabulary) as a
     /// GGUF file, for `run` and for tests without a download.
     #[command(after_help = commands::architectures_help())]
@@ -189,6 +192,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Devices { load } => commands::devices::run(&load).map(|_| ExitCode::SUCCESS),
         Command::Bench(args) => commands::bench::run(&args).map(|_| ExitCode::SUCCESS),
         Command::Run(args) => commands::run::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::Kld(args) => commands::kld::run(&args).map(|_| ExitCode::SUCCESS),
         Command::Soak(args) => commands::soak::run(&args).map(|_| ExitCode::SUCCESS),
         Command::WriteReference { dir } => {
             std::fs::create_dir_all(&dir)?;

@@ -78,12 +78,107 @@ __device__ __forceinline__ void quantize_affine_block(const float* x, u8* y, int
     }
 }
 
-// Quantizes the 32 values read by `get` into one block at `out`, bit-exactly as ggml's
-// quantize_row_q8_0_ref / quantize_row_q4_0_ref (Q4_1 / Q5_1: quantize_affine_block).
+// ggml's best_index_int8 over the IQ4_NL levels: the nearest level (ties to the upper one).
+__device__ __forceinline__ int iq4nl_best_index(float x) {
+    if (x <= iq4nl_level(0)) return 0;
+    if (x >= iq4nl_level(15)) return 15;
+    int ml = 0, mu = 15;
+    while (mu - ml > 1) {
+        int mav = (ml + mu) / 2;
+        if (x < iq4nl_level(mav)) {
+            mu = mav;
+        } else {
+            ml = mav;
+        }
+    }
+    return x - iq4nl_level(mu - 1) < iq4nl_level(mu) - x ? mu - 1 : mu;
+}
+
+// One IQ4_NL block as ggml's quantize_row_iq4_nl_ref: a scale from the extreme value, indices
+// of the nearest levels, then the least-squares scale for those indices (weights x²). An
+// all-zero block gets scale 0 and indices 0 (ggml keeps the previous block's: either decodes
+// to zeros).
+__device__ __forceinline__ void quantize_iq4_nl_block(const float* x, u8* y) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < QK; j++) {
+        float ax = fabsf(x[j]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[j];
+        }
+    }
+    u8 l[QK];
+    float d = 0.0f;
+    if (amax >= 1e-15f) {
+        float id = 1.0f / (max / iq4nl_level(0));
+        float sumqx = 0.0f, sumq2 = 0.0f;
+        for (int j = 0; j < QK; j++) {
+            int li = iq4nl_best_index(id * x[j]);
+            l[j] = (u8)li;
+            float q = iq4nl_level(li);
+            float w = x[j] * x[j];
+            sumqx += w * q * x[j];
+            sumq2 += w * q * q;
+        }
+        d = sumq2 > 0.0f ? sumqx / sumq2 : 0.0f;
+    } else {
+        for (int j = 0; j < QK; j++) l[j] = 0;
+    }
+    u16 dh = f2h(d);
+    y[0] = (u8)(dh & 0xff);
+    y[1] = (u8)(dh >> 8);
+    for (int j = 0; j < QK / 2; j++) {
+        y[2 + j] = (u8)(l[j] | (l[j + QK / 2] << 4));
+    }
+}
+
+// Q4_0 (bits 4, levels -8..7) and Q5_0 (bits 5, -16..15) as ggml's quantize_row_q4_0_ref /
+// quantize_row_q5_0_ref: d from the signed extreme value, (int8_t)(x/d + half + 0.5).
+__device__ __forceinline__ void quantize_symmetric_block(const float* x, u8* y, bool q5) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < QK; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    const float half = q5 ? 16.0f : 8.0f;
+    float d = max / -half;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    u16 dh = f2h(d);
+    y[0] = (u8)(dh & 0xff);
+    y[1] = (u8)(dh >> 8);
+    u8* qs = y + (q5 ? 6 : 2);
+    u32 qh = 0;
+    for (int j = 0; j < QK / 2; j++) {
+        float v0 = fminf(fmaxf(x[j] * id + (half + 0.5f), -128.0f), 127.0f);
+        float v1 = fminf(fmaxf(x[j + QK / 2] * id + (half + 0.5f), -128.0f), 127.0f);
+        int top = q5 ? 31 : 15;
+        int q0 = min((int)v0, top);
+        int q1 = min((int)v1, top);
+        qs[j] = (u8)((q0 & 15) | ((q1 & 15) << 4));
+        qh |= (u32)((q0 & 0x10) >> 4) << j;
+        qh |= (u32)((q1 & 0x10) >> 4) << (j + QK / 2);
+    }
+    if (q5) {
+        y[2] = (u8)(qh & 0xff);
+        y[3] = (u8)((qh >> 8) & 0xff);
+        y[4] = (u8)((qh >> 16) & 0xff);
+        y[5] = (u8)(qh >> 24);
+    }
+}
+
+// Quantizes the 32 values read by `get` into one block at `out`, as ggml's quantize_row_*_ref
+// (Q4_1 / Q5_1: quantize_affine_block; Q4_0 / Q5_0: quantize_symmetric_block; IQ4_NL:
+// quantize_iq4_nl_block).
 __device__ __forceinline__ void quantize_block(const float* x, char* out, int type) {
     u8* y = (u8*)out;
     if (IS_T(type, T_Q4_1) || IS_T(type, T_Q5_1)) {
         quantize_affine_block(x, y, type);
+    } else if (IS_T(type, T_Q4_0) || IS_T(type, T_Q5_0)) {
+        quantize_symmetric_block(x, y, IS_T(type, T_Q5_0));
+    } else if (IS_T(type, T_IQ4_NL)) {
+        quantize_iq4_nl_block(x, y);
     } else if (IS_T(type, T_Q8_0)) {
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) {
@@ -99,26 +194,6 @@ __device__ __forceinline__ void quantize_block(const float* x, char* out, int ty
             float q = roundf(x[j] * id);
             q = fminf(fmaxf(q, -128.0f), 127.0f);
             y[2 + j] = (u8)(signed char)(int)q;
-        }
-    } else if (IS_T(type, T_Q4_0)) {
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < QK; j++) {
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        }
-        float d = max / -8.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        u16 dh = f2h(d);
-        y[0] = (u8)(dh & 0xff);
-        y[1] = (u8)(dh >> 8);
-        for (int j = 0; j < QK / 2; j++) {
-            float v0 = fminf(fmaxf(x[j] * id + 8.5f, -128.0f), 127.0f);
-            float v1 = fminf(fmaxf(x[j + QK / 2] * id + 8.5f, -128.0f), 127.0f);
-            int q0 = min((int)v0, 15);
-            int q1 = min((int)v1, 15);
-            y[2 + j] = (u8)((q0 & 15) | ((q1 & 15) << 4));
         }
     }
 }

@@ -390,13 +390,11 @@ pub const GPU_KERNEL_DTYPES: [tessera_core::DType; 17] = [
 
 /// Of [`GPU_KERNEL_DTYPES`], those the GPU kernels only read (MUL_MAT weights, GET_ROWS tables,
 /// dequantizing copies): cases that quantize into them (CPY, SET_ROWS) are outside coverage.
-pub const GPU_READ_ONLY_DTYPES: [tessera_core::DType; 9] = [
+pub const GPU_READ_ONLY_DTYPES: [tessera_core::DType; 7] = [
     tessera_core::DType::Q2_K,
     tessera_core::DType::Q3_K,
-    tessera_core::DType::IQ4_NL,
     tessera_core::DType::IQ4_XS,
     tessera_core::DType::MXFP4,
-    tessera_core::DType::Q5_0,
     tessera_core::DType::Q4_K,
     tessera_core::DType::Q5_K,
     tessera_core::DType::Q6_K,

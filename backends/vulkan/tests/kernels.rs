@@ -258,7 +258,14 @@ fn quantizers_bit_exact() -> TrialResult {
     vals[..32].fill(0.0); // an all-zero block (d = 0)
     vals[32..64].fill(-2.5); // a constant block
     let s = Buf::new(&bytes_f32(&vals))?;
-    for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_1] {
+    for dtype in [
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::IQ4_NL,
+    ] {
         let want = rr(encode(
             dtype,
             &vals.iter().map(|&v| v as f64).collect::<Vec<_>>(),

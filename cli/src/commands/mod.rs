@@ -7,6 +7,7 @@ pub mod bench_ops;
 pub mod devices;
 pub mod dist;
 pub mod inputs;
+pub mod kld;
 pub mod run;
 pub mod session;
 pub mod soak;

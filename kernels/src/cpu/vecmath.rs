@@ -97,10 +97,81 @@ pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     sum
 }
 
+/// `out[c·n + i] += p[c] · x[i]` for every column `c < p.len()` and `i < n = x.len()`: one row
+/// `x` added into several accumulators with their weights (attention's weighted sums of V),
+/// each element of `x` loaded once.
+///
+/// # Panics
+/// If `out` is shorter than `p.len() · x.len()`.
+pub fn axpy_columns(out: &mut [f32], p: &[f32], x: &[f32]) {
+    let n = x.len();
+    assert!(out.len() >= p.len() * n, "axpy_columns: out too short");
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let isa = active_isa();
+        if isa == Isa::Avx512 {
+            // SAFETY: AVX-512 is available; lengths checked above.
+            done = unsafe { x86::axpy_columns_avx512(out, p, x) };
+        } else if isa == Isa::Avx2 {
+            // SAFETY: AVX2 and FMA are available; lengths checked above.
+            done = unsafe { x86::axpy_columns_avx2(out, p, x) };
+        }
+    }
+    for (c, &w) in p.iter().enumerate() {
+        let o = &mut out[c * n..(c + 1) * n];
+        for i in done..n {
+            o[i] += w * x[i];
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{GELU_COEF_A, Gate, SQRT_2_OVER_PI};
     use std::arch::x86_64::*;
+
+    /// [`super::axpy_columns`] over the first `x.len() / 16 * 16` elements; returns that count.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn axpy_columns_avx512(out: &mut [f32], p: &[f32], x: &[f32]) -> usize {
+        let n = x.len();
+        let done = n / 16 * 16;
+        for i in (0..done).step_by(16) {
+            // SAFETY: i + 16 <= n, and every column's row lies in `out` (checked by the caller).
+            unsafe {
+                let xv = _mm512_loadu_ps(x.as_ptr().add(i));
+                for (c, &w) in p.iter().enumerate() {
+                    let o = out.as_mut_ptr().add(c * n + i);
+                    _mm512_storeu_ps(
+                        o,
+                        _mm512_fmadd_ps(_mm512_set1_ps(w), xv, _mm512_loadu_ps(o)),
+                    );
+                }
+            }
+        }
+        done
+    }
+
+    /// [`super::axpy_columns`] over the first `x.len() / 8 * 8` elements; returns that count.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn axpy_columns_avx2(out: &mut [f32], p: &[f32], x: &[f32]) -> usize {
+        let n = x.len();
+        let done = n / 8 * 8;
+        for i in (0..done).step_by(8) {
+            // SAFETY: i + 8 <= n, and every column's row lies in `out` (checked by the caller).
+            unsafe {
+                let xv = _mm256_loadu_ps(x.as_ptr().add(i));
+                for (c, &w) in p.iter().enumerate() {
+                    let o = out.as_mut_ptr().add(c * n + i);
+                    _mm256_storeu_ps(
+                        o,
+                        _mm256_fmadd_ps(_mm256_set1_ps(w), xv, _mm256_loadu_ps(o)),
+                    );
+                }
+            }
+        }
+        done
+    }
 
     /// `e^x` for sixteen lanes; exactly 0 below the smallest normal result (and for −∞), so
     /// masked attention scores contribute nothing.
@@ -321,6 +392,28 @@ mod arm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every SIMD width and its scalar tail against f64 sums, three columns at once.
+    #[test]
+    fn axpy_columns_adds_each_weighted_row() {
+        for n in [1, 7, 8, 15, 16, 17, 64, 100, 256] {
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let p = [0.5f32, -2.0, 0.0];
+            let mut out: Vec<f32> = (0..3 * n).map(|i| i as f32 * 0.01).collect();
+            let before = out.clone();
+            axpy_columns(&mut out, &p, &x);
+            for c in 0..3 {
+                for i in 0..n {
+                    let want = f64::from(before[c * n + i]) + f64::from(p[c]) * f64::from(x[i]);
+                    let got = f64::from(out[c * n + i]);
+                    assert!(
+                        (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                        "n {n} c {c} i {i}"
+                    );
+                }
+            }
+        }
+    }
 
     /// Relative error against f64 references over a wide range, including the clamps and the
     /// scalar tail (lengths not a multiple of 16).

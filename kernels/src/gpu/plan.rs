@@ -315,16 +315,14 @@ pub fn alignment_of(d: DType) -> usize {
 }
 
 /// Whether the kernels only read `d` (dequantize it) and have no quantizer for it: Q2_K, Q3_K,
-/// IQ4_NL, IQ4_XS, MXFP4, Q5_0, Q4_K, Q5_K and Q6_K.
+/// IQ4_XS, MXFP4, Q4_K, Q5_K and Q6_K. (Every KV cache type has one.)
 pub fn read_only_dtype(d: DType) -> bool {
     matches!(
         d,
         DType::Q2_K
             | DType::Q3_K
-            | DType::IQ4_NL
             | DType::IQ4_XS
             | DType::MXFP4
-            | DType::Q5_0
             | DType::Q4_K
             | DType::Q5_K
             | DType::Q6_K
@@ -1164,10 +1162,8 @@ mod tests {
         for d in [
             DType::Q2_K,
             DType::Q3_K,
-            DType::IQ4_NL,
             DType::IQ4_XS,
             DType::MXFP4,
-            DType::Q5_0,
             DType::Q4_K,
             DType::Q5_K,
             DType::Q6_K,
@@ -1177,6 +1173,16 @@ mod tests {
             assert!(!support(d, true), "CPY into {d}");
         }
         assert!(support(DType::Q8_0, true) && support(DType::Q4_0, false));
+        // Every KV cache type is written (SET_ROWS) as well as read.
+        for d in [
+            DType::Q5_0,
+            DType::IQ4_NL,
+            DType::Q4_1,
+            DType::Q5_1,
+            DType::Q4_0,
+        ] {
+            assert!(!read_only_dtype(d) && support(d, true), "CPY into {d}");
+        }
         assert_eq!(alignment_of(DType::MXFP4), 1);
     }
 

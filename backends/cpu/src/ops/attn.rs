@@ -30,6 +30,12 @@ pub(crate) struct AttnScratch {
     /// blocks on one KV head.
     vplane_t: Vec<f32>,
     vrow: Vec<f32>,
+    /// The visible K rows in the tile kernels' packed layout (zero rows pad the last group),
+    /// for threads with several blocks on one KV head.
+    kpacked: Vec<u8>,
+    kgather: Vec<u8>,
+    /// Scores of a packed product, `n_pad` apart.
+    spad: Vec<f32>,
     qblk: Vec<f32>,
     qact: Vec<u8>,
     scores: Vec<f32>,
@@ -83,6 +89,8 @@ pub(crate) fn flash_attn_ext(
         k::WeightType::F32
     };
     let act = k::act_type(k_wt);
+    let isa = k::active_isa();
+    let mut k_packed: Option<(k::PackLayout, usize)> = None;
     let s = &mut ts.attn;
     s.mrow.resize(if mask.is_some() { n_kv } else { 0 }, 0.0);
     s.vrow.resize(dv, 0.0);
@@ -116,6 +124,31 @@ pub(crate) fn flash_attn_ext(
                     kt.read_row(j, hk, b, &mut s.kplane[j * d..(j + 1) * d]);
                 }
             }
+            // Several blocks on this head (a prompt): the keys once in the packed layout of
+            // the weight kernels, whose GEMM is several times faster than the row kernels'.
+            k_packed = None;
+            if k_direct
+                && more_on_head
+                && n_seen > 0
+                && let Some(layout) = k::PackLayout::for_isa(isa, k_wt)
+            {
+                let (pr, rb) = (layout.rows(), kt.row_bytes());
+                let n_pad = n_seen.div_ceil(pr) * pr;
+                s.kgather.clear();
+                s.kgather.resize(n_pad * rb, 0);
+                for j in 0..n_seen {
+                    s.kgather[j * rb..(j + 1) * rb].copy_from_slice(kt.row_raw(j, hk, b));
+                }
+                s.kpacked.resize(n_pad * rb, 0);
+                for (src, dst) in s
+                    .kgather
+                    .chunks_exact(pr * rb)
+                    .zip(s.kpacked.chunks_exact_mut(pr * rb))
+                {
+                    k::pack_group(layout, k_wt, d, src, dst);
+                }
+                k_packed = Some((layout, n_pad));
+            }
             cached = Some((hk, b));
             v_planed = false;
         }
@@ -144,24 +177,46 @@ pub(crate) fn flash_attn_ext(
                     &mut s.qact[c * arow..(c + 1) * arow],
                 );
             }
-            let (keys, k_stride) = if k_direct {
-                (kt.rows_raw(0, n_seen, hk, b), kt.nb[1])
+            if let Some((layout, n_pad)) = k_packed {
+                s.spad.resize(nc * n_pad, 0.0);
+                k::mul_mat_tile_packed(
+                    isa,
+                    layout,
+                    k_wt,
+                    &s.kpacked,
+                    n_pad,
+                    &s.qact,
+                    arow,
+                    nc,
+                    d,
+                    &mut s.spad,
+                    n_pad,
+                    &mut ts.bytes,
+                );
+                for c in 0..nc {
+                    s.scores[c * n_seen..(c + 1) * n_seen]
+                        .copy_from_slice(&s.spad[c * n_pad..c * n_pad + n_seen]);
+                }
             } else {
-                (bytemuck::cast_slice(&s.kplane[..n_seen * d]), d * 4)
-            };
-            k::mul_mat_tile(
-                k_wt,
-                keys,
-                k_stride,
-                n_seen,
-                &s.qact,
-                arow,
-                nc,
-                d,
-                &mut s.scores,
-                n_seen,
-                &mut ts.bytes,
-            );
+                let (keys, k_stride) = if k_direct {
+                    (kt.rows_raw(0, n_seen, hk, b), kt.nb[1])
+                } else {
+                    (bytemuck::cast_slice(&s.kplane[..n_seen * d]), d * 4)
+                };
+                k::mul_mat_tile(
+                    k_wt,
+                    keys,
+                    k_stride,
+                    n_seen,
+                    &s.qact,
+                    arow,
+                    nc,
+                    d,
+                    &mut s.scores,
+                    n_seen,
+                    &mut ts.bytes,
+                );
+            }
         }
         for (c, &(iq, h)) in cols.iter().enumerate() {
             let sc = &mut s.scores[c * n_seen..(c + 1) * n_seen];
@@ -208,18 +263,16 @@ pub(crate) fn flash_attn_ext(
             // One block on this head: each visible V row is decoded once and added into every
             // query's output with its weight.
             s.outs.fill(0.0);
+            let mut p = [0f32; Q_BLOCK];
             for j in 0..n_seen {
-                if (0..nc).all(|c| s.scores[c * n_seen + j] == 0.0) {
+                for (c, w) in p[..nc].iter_mut().enumerate() {
+                    *w = s.scores[c * n_seen + j];
+                }
+                if p[..nc].iter().all(|&w| w == 0.0) {
                     continue;
                 }
                 vt.read_row(j, hk, b, &mut s.vrow);
-                for c in 0..nc {
-                    let p = s.scores[c * n_seen + j];
-                    let out = &mut s.outs[c * dv..(c + 1) * dv];
-                    for (o, v) in out.iter_mut().zip(&s.vrow) {
-                        *o += p * v;
-                    }
-                }
+                k::vecmath::axpy_columns(&mut s.outs, &p[..nc], &s.vrow);
             }
         }
         for (c, &(iq, h)) in cols.iter().enumerate() {

@@ -79,8 +79,17 @@ pub(crate) fn mul_mat(
     }
     exec.barrier.wait();
 
-    // Phase 2: dynamically scheduled chunks.
-    let (m, n) = (dst.ne[0], dst.ne[1]);
+    // Phase 2: dynamically scheduled chunks. Weights shared by every plane (a small matrix
+    // applied to each head and token: the KV caches' rotations) make one GEMM over all the
+    // planes' columns, which the prepared activations already hold in plane order.
+    let (m, n_plane) = (dst.ne[0], dst.ne[1]);
+    let shared_w = w.ne[2] == 1 && w.ne[3] == 1;
+    let planes_all = dst.ne[2] * dst.ne[3];
+    let n = if shared_w {
+        n_plane * planes_all
+    } else {
+        n_plane
+    };
     let (rows_per, cols_per) = if n == 1 && w.packed.is_some() {
         // The x86 packed kernel sums each activation block once per call: larger chunks
         // amortise that (and every packed kernel's per-call setup) while leaving several chunks
@@ -94,7 +103,7 @@ pub(crate) fn mul_mat(
     };
     let row_blocks = m.div_ceil(rows_per);
     let col_blocks = n.div_ceil(cols_per);
-    let planes = dst.ne[2] * dst.ne[3];
+    let planes = if shared_w { 1 } else { planes_all };
     let total = planes * row_blocks * col_blocks;
     let (r2, r3) = (dst.ne[2] / w.ne[2], dst.ne[3] / w.ne[3]);
     let tile = &mut ts.tile;
@@ -116,7 +125,14 @@ pub(crate) fn mul_mat(
         let xbytes = exec.shared.slice(first_col * arb..(first_col + cols) * arb);
         tile_product(wt, &w, wbytes, rows, xbytes, arb, cols, tile, &mut ts.bytes);
         for c in 0..cols {
-            dst.write_f32_at(r0, c0 + c, i2, i3, &tile[c * rows..(c + 1) * rows]);
+            let out = &tile[c * rows..(c + 1) * rows];
+            if shared_w {
+                // Column c0 + c of all the planes' columns: column `col` of plane `pl`.
+                let (col, pl) = ((c0 + c) % n_plane, (c0 + c) / n_plane);
+                dst.write_f32_at(r0, col, pl % dst.ne[2], pl / dst.ne[2], out);
+            } else {
+                dst.write_f32_at(r0, c0 + c, i2, i3, out);
+            }
         }
     }
 }
