@@ -90,6 +90,8 @@ enum Command {
         #[arg(long, value_parser = commands::args::split_mode, default_value = "tensor")]
         split_mode: tessera_model::SplitMode,
         #[command(flatten)]
+        cache: commands::session::CacheTypeArgs,
+        #[command(flatten)]
         dist: commands::dist::DistArgs,
     },
     /// Time the all-reduce between devices (size, time, algbw, busbw, path).
@@ -271,12 +273,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ratios,
             generic,
             split_mode,
+            cache,
             dist,
         } => {
             let job = commands::dist::Job::start(&dist, &commands::dist::fingerprint(None)?)?;
             let devs = job.finish(tessera::registry().select(&devices).map_err(Into::into))?;
             let ok = job.finish(commands::test_tp::run(
-                &devs, &ratios, generic, split_mode, &job,
+                &devs,
+                &ratios,
+                generic,
+                split_mode,
+                cache.types()?,
+                &job,
             ))?;
             Ok(if ok {
                 ExitCode::SUCCESS

@@ -250,6 +250,29 @@ fn two_ranks_of_two_devices_with_uneven_ratios_match_the_unsplit_model() {
 }
 
 #[test]
+fn two_ranks_split_quantized_kv_caches_by_heads() {
+    if !have_mpirun() {
+        return;
+    }
+    // Each rank holds whole heads of q8_0 keys and q4_0 values (rotated, as llama.cpp's).
+    test_tp_passes(
+        "tp_kv",
+        &[
+            "--devices",
+            "cpu:1",
+            "--cache-type-k",
+            "q8_0",
+            "--cache-type-v",
+            "q4_0",
+        ],
+        &[
+            "KV caches: K q8_0, V q4_0 (heads of 32)",
+            "then mpi across 2 ranks",
+        ],
+    );
+}
+
+#[test]
 fn two_ranks_split_whole_experts() {
     if !have_mpirun() {
         return;

@@ -6,7 +6,8 @@
 #  - synthetic/kv/NAME.K-V.txt: the llama, qwen3 and gemma3 F32 models (and gemma3 with Gemma 3
 #    270M's heads of 256 and one KV head) with KV caches of types K
 #    and V (top-64 rows): every type as K and V together, and each once as K with an F16 V and
-#    once as V with an F16 K. KV_PAIRS=all records all 81 pairs instead, KV_DIR=DIR writes them
+#    once as V with an F16 K; the qwen3moe F32 model with each block type as K and V.
+#    KV_PAIRS=all records all 81 pairs instead, KV_DIR=DIR writes them
 #    there (the development sweep: model/src/tests_reference_kv.rs), KV_ONLY=1 records only these.
 #
 # usage: make_references.sh LLAMA_CPP_DIR [SMOLLM2.gguf [GEMMA3.gguf]]
@@ -41,6 +42,13 @@ for name in llama-f32-gqa qwen3-f32-gqa gemma3-f32-gqa gemma3-f32-mqa-hd256; do
     done
     echo "recorded $kv_dir/$name.*"
 done
+# The mixture-of-experts model (expert split too): the block types as K and V together.
+for t in q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl; do
+    "$work/llama_reference" "$work/models/qwen3moe-f32-gqa.gguf" \
+        --tokens "$(cat "$work/models/qwen3moe-f32-gqa.tokens")" 64 16 "$t" "$t" \
+        > "$kv_dir/qwen3moe-f32-gqa.$t-$t.txt" 2> "$work/kv.log" || { cat "$work/kv.log"; exit 1; }
+done
+echo "recorded $kv_dir/qwen3moe-f32-gqa.*"
 if [ -n "${KV_ONLY:-}" ]; then exit 0; fi
 mkdir -p "$here/synthetic"
 for gguf in "$work"/models/*.gguf; do

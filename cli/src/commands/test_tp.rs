@@ -50,6 +50,7 @@ pub fn run(
     ratios: &[f32],
     generic: bool,
     mode: SplitMode,
+    cache: tessera_model::KvCacheTypes,
     job: &super::dist::Job,
 ) -> anyhow::Result<bool> {
     // Under --dist every rank checks its own copy of the logits; rank 0 prints.
@@ -95,6 +96,9 @@ pub fn run(
             "llama tiny model"
         }
     );
+    if !cache.is_default() {
+        say!("KV caches: {cache} (heads of 32)");
+    }
     let mut ok = true;
     let mut path = String::new();
     let mut described = String::new();
@@ -114,7 +118,17 @@ pub fn run(
             n_layer: 3,
             ..base
         };
-        let model = LlamaModel::new(config, SEED)?;
+        // Block-type caches need heads of whole 32-element blocks (the tiny model's are 16).
+        let config = if cache.is_default() {
+            config
+        } else {
+            LlamaConfig {
+                head_dim: 32,
+                n_rot: 32,
+                ..config
+            }
+        };
+        let model = LlamaModel::new(config, SEED)?.with_cache_types(cache)?;
         let ld = layer_devices(model.config().n_layer, &[], 1)?;
         let mut unsplit = Session::on_devices(
             &model,
