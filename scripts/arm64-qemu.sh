@@ -107,10 +107,18 @@ run_level() {
   if [ "$QUICK" = 0 ]; then
     if [ "$level" = i8mm ]; then
       echo "   reference suite (synthetic and real models), modes: $TOP_MODES; MoE packed against plain"
-      TESSERA_REFERENCE_MODES=$TOP_MODES qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_reference tests_real tests_moe
+      TESSERA_REFERENCE_MODES=$TOP_MODES qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_reference tests_real tests_moe \
+        --skip quantized_caches
+      # The KV cache types (tests_reference_kv): one block pair per kernel family, unsplit; all of
+      # them run on x86-64.
+      echo "   KV cache types against llama.cpp: three pairs, unsplit"
+      TESSERA_REFERENCE_MODES=none \
+        TESSERA_REFERENCE_ONLY=llama-f32-gqa.q4_0-q4_0,qwen3-f32-gqa.q8_0-f16,gemma3-f32-mqa-hd256.iq4_nl-iq4_nl \
+        qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_reference_kv
     elif [ "$level" != neon ] || [ "$EVERY_LEVEL" = 1 ]; then
       echo "   real models, unsplit; MoE packed against plain"
-      TESSERA_REFERENCE_MODES=none qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_real tests_moe
+      TESSERA_REFERENCE_MODES=none qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_real tests_moe \
+        --skip quantized_caches
     else
       echo "   MoE packed against plain"
       qemu-aarch64 -cpu "$cpu" "$MODEL" -q tests_moe

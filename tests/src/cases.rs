@@ -1196,6 +1196,32 @@ pub fn known_gap(backend: &str, case: &Case) -> Option<&'static str> {
         .then_some("the GPU attention kernels read one mask plane for every batch")
 }
 
+/// Whether conformance on `backend` leaves `case` out to save CI time, and why: SYCL's OpenCL
+/// CPU device compiles one attention program per set of element types, and each KV cache type
+/// pair costs it seconds, so it runs the cache-type attention cases of two pairs (q8_0 keys and
+/// values; q4_1 keys with iq4_nl values), which take every path of the kernels' element
+/// loader. The CPU and lavapipe run all of them, and `TESSERA_CONFORMANCE_EVERY_TYPE=1` runs all
+/// on SYCL too.
+pub fn sampled_out(backend: &str, case: &Case) -> Option<&'static str> {
+    if backend != "sycl"
+        || case.op() != "FLASH_ATTN_EXT"
+        || std::env::var("TESSERA_CONFORMANCE_EVERY_TYPE").is_ok_and(|v| v == "1")
+    {
+        return None;
+    }
+    let label = case.label();
+    let plain = ["type_KV=f16", "type_KV=f32"]
+        .iter()
+        .any(|t| label.contains(&format!("{t},")) || label.ends_with(&format!("{t})")))
+        && !label.contains("type_V=");
+    let kept = (label.contains("type_KV=q8_0") && !label.contains("type_V="))
+        || (label.contains("type_KV=q4_1") && label.contains("type_V=iq4_nl"));
+    (!plain && !kept).then_some(
+        "two cache-type pairs run here, all on the CPU and lavapipe \
+         (TESSERA_CONFORMANCE_EVERY_TYPE=1: all)",
+    )
+}
+
 /// One FLASH_ATTN_EXT configuration.
 #[derive(Clone, Copy)]
 struct Fa {
@@ -1996,6 +2022,25 @@ pub fn filter(cases: Vec<Case>, pattern: Option<&str>) -> Vec<Case> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sycl_samples_the_cache_type_attention_cases() {
+        let fa: Vec<Case> = all_cases()
+            .into_iter()
+            .filter(|c| c.op() == "FLASH_ATTN_EXT")
+            .collect();
+        let out = |b: &str| fa.iter().filter(|c| sampled_out(b, c).is_some()).count();
+        assert_eq!(out("vulkan") + out("cpu") + out("cuda"), 0);
+        let kept: Vec<&str> = fa
+            .iter()
+            .filter(|c| sampled_out("sycl", c).is_none())
+            .map(Case::label)
+            .filter(|l| !l.contains("type_KV=f16") && !l.contains("type_KV=f32"))
+            .collect();
+        // q8_0 (decode, prompt, heads of 256) and q4_1 keys with iq4_nl values (decode, prompt).
+        assert_eq!(kept.len(), 5, "{kept:?}");
+        assert!(out("sycl") >= 15, "{}", out("sycl"));
+    }
 
     #[test]
     fn labels_are_unique_and_every_case_builds() {

@@ -163,6 +163,11 @@ fn device_suite(
                 trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
                 continue;
             }
+            if let Some(why) = crate::cases::sampled_out(backend, case) {
+                let name = format!("[sampled on {backend}: {why}] {name}");
+                trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));
+                continue;
+            }
             if let Some(gap) = crate::cases::known_gap(backend, case) {
                 let name = format!("[known gap on {backend}: {gap}] {name}");
                 trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true));

@@ -106,18 +106,17 @@ pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
 pub fn axpy_columns(out: &mut [f32], p: &[f32], x: &[f32]) {
     let n = x.len();
     assert!(out.len() >= p.len() * n, "axpy_columns: out too short");
-    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    {
-        let isa = active_isa();
-        if isa == Isa::Avx512 {
-            // SAFETY: AVX-512 is available; lengths checked above.
-            done = unsafe { x86::axpy_columns_avx512(out, p, x) };
-        } else if isa == Isa::Avx2 {
-            // SAFETY: AVX2 and FMA are available; lengths checked above.
-            done = unsafe { x86::axpy_columns_avx2(out, p, x) };
-        }
-    }
+    let done = match active_isa() {
+        // SAFETY: AVX-512 is available; lengths checked above.
+        Isa::Avx512 => unsafe { x86::axpy_columns_avx512(out, p, x) },
+        // SAFETY: AVX2 and FMA are available; lengths checked above.
+        Isa::Avx2 => unsafe { x86::axpy_columns_avx2(out, p, x) },
+        _ => 0,
+    };
+    // Elsewhere the loop below vectorises for the baseline (NEON on aarch64).
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
     for (c, &w) in p.iter().enumerate() {
         let o = &mut out[c * n..(c + 1) * n];
         for i in done..n {
