@@ -106,8 +106,10 @@ pub fn run(args: &KldArgs) -> anyhow::Result<()> {
     };
     let tokens = tok.encode(&text, tok.adds_bos(), false);
     let c = args.ctx_size;
-    if c < 2 {
-        anyhow::bail!("-c {c}: a chunk needs at least 2 tokens");
+    // The second half of a chunk is scored, each position against the token after it: at least
+    // one position needs a chunk of 4.
+    if c < 4 {
+        anyhow::bail!("-c {c}: a chunk needs at least 4 tokens (its second half is scored)");
     }
     let fits = tokens.len() / c;
     let n_chunks = args.chunks.map_or(fits, |n| n.min(fits));

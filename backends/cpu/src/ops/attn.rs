@@ -41,6 +41,8 @@ pub(crate) struct AttnScratch {
     scores: Vec<f32>,
     outs: Vec<f32>,
     sink_row: Vec<f32>,
+    /// The block's (query, head) columns.
+    cols: Vec<(usize, usize)>,
 }
 
 /// The KV head and batch of a task: a block never spans two.
@@ -94,7 +96,7 @@ pub(crate) fn flash_attn_ext(
     let s = &mut ts.attn;
     s.mrow.resize(if mask.is_some() { n_kv } else { 0 }, 0.0);
     s.vrow.resize(dv, 0.0);
-    let mut cols: Vec<(usize, usize)> = Vec::with_capacity(Q_BLOCK);
+    let mut cols = std::mem::take(&mut s.cols);
     let mut cached: Option<(usize, usize)> = None;
     let mut v_planed = false;
     let mut n_seen = n_kv;
@@ -279,6 +281,7 @@ pub(crate) fn flash_attn_ext(
             dst.write_row(h, iq, b, &s.outs[c * dv..(c + 1) * dv]);
         }
     }
+    ts.attn.cols = cols;
 }
 
 /// Turns one query's raw scores into normalised probabilities: scale, soft-cap, mask (with its
