@@ -158,6 +158,9 @@ enum Command {
     },
     /// Time a synthetic llama model: prompt processing and generation, whole or split by layers.
     Bench(commands::bench::BenchArgs),
+    /// Throughput of many sequences decoded together, as llama-batched-bench: prompts of B
+    /// sequences, then B tokens per step (-npp, -ntg, -npl as llama.cpp spells them).
+    BatchedBench(commands::batched_bench::BatchedBenchArgs),
     /// Soak test: thousands of random-length requests on the synthetic model per split mode,
     /// reporting resident memory and open file descriptors at start and end (they must stay
     /// flat) and comparing sampled requests with fresh single-request runs.
@@ -193,6 +196,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Devices { load } => commands::devices::run(&load).map(|_| ExitCode::SUCCESS),
         Command::Bench(args) => commands::bench::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::BatchedBench(args) => {
+            commands::batched_bench::run(&args).map(|_| ExitCode::SUCCESS)
+        }
         Command::Run(args) => commands::run::run(&args).map(|_| ExitCode::SUCCESS),
         Command::Kld(args) => commands::kld::run(&args).map(|_| ExitCode::SUCCESS),
         Command::Soak(args) => commands::soak::run(&args).map(|_| ExitCode::SUCCESS),

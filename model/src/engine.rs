@@ -9,8 +9,9 @@
 //! ([`SessionOptions::with_groups`]) needs nothing more.
 
 use crate::ExpertSplit;
+use crate::kv_cells::{KvCells, MAX_SEQUENCES};
 use crate::llama::Step;
-use crate::{KvCacheTypes, LlamaModel, Outputs};
+use crate::{Batch, BatchLogits, KvCacheTypes, LlamaModel, Outputs, SeqId};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -118,6 +119,9 @@ pub struct SessionOptions {
     /// Element types of the KV caches (`None`: the model's own, F16 unless
     /// [`LlamaModel::with_cache_types`] chose others).
     pub cache_types: Option<KvCacheTypes>,
+    /// Sequence ids the session accepts in a [`Batch`]: `0..max_sequences` (default and at
+    /// most [`crate::MAX_SEQUENCES`]). The sequences share the KV cache's `n_ctx` cells.
+    pub max_sequences: usize,
 }
 
 impl fmt::Debug for SessionOptions {
@@ -129,6 +133,7 @@ impl fmt::Debug for SessionOptions {
             .field("comm", &self.comm.as_ref().map(|c| (c.rank(), c.size())))
             .field("groups", &self.groups)
             .field("cache_types", &self.cache_types)
+            .field("max_sequences", &self.max_sequences)
             .finish()
     }
 }
@@ -142,6 +147,7 @@ impl Default for SessionOptions {
             comm: None,
             groups: 1,
             cache_types: None,
+            max_sequences: MAX_SEQUENCES,
         }
     }
 }
@@ -177,6 +183,12 @@ impl SessionOptions {
     /// These options with KV caches of `types` (see [`SessionOptions::cache_types`]).
     pub fn with_cache_types(mut self, types: KvCacheTypes) -> SessionOptions {
         self.cache_types = Some(types);
+        self
+    }
+
+    /// These options accepting sequence ids `0..n` (see [`SessionOptions::max_sequences`]).
+    pub fn with_max_sequences(mut self, n: usize) -> SessionOptions {
+        self.max_sequences = n;
         self
     }
 
@@ -220,7 +232,10 @@ pub struct Session {
     cache_home: Vec<(TensorId, usize)>,
     weights: Bindings,
     buffers: Vec<TensorBuffer>,
-    n_past: usize,
+    /// Which sequence and position each cache row holds.
+    cells: KvCells,
+    /// Tokens evaluated since the session opened (a forked prefix is not evaluated again).
+    evaluated: u64,
     /// The step graph the scheduler planned last: reused while it fits (decode steps within one
     /// [`crate::KV_PAD`] span), so a token costs no graph build, plan or allocation.
     planned: Option<(Outputs, Step)>,
@@ -255,6 +270,23 @@ impl Session {
     /// # Errors
     /// As [`Session::open`].
     pub fn open_with_progress(
+        model: &LlamaModel,
+        devices: &[Arc<dyn Device>],
+        opts: &SessionOptions,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Session> {
+        let n = opts.max_sequences;
+        if n == 0 || n > MAX_SEQUENCES {
+            return Err(Error::InvalidArgument(format!(
+                "max_sequences {n}: a session holds 1 to {MAX_SEQUENCES} sequences"
+            )));
+        }
+        let mut s = Self::open_split(model, devices, opts, progress)?;
+        s.cells = KvCells::new(s.model.config().n_ctx, n);
+        Ok(s)
+    }
+
+    fn open_split(
         model: &LlamaModel,
         devices: &[Arc<dyn Device>],
         opts: &SessionOptions,
@@ -433,6 +465,7 @@ impl Session {
             .into_iter()
             .filter(|&(id, _)| model.is_cache(id))
             .collect();
+        let n_ctx = model.config().n_ctx;
         Ok(Session {
             model,
             mode: SplitMode::None,
@@ -441,7 +474,8 @@ impl Session {
             cache_home,
             weights,
             buffers,
-            n_past: 0,
+            cells: KvCells::new(n_ctx, MAX_SEQUENCES),
+            evaluated: 0,
             planned: None,
             read_buf: Vec::new(),
             plans: 0,
@@ -471,31 +505,114 @@ impl Session {
         &self.buffers
     }
 
-    /// Cache rows filled so far.
+    /// Positions sequence 0 holds (the next token of a single-sequence session goes there).
     pub fn n_past(&self) -> usize {
-        self.n_past
+        self.cells.next_pos(0)
     }
 
-    /// Forgets every evaluated token. The caches are not cleared: a step only reads rows it or
-    /// an earlier step of the sequence wrote.
+    /// Forgets every evaluated token of every sequence. The caches are not cleared: a step only
+    /// reads rows its sequence wrote.
     pub fn reset(&mut self) {
-        self.n_past = 0;
+        self.cells.clear();
     }
 
-    /// Forgets every position from `n_past` on, keeping the first `n_past` in the cache: the
+    /// Forgets every position of sequence 0 from `n_past` on, keeping the first `n_past`: the
     /// next token is evaluated at position `n_past`, seeing only those before it.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `n_past` exceeds [`Session::n_past`] (nothing is changed).
     pub fn truncate(&mut self, n_past: usize) -> Result<()> {
-        if n_past > self.n_past {
+        let held = self.n_past();
+        if n_past > held {
             return Err(Error::InvalidArgument(format!(
-                "truncate to {n_past} positions: the cache holds only {}",
-                self.n_past
+                "truncate to {n_past} positions: the cache holds only {held}"
             )));
         }
-        self.n_past = n_past;
+        self.cells.remove(Some(0), n_past, usize::MAX);
         Ok(())
+    }
+
+    /// Removes positions `p0..p1` of sequence `seq` (every sequence for `None`; `usize::MAX`
+    /// for "to the end"), as llama.cpp's `llama_memory_seq_rm`: the cells no sequence holds any
+    /// more serve later tokens. A sequence continues after the last position it still holds.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown sequence id (nothing is changed).
+    pub fn seq_remove(&mut self, seq: Option<SeqId>, p0: usize, p1: usize) -> Result<()> {
+        if let Some(q) = seq {
+            self.cells.check_seq(q)?;
+        }
+        self.cells.remove(seq, p0, p1);
+        Ok(())
+    }
+
+    /// Makes sequence `dst` share positions `p0..p1` of `src` (`llama_memory_seq_cp`): a forked
+    /// prefix that is read, never evaluated or copied again. `dst` must hold no position in the
+    /// range yet.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown sequence id, or `dst` already holding positions
+    /// that would overlap (nothing is changed).
+    pub fn seq_copy(&mut self, src: SeqId, dst: SeqId, p0: usize, p1: usize) -> Result<()> {
+        self.cells.check_seq(src)?;
+        self.cells.check_seq(dst)?;
+        if src == dst {
+            return Ok(());
+        }
+        if self
+            .cells
+            .positions(dst)
+            .iter()
+            .any(|p| (p0..p1).contains(p))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "copy sequence {src} to {dst}: {dst} already holds positions in {p0}..{p1} \
+                 (remove them first)"
+            )));
+        }
+        self.cells.copy(src, dst, p0, p1);
+        Ok(())
+    }
+
+    /// Removes every sequence but `seq` (`llama_memory_seq_keep`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown sequence id (nothing is changed).
+    pub fn seq_keep(&mut self, seq: SeqId) -> Result<()> {
+        self.cells.check_seq(seq)?;
+        self.cells.keep(seq);
+        Ok(())
+    }
+
+    /// The position after the last one sequence `seq` holds: where its next token goes (0 for
+    /// a sequence holding nothing).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown sequence id.
+    pub fn seq_next_pos(&self, seq: SeqId) -> Result<usize> {
+        self.cells.check_seq(seq)?;
+        Ok(self.cells.next_pos(seq))
+    }
+
+    /// Sequences holding at least one position, lowest id first.
+    pub fn sequences(&self) -> Vec<SeqId> {
+        self.cells.sequences()
+    }
+
+    /// Sequence ids the session accepts: `0..max_sequences`.
+    pub fn max_sequences(&self) -> usize {
+        self.cells.max_sequences()
+    }
+
+    /// Cache cells in use by any sequence, of `n_ctx`.
+    pub fn cells_used(&self) -> usize {
+        self.cells.used()
+    }
+
+    /// Tokens evaluated since the session opened, over every sequence (a prefix shared with
+    /// [`Session::seq_copy`] counts once).
+    pub fn tokens_evaluated(&self) -> u64 {
+        self.evaluated
     }
 
     /// Bytes of the KV caches on each device, by device name in the order the devices hold
@@ -591,11 +708,96 @@ impl Session {
         if tokens.is_empty() {
             return Err(Error::InvalidArgument("no tokens to evaluate".into()));
         }
-        let reusable = self.planned.as_ref().is_some_and(|(o, step)| {
-            *o == outputs && self.model.step_fits(step, tokens.len(), self.n_past)
-        });
+        let t = tokens.len();
+        let first_out = match outputs {
+            Outputs::All => 0,
+            Outputs::Last => t - 1,
+            Outputs::Selected(n) if (1..=t).contains(&n) => t - n,
+            Outputs::Selected(n) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{n} output rows of a step of {t} tokens"
+                )));
+            }
+        };
+        let mut batch = Batch::new();
+        let p0 = self.n_past();
+        for (i, &tok) in tokens.iter().enumerate() {
+            batch.add(tok, p0 + i, 0, i >= first_out);
+        }
+        let mut out = BatchLogits {
+            data: std::mem::take(logits),
+            ..BatchLogits::default()
+        };
+        let r = self.decode_into(&batch, &mut out);
+        *logits = out.data;
+        r
+    }
+
+    /// Evaluates a batch of tokens of any sequences in one step (llama.cpp's `llama_decode`) and
+    /// returns the logits of the tokens that asked for them. Each sequence's tokens must
+    /// continue it ([`Session::seq_next_pos`]) in batch order; new sequences start at 0.
+    ///
+    /// ```
+    /// use tessera_model::{Batch, LlamaConfig, LlamaModel, Session, SessionOptions};
+    /// # fn main() -> tessera::Result<()> {
+    /// let model = LlamaModel::new(LlamaConfig::tiny(), 42)?;
+    /// let cpu = tessera::registry().select("cpu")?;
+    /// let mut session = Session::open(&model, &cpu, &SessionOptions::default())?;
+    /// let mut batch = Batch::new();
+    /// batch.add_sequence(0, 0, &[1, 2, 3]).add_sequence(1, 0, &[4, 5]);
+    /// let logits = session.decode(&batch)?;
+    /// let (next0, next1) = (logits.get(2).unwrap(), logits.get(4).unwrap());
+    /// # let _ = (next0, next1); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty batch, an unknown sequence id, a position that
+    /// does not continue its sequence, more tokens than free cache cells, or a token outside the
+    /// vocabulary; scheduler and device errors naming the device. On any error the cache
+    /// holds what it held before.
+    pub fn decode(&mut self, batch: &Batch) -> Result<BatchLogits> {
+        let mut out = BatchLogits::default();
+        self.decode_into(batch, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Session::decode`] into `out` (its allocation is reused).
+    ///
+    /// # Errors
+    /// As [`Session::decode`].
+    pub fn decode_into(&mut self, batch: &Batch, out: &mut BatchLogits) -> Result<()> {
+        self.cells.check(batch)?;
+        let placed = self.cells.place(batch);
+        let r = self.run_placed(batch, &placed.cells, out);
+        if r.is_err() {
+            self.cells.undo(&placed);
+        } else {
+            self.evaluated += batch.len() as u64;
+        }
+        r
+    }
+
+    fn run_placed(&mut self, batch: &Batch, rows: &[usize], out: &mut BatchLogits) -> Result<()> {
+        let t = batch.len();
+        let toks = batch.tokens();
+        let wanted: Vec<usize> = (0..t).filter(|&i| toks[i].logits).collect();
+        // The output projection runs for the rows asked for; a batch asking for none still
+        // computes the last (and drops it).
+        let outputs = if wanted.len() == t {
+            Outputs::All
+        } else if wanted.is_empty() || wanted == [t - 1] {
+            Outputs::Last
+        } else {
+            Outputs::Selected(wanted.len())
+        };
+        let n_kv = self.model.kv_span(self.cells.extent());
+        let reusable = self
+            .planned
+            .as_ref()
+            .is_some_and(|(o, step)| *o == outputs && step.n_tokens == t && step.n_kv == n_kv);
         if !reusable {
-            let mut step = self.model.build_step(tokens.len(), self.n_past, outputs)?;
+            let mut ctx = self.model.context().clone();
+            let mut step = self.model.build_span(&mut ctx, t, n_kv, outputs)?;
             if self.check_finite {
                 step.graph = step.graph.with_all_outputs();
             }
@@ -608,7 +810,14 @@ impl Session {
         let Some((_, step)) = self.planned.as_ref() else {
             return Err(Error::InvalidArgument("no step graph planned".into()));
         };
-        let inputs = self.model.step_inputs(step, tokens, self.n_past)?;
+        let tokens: Vec<i32> = toks.iter().map(|b| b.token).collect();
+        let positions: Vec<usize> = toks.iter().map(|b| b.pos).collect();
+        let cells = &self.cells;
+        let inputs =
+            self.model
+                .batch_inputs(step, &tokens, &positions, rows, &wanted, |i, j, w| {
+                    cells.visible(j, toks[i].seq, toks[i].pos, w)
+                })?;
         for (id, bytes) in &inputs {
             self.sched.set_input(*id, bytes)?;
         }
@@ -631,16 +840,25 @@ impl Session {
                     devices.join(","),
                     &step.graph,
                     &found,
-                    tokens.len(),
-                    self.n_past,
+                    t,
+                    positions[0],
                 ));
             }
         }
         let n = step.graph.tensors()[step.logits.index()].nbytes();
         self.read_buf.resize(n, 0);
         self.sched.get(step.logits, &mut self.read_buf)?;
-        super::f32s_into(&self.read_buf, logits);
-        self.n_past += tokens.len();
+        super::f32s_into(&self.read_buf, &mut out.data);
+        let n_vocab = self.model.config().n_vocab;
+        out.n_vocab = n_vocab;
+        out.rows.clear();
+        out.rows.resize(t, None);
+        if wanted.is_empty() {
+            out.data.clear();
+        }
+        for (r, &i) in wanted.iter().enumerate() {
+            out.rows[i] = Some(r);
+        }
         Ok(())
     }
 
@@ -767,7 +985,7 @@ impl fmt::Debug for Session {
         f.debug_struct("Session")
             .field("split_mode", &self.mode)
             .field("devices", &self.sched)
-            .field("n_past", &self.n_past)
+            .field("cells_used", &self.cells.used())
             .finish()
     }
 }

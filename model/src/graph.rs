@@ -34,7 +34,44 @@ impl LlamaModel {
                     c.n_ctx
                 ))
             })?;
-        let n_kv = self.kv_span(filled);
+        let mut step = self.build_span(ctx, n_tokens, self.kv_span(filled), outputs)?;
+        step.n_past = n_past;
+        Ok(step)
+    }
+
+    /// [`LlamaModel::build`] for `n_tokens` tokens in any cache rows, attending over cache rows
+    /// `0..n_kv`: positions, rows written and mask are all inputs, so one graph serves any
+    /// batch of sequences of that size and span ([`Step::n_past`] reads 0).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `n_tokens` is 0, `n_kv` is below `n_tokens` or above
+    /// `n_ctx`, `outputs` selects no row or more rows than tokens, or `ctx` does not derive from
+    /// the model's context.
+    pub fn build_span(
+        &self,
+        ctx: &mut Context,
+        n_tokens: usize,
+        n_kv: usize,
+        outputs: Outputs,
+    ) -> Result<Step> {
+        let c = self.config();
+        if n_tokens == 0 || n_kv < n_tokens || n_kv > c.n_ctx {
+            return Err(Error::InvalidArgument(format!(
+                "a step of {n_tokens} tokens attending over {n_kv} cache rows does not fit n_ctx {} \
+                 (T must be ≥ 1)",
+                c.n_ctx
+            )));
+        }
+        let n_outputs = match outputs {
+            Outputs::All => n_tokens,
+            Outputs::Last => 1,
+            Outputs::Selected(n) => n,
+        };
+        if n_outputs == 0 || n_outputs > n_tokens {
+            return Err(Error::InvalidArgument(format!(
+                "{n_outputs} output rows of a step of {n_tokens} tokens"
+            )));
+        }
         let ours = self.context().tensors();
         let derived = ctx.len() >= ours.len()
             && ours
@@ -232,15 +269,21 @@ impl LlamaModel {
             h = ctx.add(h, down)?;
             ctx.set_name(h, format!("l_out.{il}"))?;
         }
-        let n_outputs = match outputs {
-            Outputs::All => t,
-            Outputs::Last => 1,
-        };
-        if n_outputs < t {
-            // A view rather than GET_ROWS: it needs no index input, and on the meta device a view
-            // of `h` (mirrored after the last all-reduce) stays mirrored.
-            let row = ctx.tensor(h)?.nb()[1];
-            h = ctx.view(h, [c.n_embd, 1], [row, row, row], (t - 1) * row)?;
+        let mut out_rows = None;
+        match outputs {
+            Outputs::All => {}
+            Outputs::Last if t > 1 => {
+                // A view rather than GET_ROWS: it needs no index input, and on the meta device a
+                // view of `h` (mirrored after the last all-reduce) stays mirrored.
+                let row = ctx.tensor(h)?.nb()[1];
+                h = ctx.view(h, [c.n_embd, 1], [row, row, row], (t - 1) * row)?;
+            }
+            Outputs::Last => {}
+            Outputs::Selected(n) => {
+                let ids = input(ctx, "inp_out_ids", DType::I32, [n, 1])?;
+                h = ctx.get_rows(h, ids)?;
+                out_rows = Some(ids);
+            }
         }
         let (output_norm, output) = self.output_tensors();
         let x = ctx.rms_norm(h, eps)?;
@@ -260,10 +303,11 @@ impl LlamaModel {
             kv_rows,
             mask,
             mask_swa,
+            out_rows,
             logits,
             n_tokens,
             n_outputs,
-            n_past,
+            n_past: 0,
             n_kv,
             graph,
         })
@@ -299,7 +343,8 @@ impl LlamaModel {
 
     /// The bytes of the inputs of `step` for `tokens` after `n_past` cached tokens: token ids,
     /// positions and cache rows `n_past..n_past+T`, the causal mask (0 where key `j ≤ n_past + i`
-    /// for query `i`, −∞ elsewhere, f16), and for sliding-window models the windowed mask.
+    /// for query `i`, −∞ elsewhere, f16), and for sliding-window models the windowed mask. A step
+    /// of [`Outputs::Selected`]`(n)` returns the last `n` positions.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `tokens` or `n_past` do not match the step, or a token is
@@ -318,8 +363,38 @@ impl LlamaModel {
                 step.n_kv
             )));
         }
+        let t = tokens.len();
+        let rows: Vec<usize> = (n_past..n_past + t).collect();
+        let outs: Vec<usize> = (t - step.n_outputs..t).collect();
+        // Cache row j holds position j of the one sequence.
+        self.batch_inputs(step, tokens, &rows, &rows, &outs, |i, j, window| {
+            let p = n_past + i;
+            j <= p && p - j < window
+        })
+    }
+
+    /// The bytes of the inputs of `step` for a batch: token `i` is `tokens[i]` at
+    /// `positions[i]`, written to cache row `rows[i]`; `outs` are the tokens whose logits the
+    /// step returns (for [`Outputs::Selected`]); `visible(i, j, window)` says whether token `i`
+    /// sees cache row `j` when it looks back fewer than `window` positions.
+    pub(crate) fn batch_inputs(
+        &self,
+        step: &Step,
+        tokens: &[i32],
+        positions: &[usize],
+        rows: &[usize],
+        outs: &[usize],
+        visible: impl Fn(usize, usize, usize) -> bool,
+    ) -> Result<Vec<(TensorId, Vec<u8>)>> {
         let c = self.config();
         let n_vocab = c.n_vocab;
+        if tokens.len() != step.n_tokens {
+            return Err(Error::InvalidArgument(format!(
+                "{} tokens for a step of {}",
+                tokens.len(),
+                step.n_tokens
+            )));
+        }
         let all_swa = (0..c.n_layer).all(|il| c.is_swa(il));
         if let Some(bad) = tokens
             .iter()
@@ -329,33 +404,29 @@ impl LlamaModel {
                 "token {bad} is outside the vocabulary 0..{n_vocab}"
             )));
         }
+        // Positions and rows are below n_ctx, which validate() keeps within i32.
         let i32_bytes = |v: &mut dyn Iterator<Item = i32>| -> Vec<u8> {
             v.flat_map(|x| x.to_le_bytes()).collect()
         };
-        // n_past + T ≤ n_ctx, which validate() keeps within i32.
-        let rows = || (n_past..n_past + tokens.len()).map(|p| p as i32);
+        let as_i32 = |v: &[usize]| i32_bytes(&mut v.iter().map(|&p| p as i32));
         let n_kv = step.n_kv;
         let (zero, ninf) = (
             half::f16::from_f32(0.0).to_le_bytes(),
             half::f16::NEG_INFINITY.to_le_bytes(),
         );
-        // Key j is visible to query i when it is not in the future and, for sliding-window
-        // layers, fewer than n_swa positions back (llama.cpp's standard SWA).
         let mask_bytes = |window: usize| {
             let mut m = Vec::with_capacity(2 * n_kv * tokens.len());
             for i in 0..tokens.len() {
-                let p = n_past + i;
                 for j in 0..n_kv {
-                    let visible = j <= p && p - j < window;
-                    m.extend_from_slice(if visible { &zero } else { &ninf });
+                    m.extend_from_slice(if visible(i, j, window) { &zero } else { &ninf });
                 }
             }
             m
         };
         let mut out = vec![
             (step.tokens, i32_bytes(&mut tokens.iter().copied())),
-            (step.positions, i32_bytes(&mut rows())),
-            (step.kv_rows, i32_bytes(&mut rows())),
+            (step.positions, as_i32(positions)),
+            (step.kv_rows, as_i32(rows)),
             (
                 step.mask,
                 mask_bytes(if all_swa { c.n_swa } else { usize::MAX }),
@@ -363,6 +434,16 @@ impl LlamaModel {
         ];
         if let Some(m) = step.mask_swa {
             out.push((m, mask_bytes(c.n_swa)));
+        }
+        if let Some(ids) = step.out_rows {
+            if outs.len() != step.n_outputs {
+                return Err(Error::InvalidArgument(format!(
+                    "{} output rows for a step of {}",
+                    outs.len(),
+                    step.n_outputs
+                )));
+            }
+            out.push((ids, as_i32(outs)));
         }
         Ok(out)
     }

@@ -33,11 +33,13 @@
 //! # Ok(()) }
 //! ```
 
+mod batch;
 mod config;
 mod engine;
 mod finite;
 mod gguf_io;
 mod graph;
+mod kv_cells;
 mod kv_types;
 mod llama;
 mod moe;
@@ -48,6 +50,8 @@ mod split_policy;
 mod tests;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_arch;
+#[cfg(all(test, feature = "cpu"))]
+mod tests_batch;
 #[cfg(test)]
 mod tests_fallback;
 #[cfg(all(test, feature = "cpu"))]
@@ -68,10 +72,12 @@ pub use tessera_tokenizer as tokenizer;
 mod tp;
 mod weights;
 
+pub use batch::{Batch, BatchLogits, BatchToken, SeqId};
 pub use config::{Arch, Gating, LlamaConfig};
 pub use engine::{Session, SessionOptions, SplitMode};
 pub use finite::first_non_finite;
 pub use gguf_io::{ARCHITECTURE, llama_keys};
+pub use kv_cells::MAX_SEQUENCES;
 pub use kv_types::{CACHE_TYPES, KvCacheTypes};
 pub use llama::{
     KV_PAD, LayerTensors, LlamaModel, MoeTensors, Outputs, Placement, Step, WeightSource,

@@ -112,6 +112,9 @@ pub enum Outputs {
     All,
     /// The last position only: logits `[n_vocab, 1]`.
     Last,
+    /// `n` positions named by the step's [`Step::out_rows`] input: logits `[n_vocab, n]` (the
+    /// last token of each sequence of a batch).
+    Selected(usize),
 }
 
 /// Attention spans of step graphs are multiples of this (as llama.cpp pads its KV cache views):
@@ -132,15 +135,20 @@ pub struct Step {
     pub mask: TensorId,
     /// The sliding-window causal mask of the local-attention layers, if any (input).
     pub mask_swa: Option<TensorId>,
+    /// The token indices whose logits the step returns, i32 `[n_outputs]` (input), for
+    /// [`Outputs::Selected`].
+    pub out_rows: Option<TensorId>,
     /// Logits, f32 `[n_vocab, n_outputs]` (output): every position's, or the last one's (see
     /// [`Outputs`]).
     pub logits: TensorId,
     /// Tokens in the step (`T`).
     pub n_tokens: usize,
-    /// Rows of `logits`: `T` for [`Outputs::All`], 1 for [`Outputs::Last`].
+    /// Rows of `logits`: `T` for [`Outputs::All`], 1 for [`Outputs::Last`], `n` for
+    /// [`Outputs::Selected`]`(n)`.
     pub n_outputs: usize,
-    /// Cache rows already filled before the step it was built for. The graph serves any
-    /// `n_past` with the same [`Step::n_kv`]: positions, cache rows and masks are inputs.
+    /// Cache rows already filled before the step it was built for (0 for
+    /// [`LlamaModel::build_span`]). The graph serves any `n_past` with the same [`Step::n_kv`]:
+    /// positions, cache rows and masks are inputs.
     pub n_past: usize,
     /// Cache rows attention reads: `n_past + T` rounded up to [`crate::KV_PAD`] (at most `n_ctx`),
     /// so consecutive decode steps share one graph and its schedule.

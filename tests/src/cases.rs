@@ -105,6 +105,13 @@ pub enum Init {
         /// Keys every query sees before its own position.
         past: usize,
     },
+    /// Several sequences sharing one cache, their cells interleaved: key j belongs to sequence
+    /// `j % n_seq`, query row r to `r % n_seq`, and a row sees only its sequence's keys
+    /// (uniform in `[-1, 1)`; `-inf` elsewhere).
+    Sequences {
+        /// Sequences in the cache.
+        n_seq: usize,
+    },
     /// A mask that hides the first `first` keys of every row (`-inf`; a sliding window that has
     /// moved on) and is uniform in `[-1, 1)` after them.
     Window {
@@ -190,6 +197,17 @@ pub fn generate(
                 let v = rng.next_f64() * 2.0 - 1.0;
                 let (key, row) = (i % ne[0].max(1), i / ne[0].max(1));
                 if key <= row + past {
+                    v
+                } else {
+                    f64::NEG_INFINITY
+                }
+            })
+            .collect(),
+        Init::Sequences { n_seq } => (0..n)
+            .map(|i| {
+                let v = rng.next_f64() * 2.0 - 1.0;
+                let (key, row) = (i % ne[0].max(1), i / ne[0].max(1));
+                if key % n_seq.max(1) == row % n_seq.max(1) {
                     v
                 } else {
                     f64::NEG_INFINITY
@@ -1245,6 +1263,8 @@ struct Fa {
     window: usize,
     /// One mask plane per batch (the KV streams of several sequences) instead of one for all.
     mask_per_batch: bool,
+    /// Sequences sharing the cache (`Init::Sequences`), when not 0.
+    sequences: usize,
 }
 
 fn flash_attn_case(c: Fa) -> Case {
@@ -1271,6 +1291,11 @@ fn flash_attn_case(c: Fa) -> Case {
     };
     let params = if c.mask_per_batch {
         params + ",mask_per_batch"
+    } else {
+        params
+    };
+    let params = if c.sequences > 0 {
+        format!("{params},sequences={}", c.sequences)
     } else {
         params
     };
@@ -1311,6 +1336,7 @@ fn flash_attn_case(c: Fa) -> Case {
         Ok(match m {
             Some(m) if c.causal => built.init(m, Init::Causal { past }),
             Some(m) if c.window > 0 => built.init(m, Init::Window { first: c.window }),
+            Some(m) if c.sequences > 0 => built.init(m, Init::Sequences { n_seq: c.sequences }),
             Some(m) => built.init(m, Init::Mask),
             None => built,
         })
@@ -1335,6 +1361,7 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
         causal: false,
         window: 0,
         mask_per_batch: false,
+        sequences: 0,
     };
     // Caches of every type llama.cpp's `-ctk`/`-ctv` take, read in place: decode (one query,
     // a GQA group) and a causal prompt block, K and V of one type, and mixed pairs.
@@ -1381,6 +1408,27 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
             h: 4,
             h_kv: 1,
             mask: Some(DType::F16),
+            kv,
+            ..base
+        }));
+    }
+    // Eight sequences sharing one cache (a batched decode step, each query seeing an eighth of
+    // the keys), with Gemma 3's heads, quantized keys and sinks; and a prompt block of two.
+    for (kv, d, sinks, n_q, n_seq) in [
+        (DType::F16, 256, false, 8, 8),
+        (DType::Q8_0, 64, true, 8, 8),
+        (DType::F16, 64, false, 21, 2),
+    ] {
+        v.push(flash_attn_case(Fa {
+            d,
+            dv: d,
+            n_q,
+            n_kv: 113,
+            h: 4,
+            h_kv: 1,
+            mask: Some(DType::F16),
+            sequences: n_seq,
+            sinks,
             kv,
             ..base
         }));

@@ -19,6 +19,12 @@ impl Rng {
         z ^= z >> 31;
         ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
+
+    /// Next value uniform in `0..n` (0 for `n` = 0), as llama.cpp's random tokens.
+    pub fn below(&mut self, n: usize) -> usize {
+        let u = (self.uniform() + 1.0) * 0.5;
+        ((u * n as f32) as usize).min(n.saturating_sub(1))
+    }
 }
 
 /// Uniform floats in [-1, 1) for `desc`, encoded to its dtype (which must be a float or a block

@@ -1,6 +1,7 @@
 //! The `tessera` command line: device listing, op conformance, op and model benchmarks.
 
 pub mod args;
+pub mod batched_bench;
 pub mod bench;
 pub mod bench_allreduce;
 pub mod bench_ops;

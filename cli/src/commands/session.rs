@@ -39,15 +39,29 @@ impl CacheTypeArgs {
     }
 }
 
-/// Rewrites llama.cpp's two-letter flags `-ctk` / `-ctv` (also `-ctk=q8_0`) to
-/// `--cache-type-k` / `--cache-type-v`: clap reads `-ctk` as `-c tk`.
+/// llama.cpp's multi-letter single-dash flags and the long flags they become.
+const LLAMA_FLAGS: [(&str, &str); 9] = [
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-npp", "--n-pp"),
+    ("-ntg", "--n-tg"),
+    ("-npl", "--n-pl"),
+    ("-pps", "--pps"),
+    ("-ub", "--ubatch-size"),
+    ("-fa", "--flash-attn"),
+    ("-ngl", "--n-gpu-layers"),
+];
+
+/// Rewrites llama.cpp's multi-letter flags (`-ctk` / `-ctv`, batched-bench's `-npp`, `-ntg`,
+/// `-npl`, `-pps`, `-ub`, `-fa`, `-ngl`; also `-ctk=q8_0`) to their long forms: clap reads `-ctk` as
+/// `-c tk`.
 pub(crate) fn rewrite_llama_flags(
     args: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> Vec<std::ffi::OsString> {
     args.into_iter()
         .map(|a| {
             let Some(s) = a.to_str() else { return a };
-            for (short, long) in [("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")] {
+            for (short, long) in LLAMA_FLAGS {
                 if s == short {
                     return long.into();
                 }

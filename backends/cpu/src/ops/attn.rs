@@ -43,6 +43,9 @@ pub(crate) struct AttnScratch {
     sink_row: Vec<f32>,
     /// The block's (query, head) columns.
     cols: Vec<(usize, usize)>,
+    /// The keys a query's mask row leaves visible, and their mask values (sparse path).
+    visible: Vec<usize>,
+    mgather: Vec<f32>,
 }
 
 /// The KV head and batch of a task: a block never spans two.
@@ -155,6 +158,43 @@ pub(crate) fn flash_attn_ext(
             v_planed = false;
         }
         let nc = cols.len();
+        // Several sequences in one cache: each query sees its own sequence's keys, a fraction
+        // of the span. Scoring only those keys, one query at a time, beats the dense tile.
+        if let Some(mv) = mask
+            && k_direct
+            && n_seen > 0
+            && sparse_pays(&mv, &cols, mb, n_seen, &mut s.mrow)
+        {
+            let shape = SparseShape {
+                d,
+                dv,
+                n_seen,
+                n_head,
+                hk,
+                b,
+                mb,
+                k_wt,
+                act,
+                scale,
+                softcap,
+                max_bias,
+            };
+            sparse_block(
+                &shape,
+                &q,
+                &kt,
+                &vt,
+                &mv,
+                sinks.as_ref(),
+                &cols,
+                s,
+                &mut ts.bytes,
+            );
+            for (c, &(iq, h)) in cols.iter().enumerate() {
+                dst.write_row(h, iq, b, &s.outs[c * dv..(c + 1) * dv]);
+            }
+            continue;
+        }
         s.scores.resize(nc * n_seen, 0.0);
         s.outs.resize(nc * dv, 0.0);
         if n_seen > 0 {
@@ -282,6 +322,156 @@ pub(crate) fn flash_attn_ext(
         }
     }
     ts.attn.cols = cols;
+}
+
+/// What [`sparse_block`] needs of the node besides its views.
+struct SparseShape {
+    d: usize,
+    dv: usize,
+    n_seen: usize,
+    n_head: usize,
+    hk: usize,
+    b: usize,
+    mb: usize,
+    k_wt: k::WeightType,
+    act: k::ActType,
+    scale: f32,
+    softcap: f32,
+    max_bias: f32,
+}
+
+/// Whether scoring each query's visible keys alone costs less than half the dense tile over
+/// `n_seen` keys (a cache shared by several sequences); `row` is mask-row scratch.
+fn sparse_pays(
+    mask: &TView,
+    cols: &[(usize, usize)],
+    mb: usize,
+    n_seen: usize,
+    row: &mut [f32],
+) -> bool {
+    let mut visible = 0;
+    let mut last_q = usize::MAX;
+    let mut n_q_visible = 0;
+    for &(iq, _) in cols {
+        if iq != last_q {
+            mask.read_row(iq, 0, mb, row);
+            n_q_visible = row[..n_seen]
+                .iter()
+                .filter(|&&m| m != f32::NEG_INFINITY)
+                .count();
+            last_q = iq;
+        }
+        visible += n_q_visible;
+    }
+    visible * 2 < cols.len() * n_seen
+}
+
+/// The block's outputs (`s.outs`, `dv` per column), computed query by query over the keys each
+/// query's mask row leaves visible: the keys gathered in their own type, scored by one tile
+/// product per query (its columns are the heads sharing the KV head), softmax over them, and
+/// their V rows added in key order, as the dense path adds them.
+#[allow(clippy::too_many_arguments)]
+fn sparse_block(
+    sh: &SparseShape,
+    q: &TView,
+    kt: &TView,
+    vt: &TView,
+    mask: &TView,
+    sinks: Option<&TView>,
+    cols: &[(usize, usize)],
+    s: &mut AttnScratch,
+    bytes: &mut Vec<u8>,
+) {
+    let (d, dv) = (sh.d, sh.dv);
+    s.outs.resize(cols.len() * dv, 0.0);
+    s.outs.fill(0.0);
+    let rb = kt.row_bytes();
+    let arow = k::act_row_bytes(sh.act, d);
+    let mut start = 0;
+    while start < cols.len() {
+        let iq = cols[start].0;
+        let end = start + cols[start..].iter().take_while(|c| c.0 == iq).count();
+        let group = &cols[start..end];
+        let ng = group.len();
+        mask.read_row(iq, 0, sh.mb, &mut s.mrow);
+        s.visible.clear();
+        s.visible
+            .extend((0..sh.n_seen).filter(|&j| s.mrow[j] != f32::NEG_INFINITY));
+        let nv = s.visible.len();
+        if nv == 0 && sinks.is_none() {
+            start = end;
+            continue;
+        }
+        s.kgather.clear();
+        for &j in &s.visible {
+            s.kgather.extend_from_slice(kt.row_raw(j, sh.hk, sh.b));
+        }
+        s.qblk.resize(ng * d, 0.0);
+        for (c, &(iq, h)) in group.iter().enumerate() {
+            q.read_row(iq, h, sh.b, &mut s.qblk[c * d..(c + 1) * d]);
+        }
+        if kt.dtype == DType::BF16 {
+            for v in &mut s.qblk {
+                *v = half::bf16::from_f32(*v).to_f32();
+            }
+        }
+        s.qact.resize(ng * arow, 0);
+        for c in 0..ng {
+            k::prepare_act(
+                sh.act,
+                &s.qblk[c * d..(c + 1) * d],
+                &mut s.qact[c * arow..(c + 1) * arow],
+            );
+        }
+        s.scores.resize(ng * nv, 0.0);
+        if nv > 0 {
+            k::mul_mat_tile(
+                sh.k_wt,
+                &s.kgather,
+                rb,
+                nv,
+                &s.qact,
+                arow,
+                ng,
+                d,
+                &mut s.scores,
+                nv,
+                bytes,
+            );
+        }
+        s.mgather.clear();
+        s.mgather.extend(s.visible.iter().map(|&j| s.mrow[j]));
+        for (c, &(_, h)) in group.iter().enumerate() {
+            let slope = alibi_slope(sh.max_bias, h, sh.n_head);
+            let sink = sinks.map(|sv| {
+                s.sink_row.resize(sv.ne[0], 0.0);
+                sv.read_row(0, 0, 0, &mut s.sink_row);
+                s.sink_row[h]
+            });
+            softmax_row(
+                &mut s.scores[c * nv..(c + 1) * nv],
+                &s.mgather,
+                true,
+                sh.scale,
+                sh.softcap,
+                slope,
+                sink,
+            );
+        }
+        let outs = &mut s.outs[start * dv..end * dv];
+        let mut p = [0f32; Q_BLOCK];
+        for (r, &j) in s.visible.iter().enumerate() {
+            for (c, w) in p[..ng].iter_mut().enumerate() {
+                *w = s.scores[c * nv + r];
+            }
+            if p[..ng].iter().all(|&w| w == 0.0) {
+                continue;
+            }
+            vt.read_row(j, sh.hk, sh.b, &mut s.vrow);
+            k::vecmath::axpy_columns(outs, &p[..ng], &s.vrow);
+        }
+        start = end;
+    }
 }
 
 /// Turns one query's raw scores into normalised probabilities: scale, soft-cap, mask (with its
