@@ -6,7 +6,7 @@
 //! tokens routed to its own experts, and one all-reduce per layer sums the devices' shares.
 //! Attention still splits by heads, as in `tensor_parallel`. It is `tessera run
 //! --split-mode expert` in the CLI; in the library, a `Session` opened with
-//! `SplitMode::Expert` (a meta device whose policy splits experts whole, `ExpertSplit::Expert`).
+//! `Split::Expert` (a meta device whose policy splits experts whole, `ExpertSplit::Expert`).
 //!
 //! The model is synthetic: `LlamaConfig::tiny_moe(Arch::Qwen3Moe, 8, 2, 64)` is the tiny test
 //! model shaped as Qwen3-MoE with 8 experts of width 64 per layer, 2 used per token (Q8_0
@@ -29,7 +29,7 @@
 
 use anyhow::{Context as _, ensure};
 use tessera_model::{
-    Arch, LlamaConfig, LlamaModel, Session, SessionOptions, SplitMode, argmax, nmse,
+    Arch, LlamaConfig, LlamaModel, Session, Split, argmax, nmse,
 };
 
 /// NMSE bound of the split against one device (only the order of sums differs; 1e-5 allows a
@@ -48,7 +48,7 @@ fn main() -> anyhow::Result<()> {
     let devices = tessera::registry().select("cpu:2")?;
 
     // The reference: the whole model on the first device.
-    let mut single = Session::open(&model, &devices, &SessionOptions::new(SplitMode::None))?;
+    let mut single = Session::builder(&model).devices(&devices).build()?;
     let n_vocab = model.config().n_vocab;
     let prompt_logits = single.eval(&prompt)?; // n_vocab per prompt token
     // The last position's logits pick the next token.
@@ -63,10 +63,15 @@ fn main() -> anyhow::Result<()> {
     }
 
     for ratios in [&[][..], &[3.0, 1.0]] {
-        // `SplitMode::Expert` is `--split-mode expert`; `SplitMode::Tensor` would split every
+        // `Split::Expert` is `--split-mode expert`; `Split::Tensor` would split every
         // expert by width.
-        let opts = SessionOptions::new(SplitMode::Expert).with_ratios(ratios);
-        let mut split = Session::open(&model, &devices, &opts)?;
+        let mut split = Session::builder(&model)
+            .devices(&devices)
+            .split(Split::Expert {
+                ratios: ratios.to_vec(),
+                groups: 1,
+            })
+            .build()?;
         let mut got = vec![split.eval(&prompt)?];
         for &t in &decoded {
             got.push(split.eval_last(&[t])?);

@@ -1,11 +1,13 @@
 //! Generate text from a GGUF model file, printing each token's text as soon as it is produced.
 //!
 //! Steps: open the file (memory-mapped), read its tokenizer and hyper-parameters, load the
-//! weights on the CPU in a [`Session`], evaluate the prompt, then repeatedly pick the next
-//! token from the last position's logits and feed it back. Tokens are picked by llama.cpp's
-//! sampler chain (`tessera_model::sampling`: repetition penalty, top-k, top-p, min-p,
-//! temperature, a seeded draw), so one seed always gives the same text. Generation stops after
-//! `N_TOKENS` tokens or at the end-of-sequence token.
+//! weights on the CPU in a [`Session`], then let a [`Generator`] evaluate the prompt and
+//! repeatedly pick the next token from the last position's logits and feed it back. Tokens are
+//! picked by llama.cpp's sampler chain (`tessera_model::sampling`: repetition penalty, top-k,
+//! top-p, min-p, temperature, a seeded draw), so one seed always gives the same text. The
+//! generator's pieces are text that is safe to print (a character split over two tokens is
+//! held back); generation stops after `N_TOKENS` tokens, at the end-of-sequence token, or at
+//! the stop string "\n\n\n".
 //!
 //! Works with the architectures `tessera run --help` lists. Run it with:
 //!
@@ -19,10 +21,9 @@
 use anyhow::{Context as _, bail};
 use std::io::Write;
 use std::sync::Arc;
-use std::time::Instant;
 use tessera::gguf::GgufFile;
 use tessera_model::sampling::{Sampler, SamplerConfig};
-use tessera_model::{LlamaConfig, LlamaModel, Session, SessionOptions, Tokenizer};
+use tessera_model::{Generator, LlamaConfig, LlamaModel, Session, Tokenizer};
 
 const USAGE: &str = "usage: generate MODEL.gguf [PROMPT] [N_TOKENS] [TEMPERATURE]";
 
@@ -52,7 +53,7 @@ fn main() -> anyhow::Result<()> {
     };
     // llama.cpp's chain and defaults (top-k 40, top-p 0.95, min-p 0.05); a mild repetition
     // penalty over the last 64 tokens. `Sampler::new` rejects out-of-range values by name.
-    let mut sampler = Sampler::new(SamplerConfig {
+    let sampler = Sampler::new(SamplerConfig {
         temperature,
         repeat_penalty: 1.1,
         seed: 42,
@@ -81,62 +82,32 @@ fn main() -> anyhow::Result<()> {
         );
     }
     let model = LlamaModel::from_gguf(file.clone(), Some(n_ctx))?;
-    // The whole model on one device (`SplitMode::None`; `Layer`, `Tensor` or `Expert` with more
-    // devices split it).
-    let cpu = tessera::registry().device("CPU")?;
-    let mut session = Session::open(&model, &[cpu], &SessionOptions::default())?;
+    // The whole model on the CPU (`.devices(..)` and `.split(Split::Layer {..})`, `Tensor` or
+    // `Expert` spread it over more devices).
+    let mut session = Session::builder(&model).build()?;
 
     // ---- Generate. ----
     let mut out = std::io::stdout();
     print!("{prompt}");
     out.flush()?;
-    let start = Instant::now();
-    // `eval_last` returns the logits (one score per vocabulary entry) of the last token only.
-    let mut logits = session.eval_last(&prompt_tokens)?;
-    // The repetition penalty looks at the prompt too.
-    for &t in &prompt_tokens {
-        sampler.accept(t);
+    // The sampler's repetition penalty sees the prompt too.
+    let mut generator = Generator::new(&mut session, &tok, sampler, &prompt_tokens)
+        .max_tokens(n_tokens)
+        .stop_strings(&["\n\n\n".to_string()]);
+    for piece in &mut generator {
+        // Errors name the op or device; non-finite logits are refused, never sampled.
+        out.write_all(piece?.text.as_bytes())?;
+        out.flush()?;
     }
-    // A token's bytes can end inside a UTF-8 character; keep such a tail until it completes.
-    let mut pending: Vec<u8> = Vec::new();
-    let mut generated = 0;
-    while generated < n_tokens {
-        if let Some((i, v)) = tessera_model::first_non_finite(&logits) {
-            bail!("logit {i} is {v}: the model produced a non-finite value");
-        }
-        let next = sampler.sample(&logits)?;
-        sampler.accept(next);
-        if Some(next) == tok.eos() {
-            break;
-        }
-        pending.extend(tok.token_to_piece(next, false)?);
-        print_complete_utf8(&mut pending, &mut out)?;
-        generated += 1;
-        if generated < n_tokens {
-            logits = session.eval_last(&[next])?;
-        }
-    }
-    pending.push(b'\n');
-    print_complete_utf8(&mut pending, &mut out)?;
-    let secs = start.elapsed().as_secs_f64();
+    println!();
+    let stats = generator.stats();
     eprintln!(
-        "{} prompt + {generated} generated tokens in {secs:.2} s",
-        prompt_tokens.len()
+        "{} prompt tokens ({:.1} t/s) + {} generated ({:.1} t/s); stopped: {:?}",
+        stats.prompt_tokens,
+        stats.prompt_tps(),
+        stats.generated,
+        stats.gen_tps(),
+        generator.finish_reason()
     );
-    Ok(())
-}
-
-/// Writes the complete UTF-8 characters at the front of `pending` and keeps an unfinished one.
-fn print_complete_utf8(pending: &mut Vec<u8>, out: &mut impl Write) -> std::io::Result<()> {
-    let complete = match std::str::from_utf8(pending) {
-        Ok(s) => s.len(),
-        // The bytes so far are the start of a character: wait for the rest.
-        Err(e) if e.error_len().is_none() => e.valid_up_to(),
-        // Invalid bytes: print them (replaced by U+FFFD) rather than wait forever.
-        Err(_) => pending.len(),
-    };
-    out.write_all(String::from_utf8_lossy(&pending[..complete]).as_bytes())?;
-    out.flush()?;
-    pending.drain(..complete);
     Ok(())
 }

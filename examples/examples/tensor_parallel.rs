@@ -5,12 +5,12 @@
 //! feed-forward columns are divided between them, and after each attention and feed-forward
 //! block the devices sum their partial results (an all-reduce). Tessera does this with a
 //! *meta device*: a device made of several devices, whose buffers split every tensor and whose
-//! stream runs each graph on all of them. A `Session` opened with `SplitMode::Tensor` runs a
-//! `LlamaModel` on one; with `SplitMode::None` it runs it whole on one device.
+//! stream runs each graph on all of them. A `Session` built with `Split::Tensor` runs a
+//! `LlamaModel` on one; with `Split::None` it runs it whole on one device.
 //!
 //! The model here is synthetic (`LlamaConfig::tiny()`: 2 layers, width 64, Q8_0 weights,
 //! random weights from a seed), so no file is needed. It runs
-//! - unsplit on one CPU device (`SplitMode::None`), the reference, and
+//! - unsplit on one CPU device (`Split::None`), the reference, and
 //! - split over two CPU devices (`registry().select("cpu:2")`), evenly and 3:1,
 //!
 //! feeding both the same prompt and a few greedy decode steps, and compares the logits by
@@ -26,7 +26,7 @@
 //! ```
 
 use anyhow::{Context as _, ensure};
-use tessera_model::{LlamaConfig, LlamaModel, Session, SessionOptions, SplitMode, argmax, nmse};
+use tessera_model::{LlamaConfig, LlamaModel, Session, Split, argmax, nmse};
 
 /// NMSE bound of the split against one device.
 const TOLERANCE: f64 = 1e-5;
@@ -45,7 +45,7 @@ fn main() -> anyhow::Result<()> {
 
     // The reference: the whole model on the first device. `eval` returns the logits of every
     // prompt position; each decode step then feeds the greedy token and gets its logits.
-    let mut single = Session::open(&model, &devices, &SessionOptions::new(SplitMode::None))?;
+    let mut single = Session::builder(&model).devices(&devices).build()?;
     let n_vocab = model.config().n_vocab;
     let prompt_logits = single.eval(&prompt)?; // n_vocab per prompt token
     // The last position's logits pick the next token.
@@ -64,8 +64,13 @@ fn main() -> anyhow::Result<()> {
         // A meta device over both CPUs, splitting with the model's split policy (which tensor
         // splits along which axis, in whole heads and whole quantization blocks); opening the
         // session uploads every weight's slices.
-        let opts = SessionOptions::new(SplitMode::Tensor).with_ratios(ratios);
-        let mut split = Session::open(&model, &devices, &opts)?;
+        let mut split = Session::builder(&model)
+            .devices(&devices)
+            .split(Split::Tensor {
+                ratios: ratios.to_vec(),
+                groups: 1,
+            })
+            .build()?;
         // The same prompt and the same decoded tokens as the reference.
         let mut got = vec![split.eval(&prompt)?];
         for &t in &decoded {

@@ -1,6 +1,6 @@
 //! [`Batch`]: tokens of several sequences evaluated in one step, and the logits it returns.
 
-/// A sequence's id: `0..` [`crate::SessionOptions::max_sequences`].
+/// A sequence's id: `0..` [`crate::SessionBuilder::max_sequences`].
 pub type SeqId = u32;
 
 /// One token of a [`Batch`].

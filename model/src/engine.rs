@@ -11,7 +11,7 @@
 use crate::ExpertSplit;
 use crate::kv_cells::{KvCells, MAX_SEQUENCES};
 use crate::llama::Step;
-use crate::{Batch, BatchLogits, KvCacheTypes, LlamaModel, Outputs, SeqId};
+use crate::{Batch, BatchLogits, KvCacheTypes, LlamaModel, Outputs, SeqId, SessionBuilder};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -97,31 +97,30 @@ impl FromStr for SplitMode {
     }
 }
 
-/// How to open a [`Session`]. `SessionOptions::default()` is the whole model on one device with
-/// the devices' default thread counts.
+/// How to open a [`Session`] (what [`crate::SessionBuilder`] checked). `SessionOptions::default()`
+/// is the whole model on one device with the devices' default thread counts.
 #[derive(Clone)]
-#[non_exhaustive]
-pub struct SessionOptions {
+pub(crate) struct SessionOptions {
     /// The split mode.
-    pub split_mode: SplitMode,
+    pub(crate) split_mode: SplitMode,
     /// One ratio per device for `layer`, `tensor` and `expert` (empty: even).
-    pub ratios: Vec<f32>,
+    pub(crate) ratios: Vec<f32>,
     /// Threads in all, divided among the CPU devices (`None`: each device's default, one per
     /// core it owns), as llama.cpp's `-t`: two CPU devices with `Some(4)` run two each.
-    pub threads: Option<usize>,
+    pub(crate) threads: Option<usize>,
     /// The processes of a distributed job (`tensor` and `expert` only): every rank opens its
     /// session with its own devices and the same model, and the meta device spans all ranks.
-    pub comm: Option<Arc<dyn DistComm>>,
+    pub(crate) comm: Option<Arc<dyn DistComm>>,
     /// Tensor-parallel groups for `tensor` and `expert` (default 1): the devices are cut into
     /// this many consecutive groups of equal size, each group splits every layer it holds, and
     /// the layers are split between the groups in proportion to their summed ratios.
-    pub groups: usize,
+    pub(crate) groups: usize,
     /// Element types of the KV caches (`None`: the model's own, F16 unless
     /// [`LlamaModel::with_cache_types`] chose others).
-    pub cache_types: Option<KvCacheTypes>,
+    pub(crate) cache_types: Option<KvCacheTypes>,
     /// Sequence ids the session accepts in a [`Batch`]: `0..max_sequences` (default and at
     /// most [`crate::MAX_SEQUENCES`]). The sequences share the KV cache's `n_ctx` cells.
-    pub max_sequences: usize,
+    pub(crate) max_sequences: usize,
 }
 
 impl fmt::Debug for SessionOptions {
@@ -152,9 +151,10 @@ impl Default for SessionOptions {
     }
 }
 
+#[allow(dead_code)] // Some setters serve only the tests.
 impl SessionOptions {
     /// Options for `mode` with even ratios and default threads.
-    pub fn new(split_mode: SplitMode) -> SessionOptions {
+    pub(crate) fn new(split_mode: SplitMode) -> SessionOptions {
         SessionOptions {
             split_mode,
             ..SessionOptions::default()
@@ -163,37 +163,37 @@ impl SessionOptions {
 
     /// These options with `groups` tensor-parallel groups in a layer split (see
     /// [`SessionOptions::groups`]).
-    pub fn with_groups(mut self, groups: usize) -> SessionOptions {
+    pub(crate) fn with_groups(mut self, groups: usize) -> SessionOptions {
         self.groups = groups;
         self
     }
 
     /// These options with `ratios`.
-    pub fn with_ratios(mut self, ratios: &[f32]) -> SessionOptions {
+    pub(crate) fn with_ratios(mut self, ratios: &[f32]) -> SessionOptions {
         self.ratios = ratios.to_vec();
         self
     }
 
     /// These options with `threads` in all (see [`SessionOptions::threads`]).
-    pub fn with_threads(mut self, threads: Option<usize>) -> SessionOptions {
+    pub(crate) fn with_threads(mut self, threads: Option<usize>) -> SessionOptions {
         self.threads = threads;
         self
     }
 
     /// These options with KV caches of `types` (see [`SessionOptions::cache_types`]).
-    pub fn with_cache_types(mut self, types: KvCacheTypes) -> SessionOptions {
+    pub(crate) fn with_cache_types(mut self, types: KvCacheTypes) -> SessionOptions {
         self.cache_types = Some(types);
         self
     }
 
     /// These options accepting sequence ids `0..n` (see [`SessionOptions::max_sequences`]).
-    pub fn with_max_sequences(mut self, n: usize) -> SessionOptions {
+    pub(crate) fn with_max_sequences(mut self, n: usize) -> SessionOptions {
         self.max_sequences = n;
         self
     }
 
     /// These options across the ranks of `comm`.
-    pub fn with_comm(mut self, comm: Option<Arc<dyn DistComm>>) -> SessionOptions {
+    pub(crate) fn with_comm(mut self, comm: Option<Arc<dyn DistComm>>) -> SessionOptions {
         self.comm = comm;
         self
     }
@@ -206,15 +206,17 @@ pub(crate) struct Group {
     pub(crate) meta: MetaDevice,
 }
 
-/// A model loaded on devices in one split mode, evaluating tokens against its KV cache.
+/// A model loaded on devices in one split mode, evaluating tokens of one or many sequences
+/// against its KV cache. Open one with [`Session::builder`].
 ///
 /// ```no_run
-/// use tessera_model::{LlamaConfig, LlamaModel, Session, SessionOptions, SplitMode};
+/// use tessera_model::{LlamaConfig, LlamaModel, Session, Split};
 /// # fn main() -> tessera::Result<()> {
 /// let model = LlamaModel::new(LlamaConfig::tiny(), 42)?;
-/// let devices = tessera::registry().select("cpu:2")?;
-/// let opts = SessionOptions::new(SplitMode::Tensor).with_ratios(&[3.0, 1.0]);
-/// let mut session = Session::open(&model, &devices, &opts)?;
+/// let mut session = Session::builder(&model)
+///     .devices(&tessera::registry().select("cpu:2")?)
+///     .split(Split::Tensor { ratios: vec![3.0, 1.0], groups: 1 })
+///     .build()?;
 /// let logits = session.eval_last(&[1, 2, 3])?; // n_vocab logits of the last token
 /// let next = tessera_model::argmax(&logits) as i32;
 /// let logits = session.eval_last(&[next])?;
@@ -247,6 +249,63 @@ pub struct Session {
 }
 
 impl Session {
+    /// A [`SessionBuilder`] for `model`: devices, split, threads, context, cache types,
+    /// sequences and a progress callback, checked together when it builds.
+    ///
+    /// ```
+    /// use tessera_model::{LlamaConfig, LlamaModel, Session, Split};
+    /// # fn main() -> tessera::Result<()> {
+    /// let model = LlamaModel::new(LlamaConfig::tiny(), 42)?;
+    /// let mut session = Session::builder(&model)
+    ///     .devices(&tessera::registry().select("cpu:2")?)
+    ///     .split(Split::layer())
+    ///     .build()?;
+    /// let logits = session.eval_last(&[1, 2, 3])?; // n_vocab logits of the last token
+    /// # let _ = logits; Ok(()) }
+    /// ```
+    pub fn builder(model: &LlamaModel) -> SessionBuilder<'_> {
+        SessionBuilder::new(model)
+    }
+
+    /// The model split by the caller's `meta` device, with the rest of `opts`.
+    pub(crate) fn from_meta(
+        model: &LlamaModel,
+        meta: MetaDevice,
+        opts: &SessionOptions,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Session> {
+        let n = opts.max_sequences;
+        if n == 0 || n > MAX_SEQUENCES {
+            return Err(Error::InvalidArgument(format!(
+                "max_sequences {n}: a session holds 1 to {MAX_SEQUENCES} sequences"
+            )));
+        }
+        let typed;
+        let model = match opts.cache_types {
+            Some(types) if types != model.cache_types() => {
+                typed = model.with_cache_types(types)?;
+                &typed
+            }
+            _ => model,
+        };
+        let sched = SchedOptions {
+            n_threads: opts.threads,
+            ..SchedOptions::default()
+        };
+        let layer_device = vec![0; model.config().n_layer];
+        let mut s = Self::build(
+            model,
+            vec![meta],
+            &layer_device,
+            sched,
+            SplitMode::Tensor,
+            progress,
+        )?;
+        s.cells = KvCells::new(s.model.config().n_ctx, n);
+        Ok(s)
+    }
+
+    #[cfg(test)]
     /// Loads `model` on `devices` as `opts` says: `none` uses the first device, `layer` assigns
     /// consecutive layers by the ratios, `tensor` and `expert` split every layer over all the
     /// devices (and over the ranks of `opts.comm`), or over each of `opts.groups` groups of
@@ -257,7 +316,7 @@ impl Session {
     /// [`Error::InvalidArgument`] for no devices, bad ratios, devices that do not form the
     /// groups, or a distributed job outside `tensor` and `expert`; split-policy errors naming
     /// the tensor; allocation and upload errors naming the device.
-    pub fn open(
+    pub(crate) fn open(
         model: &LlamaModel,
         devices: &[Arc<dyn Device>],
         opts: &SessionOptions,
@@ -269,7 +328,7 @@ impl Session {
     ///
     /// # Errors
     /// As [`Session::open`].
-    pub fn open_with_progress(
+    pub(crate) fn open_with_progress(
         model: &LlamaModel,
         devices: &[Arc<dyn Device>],
         opts: &SessionOptions,
@@ -352,13 +411,14 @@ impl Session {
         Self::build(model, metas, &layer_device, sched_opts, mode, progress)
     }
 
+    #[cfg(test)]
     /// The model on plain devices: block `i` on `devices[layer_device[i]]` (see
     /// [`LlamaModel::param_devices`]), with a scheduler over the same devices; the split mode
     /// reads `layer` when more than one device holds layers, else `none`.
     ///
     /// # Errors
     /// As [`LlamaModel::alloc_weights`] and [`Scheduler::new`].
-    pub fn on_devices(
+    pub(crate) fn on_devices(
         model: &LlamaModel,
         devices: &[Arc<dyn Device>],
         layer_device: &[usize],
@@ -371,7 +431,7 @@ impl Session {
     ///
     /// # Errors
     /// As [`Session::on_devices`].
-    pub fn on_devices_with_progress(
+    pub(crate) fn on_devices_with_progress(
         model: &LlamaModel,
         devices: &[Arc<dyn Device>],
         layer_device: &[usize],
@@ -392,13 +452,14 @@ impl Session {
         Ok(s)
     }
 
+    #[cfg(test)]
     /// The whole model split tensor-parallel by `meta` (whose policy is the model's,
     /// [`LlamaModel::meta_device_with`]), with `threads` in all, divided among its CPU devices
     /// (`None`: each device's default). Reports split mode `tensor`.
     ///
     /// # Errors
     /// As [`Session::open`].
-    pub fn on_meta(
+    pub(crate) fn on_meta(
         model: &LlamaModel,
         meta: MetaDevice,
         threads: Option<usize>,
@@ -738,11 +799,10 @@ impl Session {
     /// continue it ([`Session::seq_next_pos`]) in batch order; new sequences start at 0.
     ///
     /// ```
-    /// use tessera_model::{Batch, LlamaConfig, LlamaModel, Session, SessionOptions};
+    /// use tessera_model::{Batch, LlamaConfig, LlamaModel, Session};
     /// # fn main() -> tessera::Result<()> {
     /// let model = LlamaModel::new(LlamaConfig::tiny(), 42)?;
-    /// let cpu = tessera::registry().select("cpu")?;
-    /// let mut session = Session::open(&model, &cpu, &SessionOptions::default())?;
+    /// let mut session = Session::builder(&model).max_sequences(2).build()?;
     /// let mut batch = Batch::new();
     /// batch.add_sequence(0, 0, &[1, 2, 3]).add_sequence(1, 0, &[4, 5]);
     /// let logits = session.decode(&batch)?;
@@ -846,9 +906,17 @@ impl Session {
             }
         }
         let n = step.graph.tensors()[step.logits.index()].nbytes();
-        self.read_buf.resize(n, 0);
-        self.sched.get(step.logits, &mut self.read_buf)?;
-        super::f32s_into(&self.read_buf, &mut out.data);
+        // Logits are little-endian f32: read straight into the vector where the host agrees
+        // (a batch of 8 over a 262144-token vocabulary is 8 MiB a step).
+        if cfg!(target_endian = "little") {
+            out.data.resize(n / 4, 0.0);
+            self.sched
+                .get(step.logits, bytemuck::cast_slice_mut(&mut out.data))?;
+        } else {
+            self.read_buf.resize(n, 0);
+            self.sched.get(step.logits, &mut self.read_buf)?;
+            super::f32s_into(&self.read_buf, &mut out.data);
+        }
         let n_vocab = self.model.config().n_vocab;
         out.n_vocab = n_vocab;
         out.rows.clear();

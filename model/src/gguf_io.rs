@@ -13,6 +13,42 @@ use std::path::Path;
 use tessera::gguf::{GgufFile, GgufWriter};
 use tessera::{Error, Result};
 
+/// The synthetic vocabulary's tokenizer keys ([`synthetic_vocab`]) into `w`.
+fn write_vocab(w: &mut GgufWriter, n_vocab: usize) -> Result<()> {
+    let (tokens, scores, types) = synthetic_vocab(n_vocab);
+    w.set(KEY_MODEL, "llama")?;
+    w.set(KEY_TOKENS, tokens)?;
+    w.set(KEY_SCORES, scores)?;
+    w.set(KEY_TOKEN_TYPE, types)?;
+    for (key, id) in [(KEY_UNK, 0), (KEY_BOS, 1), (KEY_EOS, 2)] {
+        if id < n_vocab {
+            w.set(key, id as u32)?;
+        }
+    }
+    w.set(KEY_ADD_BOS, n_vocab > 1)?;
+    w.set(KEY_ADD_EOS, false)?;
+    Ok(())
+}
+
+impl LlamaModel {
+    /// The tokenizer of the vocabulary [`LlamaModel::to_gguf`] writes (a synthetic model's
+    /// text in and out without a file).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a vocabulary the tokenizer refuses (fewer than 3 tokens).
+    pub fn synthetic_tokenizer(&self) -> Result<super::Tokenizer> {
+        let mut w = GgufWriter::new();
+        write_vocab(&mut w, self.config().n_vocab)?;
+        let file = GgufFile::from_bytes(
+            w.to_bytes(),
+            "synthetic vocabulary",
+            &tessera::gguf::ReadOptions::default(),
+        )
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        super::Tokenizer::from_gguf(&file).map_err(|e| Error::InvalidArgument(e.to_string()))
+    }
+}
+
 /// `general.architecture` of the files written here for [`Arch::Llama`] models (other
 /// architectures write their own name).
 pub const ARCHITECTURE: &str = "llama";
@@ -141,18 +177,7 @@ impl LlamaModel {
                 )?;
             }
         }
-        let (tokens, scores, types) = synthetic_vocab(c.n_vocab);
-        w.set(KEY_MODEL, "llama")?;
-        w.set(KEY_TOKENS, tokens)?;
-        w.set(KEY_SCORES, scores)?;
-        w.set(KEY_TOKEN_TYPE, types)?;
-        for (key, id) in [(KEY_UNK, 0), (KEY_BOS, 1), (KEY_EOS, 2)] {
-            if id < c.n_vocab {
-                w.set(key, id as u32)?;
-            }
-        }
-        w.set(KEY_ADD_BOS, c.n_vocab > 1)?;
-        w.set(KEY_ADD_EOS, false)?;
+        write_vocab(&mut w, c.n_vocab)?;
         for (id, _) in self.params() {
             if self.is_cache(id) || self.is_derived(id) {
                 continue;

@@ -114,7 +114,7 @@ impl KvCells {
         } else {
             Err(Error::InvalidArgument(format!(
                 "unknown sequence id {seq}: this session holds sequences 0..{} (raise \
-                 SessionOptions::max_sequences, at most {MAX_SEQUENCES})",
+                 SessionBuilder::max_sequences, at most {MAX_SEQUENCES})",
                 self.max_seq
             )))
         }

@@ -7,36 +7,41 @@
 //!   SwiGLU or GeGLU feed-forward, mixture-of-experts blocks), loaded from a GGUF file
 //!   ([`LlamaModel::from_gguf`]) or made with deterministic synthetic weights, so benchmarks and
 //!   tests need no model file. Its tensors are named as in GGUF.
-//! - [`Session`] runs it on devices in any [`SplitMode`]: whole, split by layers, tensor- or
-//!   expert-parallel, or a layer split over tensor-parallel groups. The
-//!   [`tessera::sched::Scheduler`] places every op; a tensor-parallel group is one meta device
-//!   ([`tessera::meta`]) among its devices ([`TensorParallel`] reports on it).
-//! - [`sampling`] picks the next token with llama.cpp's sampler chain; [`tokenizer`] (the
+//! - [`Session`] runs it on devices in any [`Split`]: whole, split by layers, tensor- or
+//!   expert-parallel, or a layer split over tensor-parallel groups ([`Session::builder`] opens
+//!   one). The [`tessera::sched::Scheduler`] places every op; a tensor-parallel group is one
+//!   meta device ([`tessera::meta`]) among its devices ([`TensorParallel`] reports on it).
+//! - Many sequences share one session: a [`Batch`] holds tokens of any sequences, the KV cache's
+//!   cells belong to sequences, and sequences join, fork ([`Session::seq_copy`]) and leave
+//!   between steps (continuous batching).
+//! - [`Generator`] is the generation loop (sampler chain, streaming text, stop tokens and
+//!   strings, statistics); [`sampling`] is llama.cpp's sampler chain; [`tokenizer`] (the
 //!   `tessera-tokenizer` crate) turns text into tokens and back, with chat templates.
 //!
 //! ```
 //! use tessera_model::sampling::{Sampler, SamplerConfig};
-//! use tessera_model::{LlamaConfig, LlamaModel, Session, SessionOptions, SplitMode};
-//! # fn main() -> tessera::Result<()> {
+//! use tessera_model::{Generator, LlamaConfig, LlamaModel, Session, Split};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let model = LlamaModel::new(LlamaConfig::tiny(), 42)?; // or LlamaModel::from_gguf(file, n_ctx)
-//! let devices = tessera::registry().select("cpu:2")?;
-//! let opts = SessionOptions::new(SplitMode::Layer); // none, layer, tensor or expert
-//! let mut session = Session::open(&model, &devices, &opts)?;
-//! let mut sampler = Sampler::new(SamplerConfig::default())?; // greedy unless a temperature
-//! // Sampling needs the last token's logits only: the output projection runs for it alone.
-//! let mut logits = session.eval_last(&[1, 2, 3])?; // n_vocab logits
-//! for _ in 0..8 {
-//!     let next = sampler.sample(&logits)?;
-//!     sampler.accept(next);
-//!     logits = session.eval_last(&[next])?;
+//! let tok = model.synthetic_tokenizer()?; // or Tokenizer::from_gguf(&file)
+//! let mut session = Session::builder(&model)
+//!     .devices(&tessera::registry().select("cpu:2")?)
+//!     .split(Split::layer()) // Split::None, ::layer(), ::tensor(), ::expert()
+//!     .build()?;
+//! let sampler = Sampler::new(SamplerConfig::default())?; // greedy unless a temperature
+//! let prompt = tok.encode("once upon a time", true, false);
+//! for piece in Generator::new(&mut session, &tok, sampler, &prompt).max_tokens(8) {
+//!     print!("{}", piece?.text);
 //! }
 //! # Ok(()) }
 //! ```
 
 mod batch;
+mod builder;
 mod config;
 mod engine;
 mod finite;
+mod generate;
 mod gguf_io;
 mod graph;
 mod kv_cells;
@@ -57,6 +62,8 @@ mod tests_fallback;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_finite;
 #[cfg(all(test, feature = "cpu"))]
+mod tests_generate;
+#[cfg(all(test, feature = "cpu"))]
 mod tests_moe;
 #[cfg(all(test, feature = "cpu"))]
 mod tests_outputs;
@@ -74,8 +81,12 @@ mod weights;
 
 pub use batch::{Batch, BatchLogits, BatchToken, SeqId};
 pub use config::{Arch, Gating, LlamaConfig};
-pub use engine::{Session, SessionOptions, SplitMode};
+pub use builder::{SessionBuilder, Split};
+#[cfg(test)]
+pub(crate) use engine::SessionOptions;
+pub use engine::{Session, SplitMode};
 pub use finite::first_non_finite;
+pub use generate::{Finish, GenStats, GenerateError, Generator, Piece, TextStream};
 pub use gguf_io::{ARCHITECTURE, llama_keys};
 pub use kv_cells::MAX_SEQUENCES;
 pub use kv_types::{CACHE_TYPES, KvCacheTypes};

@@ -593,7 +593,12 @@ impl LlamaModel {
         if types == self.kv_types {
             return Ok(self.clone());
         }
-        let mut m = Self::build_params(self.config.clone(), self.seed, self.source.clone(), types)?;
+        self.rebuilt(self.config.clone(), types)
+    }
+
+    /// This model's weights with `config` and cache `types`.
+    fn rebuilt(&self, config: LlamaConfig, types: KvCacheTypes) -> Result<LlamaModel> {
+        let mut m = Self::build_params(config, self.seed, self.source.clone(), types)?;
         // Keep the weights' initialisers (`with_qk_std` changes some), matched by name: the
         // new types may add or drop rotation matrices.
         for new in &mut m.params {
@@ -611,6 +616,26 @@ impl LlamaModel {
             return m.untie_output();
         }
         Ok(m)
+    }
+
+    /// This model with KV caches of `n_ctx` cells (the same weights and cache types).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 cells or a context the configuration refuses.
+    pub fn with_context_size(&self, n_ctx: usize) -> Result<LlamaModel> {
+        if n_ctx == self.config.n_ctx {
+            return Ok(self.clone());
+        }
+        if n_ctx == 0 {
+            return Err(Error::InvalidArgument(
+                "a context of 0 cells holds nothing".into(),
+            ));
+        }
+        let config = LlamaConfig {
+            n_ctx,
+            ..self.config.clone()
+        };
+        self.rebuilt(config, self.kv_types)
     }
 
     /// The Walsh–Hadamard matrices `attn_rot_k` and `attn_rot_v` that rotate Q and K, and V,

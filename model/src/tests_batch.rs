@@ -340,3 +340,113 @@ fn bad_batches_are_typed_errors_and_leave_the_cache_unchanged() {
     let (got, want) = (s.decode(&next).unwrap(), clean.decode(&next).unwrap());
     assert_eq!(got.as_slice(), want.as_slice());
 }
+
+/// llama.cpp's record of eight sequences in one unified cache (`llama_reference --batch`):
+/// the prompts, the tokens fed, and every row with llama.cpp's own spreads.
+struct BatchReference {
+    prompts: Vec<Vec<i32>>,
+    /// Per decode step, (sequence, position, token) for every sequence.
+    feeds: Vec<Vec<(SeqId, usize, i32)>>,
+    /// (sequence, position, fa_nmse, solo_nmse, values) in the recorded order.
+    rows: Vec<(SeqId, usize, f64, f64, Vec<f32>)>,
+}
+
+fn parse_batch_reference(text: &str) -> BatchReference {
+    let mut r = BatchReference {
+        prompts: Vec::new(),
+        feeds: Vec::new(),
+        rows: Vec::new(),
+    };
+    let mut last_was_row = true;
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let num = |s: Option<&str>| s.unwrap().parse::<usize>().unwrap();
+        match f.next() {
+            Some("prompt") => {
+                f.next();
+                r.prompts.push(f.map(|t| t.parse().unwrap()).collect());
+            }
+            Some("feed") => {
+                if last_was_row {
+                    r.feeds.push(Vec::new());
+                }
+                last_was_row = false;
+                let (s, p, t) = (num(f.next()), num(f.next()), f.next().unwrap().parse().unwrap());
+                r.feeds.last_mut().unwrap().push((s as SeqId, p, t));
+            }
+            Some("row") => {
+                last_was_row = true;
+                let (s, p) = (num(f.next()), num(f.next()));
+                let val = |kv: Option<&str>| kv.unwrap().split('=').nth(1).unwrap().parse().unwrap();
+                let (fa, solo) = (val(f.next()), val(f.next()));
+                r.rows.push((s as SeqId, p, fa, solo, f.map(|v| v.parse().unwrap()).collect()));
+            }
+            _ => {}
+        }
+    }
+    r
+}
+
+/// Tessera against llama.cpp on the same batches: every prompt position of eight sequences in
+/// one step, then three steps of one token per sequence, in every split mode. The reference
+/// suite's criterion for F32 files: NMSE ≤ 1e-5 at every row (llama.cpp's own flash-attention
+/// on/off spread is recorded beside each row, and its batched-vs-alone spread is checked to be
+/// far below that bound, so the bound is about attention arithmetic, not batching).
+#[test]
+fn batches_match_llama_cpp_in_every_split_mode() {
+    use crate::tests_reference::F32_NMSE;
+    let dir = std::env::var("TESSERA_REFERENCE_DIR").unwrap_or_else(|_| {
+        format!("{}/../tests/reference/synthetic", env!("CARGO_MANIFEST_DIR"))
+    });
+    for (name, model) in models(&["llama-f32-gqa", "gemma3-f32-gqa", "qwen3moe-f32-gqa"]) {
+        let path = format!("{dir}/batch/{name}.txt");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{path}: {e} (run tests/reference/make_references.sh)"));
+        let r = parse_batch_reference(&text);
+        assert_eq!(r.prompts.len(), 8, "{path}");
+        assert!(r.rows.iter().all(|row| row.3 < F32_NMSE / 100.0), "{path}: llama.cpp's batch spread");
+        let modes: &[SplitMode] = if model.config().is_moe() {
+            &[SplitMode::None, SplitMode::Layer, SplitMode::Expert]
+        } else {
+            &[SplitMode::None, SplitMode::Layer, SplitMode::Tensor]
+        };
+        for &mode in modes {
+            let label = format!("{name} {mode}");
+            let mut s = open(&model, mode);
+            let mut rows = Vec::new();
+            let mut batch = Batch::new();
+            for (seq, p) in r.prompts.iter().enumerate() {
+                for (i, &t) in p.iter().enumerate() {
+                    batch.add(t, i, seq as SeqId, true);
+                }
+            }
+            let mut steps = vec![batch];
+            for feed in &r.feeds {
+                let mut b = Batch::new();
+                for &(seq, pos, t) in feed {
+                    b.add(t, pos, seq, true);
+                }
+                steps.push(b);
+            }
+            for b in &steps {
+                let out = s.decode(b).unwrap_or_else(|e| panic!("{label}: {e}"));
+                for (i, t) in b.tokens().iter().enumerate() {
+                    rows.push((t.seq, t.pos, out.get(i).unwrap().to_vec()));
+                }
+            }
+            assert_eq!(rows.len(), r.rows.len(), "{label}: rows");
+            let mut worst = 0f64;
+            for ((seq, pos, got), (rs, rp, _, _, want)) in rows.iter().zip(&r.rows) {
+                assert_eq!((seq, pos), (rs, rp), "{label}: row order");
+                let e = nmse(got, want);
+                worst = worst.max(e);
+                assert!(
+                    e <= F32_NMSE,
+                    "{label}: sequence {seq} position {pos}: NMSE {e:.3e} against llama.cpp \
+                     (bound {F32_NMSE:e})"
+                );
+            }
+            eprintln!("{label}: {} rows, worst NMSE {worst:.2e} against llama.cpp", rows.len());
+        }
+    }
+}

@@ -9,6 +9,9 @@
 #    once as V with an F16 K; the qwen3moe F32 model with each block type as K and V.
 #    KV_PAIRS=all records all 81 pairs instead, KV_DIR=DIR writes them
 #    there (the development sweep: model/src/tests_reference_kv.rs), KV_ONLY=1 records only these.
+#  - synthetic/batch/NAME.txt: eight sequences of the llama, gemma3 and qwen3moe F32 models in one
+#    unified cache (llama_reference --batch: every prompt in one batch, then three steps of one
+#    greedy token per sequence; model/src/tests_batch.rs).
 #
 # usage: make_references.sh LLAMA_CPP_DIR [SMOLLM2.gguf [GEMMA3.gguf]]
 #   LLAMA_CPP_DIR: a llama.cpp source tree built with CMake into LLAMA_CPP_DIR/build
@@ -50,6 +53,12 @@ for t in q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl; do
 done
 echo "recorded $kv_dir/qwen3moe-f32-gqa.*"
 if [ -n "${KV_ONLY:-}" ]; then exit 0; fi
+mkdir -p "$here/synthetic/batch"
+for name in llama-f32-gqa gemma3-f32-gqa qwen3moe-f32-gqa; do
+    "$work/llama_reference" "$work/models/$name.gguf" --batch "$(cat "$work/models/$name.tokens")" 8 3 \
+        > "$here/synthetic/batch/$name.txt" 2> "$work/batch.log" || { cat "$work/batch.log"; exit 1; }
+    echo "recorded synthetic/batch/$name.txt"
+done
 mkdir -p "$here/synthetic"
 for gguf in "$work"/models/*.gguf; do
     name="$(basename "$gguf" .gguf)"

@@ -8,7 +8,7 @@ use super::session::{ModelPreset, devices_for, open_session};
 use anyhow::Context as _;
 use std::sync::Arc;
 use std::time::Instant;
-use tessera_model::{Batch, BatchLogits, LlamaModel, SeqId, Session, SessionOptions, SplitMode};
+use tessera_model::{Batch, BatchLogits, LlamaModel, SeqId, Session, SplitMode};
 
 /// Seed of the synthetic weights and of the random tokens.
 const SEED: u64 = 0xba7c4;
@@ -222,7 +222,7 @@ pub fn run(args: &BatchedBenchArgs) -> anyhow::Result<()> {
         );
     }
     let devices = devices_for(args.split_mode, args.devices.as_deref())?;
-    let opts = SessionOptions::new(args.split_mode)
+    let opts = super::session::Load::new(args.split_mode)
         .with_ratios(&args.ratios)
         .with_threads(args.threads)
         .with_max_sequences(max_pl);

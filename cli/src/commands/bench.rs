@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tessera::Device;
 use tessera_model::{
-    LlamaModel, Outputs, Session, SessionOptions, SplitMode, TensorParallel, argmax, nmse,
+    LlamaModel, Outputs, Session, SplitMode, TensorParallel, argmax, nmse,
 };
 
 /// Seed of the synthetic weights and of the prompt.
@@ -169,7 +169,7 @@ fn run_mode(
     let devices = devices_for(mode, args.devices.as_deref())?;
     let names = device_names(&devices);
     let tty = std::io::stderr().is_terminal() && job.is_root();
-    let opts = SessionOptions::new(mode)
+    let opts = super::session::Load::new(mode)
         .with_ratios(&args.ratios)
         .with_threads(args.threads)
         .with_comm(job.comm())

@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tessera::gguf::GgufFile;
-use tessera_model::{KvCacheTypes, LlamaModel, Session, SessionOptions, SplitMode, Tokenizer};
+use tessera_model::{KvCacheTypes, LlamaModel, Session, SplitMode, Tokenizer};
 
 /// The text scored when no `-f` is given: the Apache-2.0 license the crate ships (about 2,600
 /// tokens of English prose for the usual vocabularies).
@@ -121,7 +121,7 @@ pub fn run(args: &KldArgs) -> anyhow::Result<()> {
     }
     let base = LlamaModel::from_gguf(file, Some(c))?;
     let devices = devices_for(args.split_mode, args.devices.as_deref())?;
-    let opts = SessionOptions::new(args.split_mode).with_threads(args.threads);
+    let opts = super::session::Load::new(args.split_mode).with_threads(args.threads);
     eprintln!(
         "scoring {n_chunks} chunks of {c} tokens ({} of the text's {} tokens), the second half of each",
         n_chunks * c,

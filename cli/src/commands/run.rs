@@ -10,7 +10,7 @@ use std::time::Instant;
 use tessera::gguf::GgufFile;
 use tessera_model::sampling::{Sampler, SamplerConfig};
 use tessera_model::tokenizer::{ChatTemplate, user_turn};
-use tessera_model::{LlamaModel, SessionOptions, SplitMode, Tokenizer};
+use tessera_model::{LlamaModel, SplitMode, Tokenizer};
 
 /// Arguments of `tessera run`.
 #[derive(Clone, Debug, clap::Args)]
@@ -147,32 +147,6 @@ impl SamplingArgs {
     }
 }
 
-/// Refuses logits holding a NaN or infinity: sampling from them would pick an arbitrary token.
-fn check_logits(logits: &[f32], step: usize) -> anyhow::Result<()> {
-    if let Some((i, v)) = tessera_model::first_non_finite(logits) {
-        anyhow::bail!(
-            "step {step}: logit {i} is {v}; refusing to sample from non-finite logits (rerun \
-             with --check-finite to name the op that produced it)"
-        );
-    }
-    Ok(())
-}
-
-/// Writes the complete UTF-8 characters of `pending` to stdout and keeps an incomplete tail
-/// (a character split over byte tokens) for the next piece.
-fn flush_utf8(pending: &mut Vec<u8>, out: &mut impl Write) -> std::io::Result<()> {
-    let valid = match std::str::from_utf8(pending) {
-        Ok(s) => s.len(),
-        Err(e) if e.error_len().is_none() => e.valid_up_to(),
-        // Invalid bytes: print them replaced rather than stall.
-        Err(_) => pending.len(),
-    };
-    out.write_all(String::from_utf8_lossy(&pending[..valid]).as_bytes())?;
-    out.flush()?;
-    pending.drain(..valid);
-    Ok(())
-}
-
 /// Runs `tessera run`.
 ///
 /// # Errors
@@ -202,7 +176,7 @@ fn next_token(
 
 fn run_job(args: &RunArgs, job: &super::dist::Job) -> anyhow::Result<()> {
     let root = job.is_root();
-    let mut sampler = args.sampling.sampler()?;
+    let sampler = args.sampling.sampler()?;
     let t_load = Instant::now();
     let file = Arc::new(
         GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
@@ -262,7 +236,7 @@ fn run_job(args: &RunArgs, job: &super::dist::Job) -> anyhow::Result<()> {
         );
     }
     let devices = devices_for(args.split_mode, args.devices.as_deref())?;
-    let opts = SessionOptions::new(args.split_mode)
+    let opts = super::session::Load::new(args.split_mode)
         .with_ratios(&args.ratios)
         .with_threads(args.threads)
         .with_comm(job.comm())
@@ -273,7 +247,6 @@ fn run_job(args: &RunArgs, job: &super::dist::Job) -> anyhow::Result<()> {
         eprintln!("loaded in {:.2} s", t_load.elapsed().as_secs_f64());
     }
 
-    let n_vocab = c.n_vocab;
     let mut logits_out = match args.logits_out.as_ref().filter(|_| root) {
         Some(p) => Some(std::io::BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
@@ -295,48 +268,36 @@ fn run_job(args: &RunArgs, job: &super::dist::Job) -> anyhow::Result<()> {
     } else {
         Box::new(std::io::sink())
     };
-    let mut pending = tok.decode(&prompt, false)?.into_bytes();
-    flush_utf8(&mut pending, &mut stdout)?;
-    // As llama.cpp, the penalties see the prompt too.
-    for &t in &prompt {
-        sampler.accept(t);
-    }
+    let mut echo = tessera_model::TextStream::default();
+    let shown = echo.push(tok.decode(&prompt, false)?.as_bytes());
+    stdout.write_all(shown.as_bytes())?;
+    stdout.flush()?;
     // Every prompt position's logits only when they are written out; sampling needs the last.
     let all_positions = args.logits_out.is_some();
-    let t_pp = Instant::now();
-    let logits = if all_positions {
-        session.eval(&prompt)?
-    } else {
-        session.eval_last(&prompt)?
-    };
-    let pp_s = t_pp.elapsed().as_secs_f64();
-    write_logits(&logits)?;
-    check_logits(&logits, 0)?;
-    let mut last = if all_positions {
-        logits[logits.len() - n_vocab..].to_vec()
-    } else {
-        logits
-    };
-    let t_tg = Instant::now();
-    let mut generated = 0usize;
-    for i in 0..args.n_predict {
-        let next = next_token(job, &last, &mut sampler)?;
-        if Some(next) == tok.eos() {
-            break;
-        }
-        pending.extend(tok.token_to_piece(next, false)?);
-        flush_utf8(&mut pending, &mut stdout)?;
-        generated += 1;
-        if i + 1 == args.n_predict {
-            break;
-        }
-        last = session.eval_last(&[next])?;
-        write_logits(&last)?;
-        check_logits(&last, i + 1)?;
+    let mut generator = tessera_model::Generator::new(&mut session, &tok, sampler, &prompt)
+        .max_tokens(args.n_predict)
+        .with_picker(|logits, sampler| {
+            next_token(job, logits, sampler).map_err(|e| tessera_model::GenerateError::Hook(e.into()))
+        })
+        .on_logits(all_positions, |l| {
+            write_logits(l).map_err(|e| tessera_model::GenerateError::Hook(e.into()))
+        });
+    for piece in &mut generator {
+        let piece = piece.map_err(|e| match e {
+            tessera_model::GenerateError::NonFinite { step, index, value } => anyhow::anyhow!(
+                "step {step}: logit {index} is {value}; refusing to sample from non-finite \
+                 logits (rerun with --check-finite to name the op that produced it)"
+            ),
+            e => anyhow::Error::new(e),
+        })?;
+        stdout.write_all(piece.text.as_bytes())?;
+        stdout.flush()?;
     }
-    let tg_s = t_tg.elapsed().as_secs_f64();
-    pending.push(b'\n');
-    flush_utf8(&mut pending, &mut stdout)?;
+    let stats = generator.stats();
+    drop(generator);
+    let rest = echo.finish() + "\n";
+    stdout.write_all(rest.as_bytes())?;
+    stdout.flush()?;
     if let Some(mut w) = logits_out {
         w.flush()?;
     }
@@ -344,17 +305,14 @@ fn run_job(args: &RunArgs, job: &super::dist::Job) -> anyhow::Result<()> {
         return Ok(());
     }
     eprintln!(
-        "prompt: {} tokens in {:.3} s ({:.2} t/s); generation: {generated} tokens in {:.3} s \
+        "prompt: {} tokens in {:.3} s ({:.2} t/s); generation: {} tokens in {:.3} s \
          ({:.2} t/s); split mode {}",
-        prompt.len(),
-        pp_s,
-        prompt.len() as f64 / pp_s,
-        tg_s,
-        if tg_s > 0.0 {
-            generated as f64 / tg_s
-        } else {
-            0.0
-        },
+        stats.prompt_tokens,
+        stats.prompt_secs,
+        stats.prompt_tps(),
+        stats.generated,
+        stats.gen_secs,
+        stats.gen_tps(),
         args.split_mode.name()
     );
     Ok(())
@@ -462,26 +420,5 @@ mod tests {
         assert!(e.contains("(MUL_MAT of 'output.weight'"), "{e}");
         assert!(e.contains("first non-finite value"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn check_logits_refuses_nan_and_inf() {
-        assert!(check_logits(&[0.0, 1.0], 0).is_ok());
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            let e = check_logits(&[0.0, bad], 3).unwrap_err().to_string();
-            assert!(e.contains("step 3: logit 1"), "{e}");
-        }
-    }
-
-    #[test]
-    fn utf8_split_over_pieces_is_held_back() {
-        let mut out = Vec::new();
-        let mut pending = "é".as_bytes()[..1].to_vec();
-        flush_utf8(&mut pending, &mut out).unwrap();
-        assert!(out.is_empty() && pending.len() == 1);
-        pending.push("é".as_bytes()[1]);
-        flush_utf8(&mut pending, &mut out).unwrap();
-        assert_eq!(out, "é".as_bytes());
-        assert!(pending.is_empty());
     }
 }

@@ -7,7 +7,8 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::Instant;
 use tessera::{Device, registry};
-use tessera_model::{KvCacheTypes, LlamaConfig, LlamaModel, Session, SessionOptions, SplitMode};
+use tessera::comm::DistComm;
+use tessera_model::{KvCacheTypes, LlamaConfig, LlamaModel, Session, Split, SplitMode};
 
 /// The KV cache's element types, as llama.cpp's `--cache-type-k` / `--cache-type-v` (`-ctk` /
 /// `-ctv` are rewritten to these before parsing).
@@ -103,6 +104,98 @@ pub(crate) fn devices_for(
     })
 }
 
+/// What a command's flags ask of a session: the split mode and what goes with it, turned into a
+/// [`Split`] for [`Session::builder`].
+#[derive(Clone)]
+pub(crate) struct Load {
+    pub(crate) split_mode: SplitMode,
+    ratios: Vec<f32>,
+    groups: usize,
+    pub(crate) threads: Option<usize>,
+    pub(crate) comm: Option<Arc<dyn DistComm>>,
+    cache_types: Option<KvCacheTypes>,
+    max_sequences: Option<usize>,
+}
+
+impl Load {
+    /// `mode` with even ratios, one group and default threads.
+    pub(crate) fn new(split_mode: SplitMode) -> Load {
+        Load {
+            split_mode,
+            ratios: Vec::new(),
+            groups: 1,
+            threads: None,
+            comm: None,
+            cache_types: None,
+            max_sequences: None,
+        }
+    }
+
+    /// Split ratios (ignored by `none`, which uses one device).
+    pub(crate) fn with_ratios(mut self, ratios: &[f32]) -> Load {
+        self.ratios = ratios.to_vec();
+        self
+    }
+
+    pub(crate) fn with_groups(mut self, groups: usize) -> Load {
+        self.groups = groups;
+        self
+    }
+
+    pub(crate) fn with_threads(mut self, threads: Option<usize>) -> Load {
+        self.threads = threads;
+        self
+    }
+
+    pub(crate) fn with_comm(mut self, comm: Option<Arc<dyn DistComm>>) -> Load {
+        self.comm = comm;
+        self
+    }
+
+    pub(crate) fn with_cache_types(mut self, types: KvCacheTypes) -> Load {
+        self.cache_types = Some(types);
+        self
+    }
+
+    pub(crate) fn with_max_sequences(mut self, n: usize) -> Load {
+        self.max_sequences = Some(n);
+        self
+    }
+
+    /// The typed split.
+    ///
+    /// # Errors
+    /// A distributed job outside tensor and expert or with groups; groups outside them.
+    fn split(&self) -> anyhow::Result<Split> {
+        let mode = self.split_mode;
+        if let Some(comm) = &self.comm {
+            if !mode.is_tensor_parallel() {
+                anyhow::bail!(
+                    "a distributed job splits each layer over the ranks: use split mode tensor \
+                     or expert, not {mode}"
+                );
+            }
+            if self.groups != 1 {
+                anyhow::bail!(
+                    "a distributed job is one tensor-parallel group over every rank, not {}",
+                    self.groups
+                );
+            }
+            return Ok(Split::Distributed {
+                comm: comm.clone(),
+                ratios: self.ratios.clone(),
+                experts: mode == SplitMode::Expert,
+            });
+        }
+        let ratios: &[f32] = if mode == SplitMode::None {
+            &[]
+        } else {
+            &self.ratios
+        };
+        Ok(Split::from_mode(mode, ratios, self.groups)?)
+    }
+}
+
 /// Loads `model` on `devices` as `opts` says, with a progress line on a terminal, and reports
 /// the load on stderr (rank 0 only under `--dist`).
 ///
@@ -111,7 +204,7 @@ pub(crate) fn devices_for(
 pub(crate) fn open_session(
     model: &LlamaModel,
     devices: &[Arc<dyn Device>],
-    opts: SessionOptions,
+    opts: Load,
 ) -> anyhow::Result<Session> {
     let (mode, threads, comm) = (opts.split_mode, opts.threads, opts.comm.clone());
     let names = device_names(devices);
@@ -149,7 +242,21 @@ pub(crate) fn open_session(
             ));
         }
     };
-    let session = Session::open_with_progress(model, devices, &opts, progress)
+    let mut builder = Session::builder(model)
+        .devices(devices)
+        .split(opts.split()?)
+        .progress(progress);
+    if let Some(t) = threads {
+        builder = builder.threads(t);
+    }
+    if let Some(t) = opts.cache_types {
+        builder = builder.cache_types(t);
+    }
+    if let Some(n) = opts.max_sequences {
+        builder = builder.max_sequences(n);
+    }
+    let session = builder
+        .build()
         .with_context(|| format!("loading the model ({mode} split) on {names}"))?;
     if !loud {
         return Ok(session);

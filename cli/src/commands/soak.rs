@@ -5,7 +5,7 @@
 use super::session::{ModelPreset, device_names, devices_for, open_session};
 use anyhow::Context as _;
 use std::time::Instant;
-use tessera_model::{LlamaModel, Outputs, Session, SessionOptions, SplitMode, argmax};
+use tessera_model::{LlamaModel, Outputs, Session, SplitMode, argmax};
 
 /// Arguments of `tessera soak`.
 #[derive(Clone, Debug, clap::Args)]
@@ -197,7 +197,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
         let mut session = open_session(
             &model,
             &devices,
-            SessionOptions::new(mode)
+            super::session::Load::new(mode)
                 .with_ratios(ratios)
                 .with_threads(args.threads),
         )?;
@@ -231,7 +231,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
             let mut fresh = open_session(
                 &model,
                 &devices,
-                SessionOptions::new(mode)
+                super::session::Load::new(mode)
                     .with_ratios(ratios)
                     .with_threads(args.threads),
             )?;

@@ -7,10 +7,9 @@
 
 use anyhow::Context as _;
 use std::sync::Arc;
-use tessera::sched::{SchedOptions, layer_devices};
 use tessera::{DType, Device, registry};
 use tessera_model::ExpertSplit;
-use tessera_model::{Arch, LlamaConfig, LlamaModel, Outputs, Session, SplitMode, nmse};
+use tessera_model::{Arch, LlamaConfig, LlamaModel, Outputs, Session, Split, SplitMode, nmse};
 
 const SEED: u64 = 0x7e57;
 const PROMPT: [i32; 12] = [1, 17, 200, 3, 255, 9, 64, 128, 31, 32, 33, 7];
@@ -129,23 +128,14 @@ pub fn run(
             }
         };
         let model = LlamaModel::new(config, SEED)?.with_cache_types(cache)?;
-        let ld = layer_devices(model.config().n_layer, &[], 1)?;
-        let mut unsplit = Session::on_devices(
-            &model,
-            std::slice::from_ref(&first),
-            &ld,
-            SchedOptions::default(),
-        )?;
+        let mut unsplit = Session::builder(&model)
+            .devices(std::slice::from_ref(&first))
+            .build()?;
         let mut cpu = if on_cpu {
             None
         } else {
             let cpu = registry().select("cpu:1")?;
-            Some(Session::on_devices(
-                &model,
-                &cpu,
-                &ld,
-                SchedOptions::default(),
-            )?)
+            Some(Session::builder(&model).devices(&cpu).build()?)
         };
         let meta = match job.comm() {
             Some(comm) => model.distributed_meta_device(devices, comm, ratios, experts),
@@ -153,7 +143,10 @@ pub fn run(
         }
         .context("making the meta device")?
         .with_vendor_comm(!generic);
-        let mut tp = Session::on_meta(&model, meta, None).context("splitting the model")?;
+        let mut tp = Session::builder(&model)
+            .split(Split::Meta(meta))
+            .build()
+            .context("splitting the model")?;
         path = tp_report(&tp)?.backend().comm_path().to_string();
         let prompt_all = format!("prompt logits ({} tokens)", PROMPT.len());
         let steps: [(String, &[i32], Outputs); 4] = [
