@@ -28,9 +28,7 @@
 //! ```
 
 use anyhow::{Context as _, ensure};
-use tessera_model::{
-    Arch, LlamaConfig, LlamaModel, Session, Split, argmax, nmse,
-};
+use tessera_model::{Arch, LlamaConfig, LlamaModel, Session, Split, argmax, nmse};
 
 /// NMSE bound of the split against one device (only the order of sums differs; 1e-5 allows a
 /// Q8_0-quantized activation to move one step).

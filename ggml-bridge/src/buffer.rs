@@ -339,7 +339,7 @@ unsafe extern "C" fn buf_cpy_tensor(
             let r = from.offset_of(src, 0, len).and_then(|so| {
                 let doff = to.offset_of(dst, 0, len)?;
                 check_read(from, so, len)?;
-                tessera::backend::copy_between(
+                tessera_core::backend::copy_between(
                     from.buffer().as_ref(),
                     so,
                     to.buffer().as_ref(),

@@ -23,7 +23,7 @@ fn tensor(
     t.type_ = dtype.ggml_type_id();
     t.ne = ne;
     let ne_u = ne.map(|n| n as usize);
-    t.nb = tessera::tensor::contiguous_strides(dtype, ne_u);
+    t.nb = tessera_core::tensor::contiguous_strides(dtype, ne_u);
     t.op = op;
     for (i, &s) in src.iter().enumerate() {
         t.src[i] = s;

@@ -16,7 +16,7 @@ fn tensor(name: &str, dtype: DType, ne: [i64; 4], op: sys::ggml_op) -> Box<sys::
     let mut t: Box<sys::ggml_tensor> = Box::new(unsafe { std::mem::zeroed() });
     t.type_ = dtype.ggml_type_id();
     t.ne = ne;
-    t.nb = tessera::tensor::contiguous_strides(dtype, ne.map(|n| n as usize));
+    t.nb = tessera_core::tensor::contiguous_strides(dtype, ne.map(|n| n as usize));
     t.op = op;
     for (d, c) in t.name.iter_mut().zip(name.bytes()) {
         *d = c as std::ffi::c_char;

@@ -18,9 +18,9 @@ use crate::objects::BufferCtx;
 use crate::sys;
 use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
-use tessera::graph::Graph;
+use tessera::Graph;
+use tessera::TensorId;
 use tessera::ops::{GluOp, RopeMode, RopeParams, UnaryOp};
-use tessera::tensor::TensorId;
 use tessera::{Bindings, Context, DType, Device, Support, TensorDesc};
 
 /// Why a node has no Tessera translation (or the device refuses it).
@@ -248,7 +248,7 @@ impl<'d> Translator<'d> {
     /// A leaf with `t`'s dtype and layout; bound to `t`'s memory when `bind`.
     fn leaf(&mut self, t: G, bind: bool) -> Result<TensorId, Decline> {
         let (dtype, ne, nb) = (t.dtype()?, t.ne()?, t.nb());
-        let contiguous = tessera::tensor::contiguous_strides(dtype, ne);
+        let contiguous = tessera_core::tensor::contiguous_strides(dtype, ne);
         if same_layout(ne, nb, ne, contiguous) {
             let id = self
                 .ctx

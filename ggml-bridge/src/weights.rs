@@ -78,7 +78,7 @@ pub(crate) unsafe fn describe_memory(tensor: *const sys::ggml_tensor) -> Option<
         Some(d) => d,
         // Row indices of SET_ROWS: read as pairs of i32 (see `translate`).
         None if t.type_ == sys::ggml_type_GGML_TYPE_I64 => {
-            if t.nb != tessera::tensor::contiguous_strides(DType::I32, ne).map(|b| b * 2) {
+            if t.nb != tessera_core::tensor::contiguous_strides(DType::I32, ne).map(|b| b * 2) {
                 return None;
             }
             ne[0] = ne[0].checked_mul(2)?;
@@ -86,7 +86,7 @@ pub(crate) unsafe fn describe_memory(tensor: *const sys::ggml_tensor) -> Option<
         }
         None => return None,
     };
-    if t.nb != tessera::tensor::contiguous_strides(dtype, ne)
+    if t.nb != tessera_core::tensor::contiguous_strides(dtype, ne)
         && t.type_ != sys::ggml_type_GGML_TYPE_I64
     {
         return None;

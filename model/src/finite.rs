@@ -5,10 +5,8 @@
 //! holds a NaN or infinity, so the error names the op that produced it rather than the logits
 //! it reached (or did not reach: activations quantized to Q8_0 for a matmul turn NaN into 0).
 
-use tessera::graph::Graph;
 use tessera::ops::OpKind;
-use tessera::tensor::{TensorDesc, TensorId};
-use tessera::{DType, Error, Result};
+use tessera::{DType, Error, Graph, Result, TensorDesc, TensorId};
 
 /// The first non-finite value of `values`: its index and value.
 pub fn first_non_finite(values: &[f32]) -> Option<(usize, f32)> {

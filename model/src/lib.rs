@@ -80,8 +80,8 @@ mod tp;
 mod weights;
 
 pub use batch::{Batch, BatchLogits, BatchToken, SeqId};
-pub use config::{Arch, Gating, LlamaConfig};
 pub use builder::{SessionBuilder, Split};
+pub use config::{Arch, Gating, LlamaConfig};
 #[cfg(test)]
 pub(crate) use engine::SessionOptions;
 pub use engine::{Session, SplitMode};

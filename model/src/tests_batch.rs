@@ -371,15 +371,26 @@ fn parse_batch_reference(text: &str) -> BatchReference {
                     r.feeds.push(Vec::new());
                 }
                 last_was_row = false;
-                let (s, p, t) = (num(f.next()), num(f.next()), f.next().unwrap().parse().unwrap());
+                let (s, p, t) = (
+                    num(f.next()),
+                    num(f.next()),
+                    f.next().unwrap().parse().unwrap(),
+                );
                 r.feeds.last_mut().unwrap().push((s as SeqId, p, t));
             }
             Some("row") => {
                 last_was_row = true;
                 let (s, p) = (num(f.next()), num(f.next()));
-                let val = |kv: Option<&str>| kv.unwrap().split('=').nth(1).unwrap().parse().unwrap();
+                let val =
+                    |kv: Option<&str>| kv.unwrap().split('=').nth(1).unwrap().parse().unwrap();
                 let (fa, solo) = (val(f.next()), val(f.next()));
-                r.rows.push((s as SeqId, p, fa, solo, f.map(|v| v.parse().unwrap()).collect()));
+                r.rows.push((
+                    s as SeqId,
+                    p,
+                    fa,
+                    solo,
+                    f.map(|v| v.parse().unwrap()).collect(),
+                ));
             }
             _ => {}
         }
@@ -395,16 +406,13 @@ fn parse_batch_reference(text: &str) -> BatchReference {
 #[test]
 fn batches_match_llama_cpp_in_every_split_mode() {
     use crate::tests_reference::F32_NMSE;
-    let dir = std::env::var("TESSERA_REFERENCE_DIR").unwrap_or_else(|_| {
-        format!("{}/../tests/reference/synthetic", env!("CARGO_MANIFEST_DIR"))
-    });
     for (name, model) in models(&["llama-f32-gqa", "gemma3-f32-gqa", "qwen3moe-f32-gqa"]) {
-        let path = format!("{dir}/batch/{name}.txt");
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{path}: {e} (run tests/reference/make_references.sh)"));
-        let r = parse_batch_reference(&text);
-        assert_eq!(r.prompts.len(), 8, "{path}");
-        assert!(r.rows.iter().all(|row| row.3 < F32_NMSE / 100.0), "{path}: llama.cpp's batch spread");
+        let r = batch_reference(&name);
+        assert_eq!(r.prompts.len(), 8, "{name}");
+        assert!(
+            r.rows.iter().all(|row| row.3 < F32_NMSE / 100.0),
+            "{name}: llama.cpp's batch spread"
+        );
         let modes: &[SplitMode] = if model.config().is_moe() {
             &[SplitMode::None, SplitMode::Layer, SplitMode::Expert]
         } else {
@@ -412,41 +420,99 @@ fn batches_match_llama_cpp_in_every_split_mode() {
         };
         for &mode in modes {
             let label = format!("{name} {mode}");
-            let mut s = open(&model, mode);
-            let mut rows = Vec::new();
-            let mut batch = Batch::new();
-            for (seq, p) in r.prompts.iter().enumerate() {
-                for (i, &t) in p.iter().enumerate() {
-                    batch.add(t, i, seq as SeqId, true);
-                }
-            }
-            let mut steps = vec![batch];
-            for feed in &r.feeds {
-                let mut b = Batch::new();
-                for &(seq, pos, t) in feed {
-                    b.add(t, pos, seq, true);
-                }
-                steps.push(b);
-            }
-            for b in &steps {
-                let out = s.decode(b).unwrap_or_else(|e| panic!("{label}: {e}"));
-                for (i, t) in b.tokens().iter().enumerate() {
-                    rows.push((t.seq, t.pos, out.get(i).unwrap().to_vec()));
-                }
-            }
-            assert_eq!(rows.len(), r.rows.len(), "{label}: rows");
-            let mut worst = 0f64;
-            for ((seq, pos, got), (rs, rp, _, _, want)) in rows.iter().zip(&r.rows) {
-                assert_eq!((seq, pos), (rs, rp), "{label}: row order");
-                let e = nmse(got, want);
-                worst = worst.max(e);
+            check_batch_reference(&label, &mut open(&model, mode), &r);
+        }
+    }
+}
+
+/// Runs `r`'s batches on `s` and holds every row to the reference suite's F32 bound.
+fn check_batch_reference(label: &str, s: &mut Session, r: &BatchReference) {
+    use crate::tests_reference::F32_NMSE;
+    let mut rows = Vec::new();
+    let mut batch = Batch::new();
+    for (seq, p) in r.prompts.iter().enumerate() {
+        for (i, &t) in p.iter().enumerate() {
+            batch.add(t, i, seq as SeqId, true);
+        }
+    }
+    let mut steps = vec![batch];
+    for feed in &r.feeds {
+        let mut b = Batch::new();
+        for &(seq, pos, t) in feed {
+            b.add(t, pos, seq, true);
+        }
+        steps.push(b);
+    }
+    for b in &steps {
+        let out = s.decode(b).unwrap_or_else(|e| panic!("{label}: {e}"));
+        for (i, t) in b.tokens().iter().enumerate() {
+            rows.push((t.seq, t.pos, out.get(i).unwrap().to_vec()));
+        }
+    }
+    assert_eq!(rows.len(), r.rows.len(), "{label}: rows");
+    let mut worst = 0f64;
+    for ((seq, pos, got), (rs, rp, _, _, want)) in rows.iter().zip(&r.rows) {
+        assert_eq!((seq, pos), (rs, rp), "{label}: row order");
+        let e = nmse(got, want);
+        worst = worst.max(e);
+        assert!(
+            e <= F32_NMSE,
+            "{label}: sequence {seq} position {pos}: NMSE {e:.3e} against llama.cpp (bound \
+             {F32_NMSE:e})"
+        );
+    }
+    eprintln!(
+        "{label}: {} rows, worst NMSE {worst:.2e} against llama.cpp",
+        rows.len()
+    );
+}
+
+/// The llama.cpp batch record of `name` (from `TESSERA_REFERENCE_DIR` when set).
+fn batch_reference(name: &str) -> BatchReference {
+    let dir = std::env::var("TESSERA_REFERENCE_DIR").unwrap_or_else(|_| {
+        format!(
+            "{}/../tests/reference/synthetic",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    });
+    let path = format!("{dir}/batch/{name}.txt");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e} (run tests/reference/make_references.sh)"));
+    parse_batch_reference(&text)
+}
+
+/// The same batches on the GPU backends compiled in, whole on one device (SYCL's OpenCL CPU
+/// device and lavapipe in CI): each absent backend prints why it is skipped, or fails under
+/// `TESSERA_REQUIRE` naming it.
+#[cfg(any(feature = "sycl", feature = "vulkan"))]
+#[test]
+fn gpu_backends_match_llama_cpp_on_batches() {
+    let required = std::env::var("TESSERA_REQUIRE").unwrap_or_default();
+    let mut kinds = Vec::new();
+    if cfg!(feature = "sycl") {
+        kinds.push("sycl");
+    }
+    if cfg!(feature = "vulkan") {
+        kinds.push("vulkan");
+    }
+    for kind in kinds {
+        let devs = match registry().select(&format!("{kind}:1")) {
+            Ok(d) if !d.is_empty() => d,
+            other => {
+                let why = other
+                    .err()
+                    .map_or("no device".to_string(), |e| e.to_string());
                 assert!(
-                    e <= F32_NMSE,
-                    "{label}: sequence {seq} position {pos}: NMSE {e:.3e} against llama.cpp \
-                     (bound {F32_NMSE:e})"
+                    !required.split(',').any(|b| b.trim() == kind),
+                    "TESSERA_REQUIRE={kind}: {why}"
                 );
+                eprintln!("skipped {kind}: {why}");
+                continue;
             }
-            eprintln!("{label}: {} rows, worst NMSE {worst:.2e} against llama.cpp", rows.len());
+        };
+        for (name, model) in models(&["llama-f32-gqa", "gemma3-f32-gqa"]) {
+            let mut s = Session::builder(&model).devices(&devs).build().unwrap();
+            check_batch_reference(&format!("{name} {kind}"), &mut s, &batch_reference(&name));
         }
     }
 }

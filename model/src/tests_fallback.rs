@@ -4,12 +4,12 @@
 
 use super::*;
 use std::sync::Arc;
-use tessera::backend::{DeviceCaps, DeviceType, MemoryInfo, Support};
 use tessera::sched::{SchedOptions, layer_devices};
 use tessera::{
     Backend, BackendOptions, Buffer, BufferType, DType, Device, OpKind, TensorDesc, TensorId,
     registry,
 };
+use tessera::{DeviceCaps, DeviceType, MemoryInfo, Support};
 
 /// A CPU device whose backend "lacks" one op (as a Vulkan device may lack a kernel).
 #[derive(Debug)]

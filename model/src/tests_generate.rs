@@ -22,8 +22,16 @@ fn text_stream_holds_split_characters_and_stop_strings() {
 
     let mut s = TextStream::new(&[]);
     assert_eq!(s.push(&"€".as_bytes()[..2]), "");
-    assert_eq!(s.finish(), "\u{fffd}", "an unfinished character is replaced at the end");
-    assert_eq!(s.push(&[0xff, b'a']), "\u{fffd}a", "invalid bytes are not held forever");
+    assert_eq!(
+        s.finish(),
+        "\u{fffd}",
+        "an unfinished character is replaced at the end"
+    );
+    assert_eq!(
+        s.push(&[0xff, b'a']),
+        "\u{fffd}a",
+        "invalid bytes are not held forever"
+    );
 }
 
 fn setup() -> (LlamaModel, Tokenizer) {
@@ -84,13 +92,12 @@ fn generator_stops_at_tokens_strings_and_a_full_cache() {
     let mut s = Session::builder(&model).build().unwrap();
     let all: Vec<i32> = Generator::new(&mut s, &tok, greedy(), &prompt)
         .max_tokens(4)
-        .map(|p| p.unwrap().token)
-        .flatten()
+        .filter_map(|p| p.unwrap().token)
         .collect();
     assert!(all.len() >= 2, "{all:?}");
     let mut s = Session::builder(&model).build().unwrap();
     let mut g = Generator::new(&mut s, &tok, greedy(), &prompt).stop_tokens(&[all[1]]);
-    let got: Vec<i32> = (&mut g).map(|p| p.unwrap().token).flatten().collect();
+    let got: Vec<i32> = (&mut g).filter_map(|p| p.unwrap().token).collect();
     assert_eq!(got, all[..1]);
     assert_eq!(g.finish_reason(), Some(&Finish::StopToken(all[1])));
 
@@ -113,7 +120,10 @@ fn generator_stops_at_tokens_strings_and_a_full_cache() {
         .build()
         .unwrap();
     let mut g = Generator::new(&mut s, &tok, greedy(), &prompt);
-    let n = (&mut g).map(|p| p.unwrap()).filter(|p| p.token.is_some()).count();
+    let n = (&mut g)
+        .map(|p| p.unwrap())
+        .filter(|p| p.token.is_some())
+        .count();
     match g.finish_reason() {
         Some(Finish::ContextFull) => assert_eq!(n, 4),
         Some(Finish::StopToken(_)) => assert!(n < 4),

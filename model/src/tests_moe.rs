@@ -6,8 +6,9 @@
 use super::reference::{PROMPT_LEN, reference_models};
 use super::*;
 use std::collections::HashSet;
+use tessera::alloc::GraphAllocator;
 use tessera::sched::SchedOptions;
-use tessera::{BackendOptions, GraphAllocator, TensorId, registry};
+use tessera::{BackendOptions, TensorId, registry};
 
 /// Logits of `tokens` and the expert sets they choose in every layer, evaluated on one CPU
 /// device with the weights in its packed weight layout (`packed`) or in plain memory.

@@ -1,11 +1,13 @@
 //! Tessera: run tensor compute graphs on CPUs and GPUs of every vendor, and split one model
 //! across several devices.
 //!
-//! This facade is what an application depends on to run graphs: it re-exports `tessera-core`
-//! (dtypes, graph IR, device traits, scheduler, meta device), [`gguf`], [`plugin`] and [`dist`],
-//! and registers the backends compiled in through cargo features (`cpu` by default) in one
-//! process-wide [`registry()`]. Language models live one layer up, in `tessera-model`, which
-//! depends on this crate.
+//! This facade is what an application depends on to run graphs: it names what an application
+//! uses of `tessera-core` (graphs, dtypes, devices and buffers, errors; the scheduler [`sched`],
+//! the meta device [`meta`], compute-memory planning [`alloc`], collectives [`comm`]), [`gguf`],
+//! [`plugin`] and [`dist`], typed host I/O ([`HostIo`]), and registers the backends compiled in
+//! through cargo features (`cpu` by default) in one process-wide [`registry()`]. Backend and
+//! plugin authors implement the traits of `tessera-core` itself. Language models live one layer
+//! up, in `tessera-model`, which depends on this crate.
 //!
 //! ```
 //! use tessera::{BackendOptions, Context, DType};
@@ -28,7 +30,40 @@
 //! ```
 #![deny(unsafe_code)]
 
-pub use tessera_core::*;
+// Graphs: tensors described in a context, their ops and element types.
+pub use tessera_core::{
+    Context, DType, GluOp, Graph, Op, OpKind, RopeMode, RopeParams, TensorDesc, TensorFlags,
+    TensorId, UnaryOp,
+};
+// Devices, their buffers and streams, and the registry listing them.
+/// Compute-memory planning of a graph (what a buffer of one device type must hold).
+pub use tessera_core::alloc;
+pub use tessera_core::backend::HostMemory;
+/// The meta device: one device made of several, splitting every op it receives.
+pub use tessera_core::meta;
+/// The op enums and their parameters.
+pub use tessera_core::ops;
+pub use tessera_core::registry::BackendInfo;
+/// The scheduler: a graph over several devices, with the copies between them.
+pub use tessera_core::sched;
+pub use tessera_core::{
+    Backend, BackendOptions, Bindings, Buffer, BufferType, Device, DeviceCaps, DeviceRegistry,
+    DeviceType, Event, MemoryInfo, ProcAddress, Registry, Support, TensorBuffer,
+};
+pub use tessera_core::{Error, Result};
+
+/// Collectives: all-reduces between devices of one process and between processes.
+pub mod comm {
+    pub use tessera_core::comm::{
+        Algorithm, AllReduce, COMM_ALLREDUCE, COMM_FREE, COMM_INIT, DEFAULT_RING_THRESHOLD,
+        DistComm, ReducePath, ThreadGroup, Wire, check_same,
+    };
+}
+
+mod host_io;
+/// The `half` crate, whose `f16` and `bf16` [`HostIo`] reads and writes.
+pub use half;
+pub use host_io::{HostElement, HostIo};
 
 #[cfg(feature = "cpu")]
 pub use tessera_cpu as cpu;

@@ -8,9 +8,7 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Instant;
 use tessera::Device;
-use tessera_model::{
-    LlamaModel, Outputs, Session, SplitMode, TensorParallel, argmax, nmse,
-};
+use tessera_model::{LlamaModel, Outputs, Session, SplitMode, TensorParallel, argmax, nmse};
 
 /// Seed of the synthetic weights and of the prompt.
 const SEED: u64 = 0x11a3a;

@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tessera::comm::{Algorithm, AllReduce, CommSlice, DEFAULT_RING_THRESHOLD, Wire};
-use tessera::comm::{CommApi, CommOutcome};
+use tessera::comm::{Algorithm, AllReduce, DEFAULT_RING_THRESHOLD, Wire};
 use tessera::{BackendOptions, Buffer, Device};
+use tessera_core::comm::CommSlice;
+use tessera_core::comm::{CommApi, CommOutcome};
 
 /// Options of `bench-allreduce`.
 pub struct Options {
@@ -133,7 +134,7 @@ pub fn run(devices: &[Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
         "|{:-<12}|{:-<12}|{:-<12}|{:-<12}|{:-<12}|{:-<13}|{:-<11}|{:-<18}|",
         "", "", "", "", "", "", "", ""
     );
-    let bopts = tessera::backend::per_device_options(
+    let bopts = tessera_core::backend::per_device_options(
         devices,
         &opts
             .threads

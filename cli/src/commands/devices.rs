@@ -1,7 +1,7 @@
 //! `tessera devices`: backends, their devices, memory and capabilities.
 
 use std::path::PathBuf;
-use tessera::registry::BackendInfo;
+use tessera::BackendInfo;
 use tessera::{BACKENDS, registry};
 
 /// Prints every backend Tessera knows: its devices, or why it has none. Plugins are loaded first:

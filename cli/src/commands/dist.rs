@@ -170,7 +170,7 @@ pub fn fingerprint(model: Option<&std::path::Path>) -> anyhow::Result<Vec<u8>> {
         out.extend(len.to_le_bytes());
         let mut head = Vec::new();
         f.by_ref().take(4 << 20).read_to_end(&mut head)?;
-        out.extend(tessera::comm::fnv1a(&head).to_le_bytes());
+        out.extend(tessera_core::comm::fnv1a(&head).to_le_bytes());
     }
     Ok(out)
 }

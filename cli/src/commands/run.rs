@@ -277,7 +277,8 @@ fn run_job(args: &RunArgs, job: &super::dist::Job) -> anyhow::Result<()> {
     let mut generator = tessera_model::Generator::new(&mut session, &tok, sampler, &prompt)
         .max_tokens(args.n_predict)
         .with_picker(|logits, sampler| {
-            next_token(job, logits, sampler).map_err(|e| tessera_model::GenerateError::Hook(e.into()))
+            next_token(job, logits, sampler)
+                .map_err(|e| tessera_model::GenerateError::Hook(e.into()))
         })
         .on_logits(all_positions, |l| {
             write_logits(l).map_err(|e| tessera_model::GenerateError::Hook(e.into()))

@@ -6,8 +6,8 @@ use anyhow::Context as _;
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::Instant;
-use tessera::{Device, registry};
 use tessera::comm::DistComm;
+use tessera::{Device, registry};
 use tessera_model::{KvCacheTypes, LlamaConfig, LlamaModel, Session, Split, SplitMode};
 
 /// The KV cache's element types, as llama.cpp's `--cache-type-k` / `--cache-type-v` (`-ctk` /

@@ -179,6 +179,16 @@ impl TensorBuffer {
     pub fn bindings(&self) -> &Bindings {
         &self.bindings
     }
+    /// The description of tensor `id` of the context the buffer was allocated for.
+    ///
+    /// # Errors
+    /// [`Error::UnknownTensor`] for an id outside that context.
+    pub fn desc(&self, id: TensorId) -> Result<&TensorDesc> {
+        self.tensors.get(id.index()).ok_or(Error::UnknownTensor {
+            id: id.index(),
+            len: self.tensors.len(),
+        })
+    }
     /// Whether `id` (or the tensor it views) lives in this buffer.
     pub fn contains(&self, id: TensorId) -> bool {
         self.bindings.resolve(&self.tensors, id).is_ok()

@@ -7,9 +7,9 @@
 use super::*;
 use std::collections::HashMap;
 use tessera::DType;
+use tessera::TensorId;
 use tessera::meta::*;
 use tessera::ops::GluOp;
-use tessera::tensor::TensorId;
 use tessera::{Context, Graph};
 
 const N_EMBD: usize = 64;

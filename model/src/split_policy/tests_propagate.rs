@@ -7,8 +7,8 @@ use tessera::DType;
 use tessera::Error;
 use tessera::meta::*;
 use tessera::ops::{RopeMode, RopeParams};
-use tessera::tensor::{TensorDesc, TensorId};
 use tessera::{Context, Graph};
+use tessera::{TensorDesc, TensorId};
 
 const T: usize = 4;
 const N_CTX: usize = 16;
