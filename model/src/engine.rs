@@ -6,7 +6,7 @@
 //! devices, which splits the ops it receives over its own devices and inserts the
 //! all-reduces; so `none`, `layer`, `tensor` and `expert` differ only in the device list the
 //! scheduler gets, and a layer split over several tensor-parallel groups
-//! ([`SessionOptions::with_groups`]) needs nothing more.
+//! ([`crate::Split::Tensor`] with `groups`) needs nothing more.
 
 use crate::ExpertSplit;
 use crate::kv_cells::{KvCells, MAX_SEQUENCES};
@@ -978,7 +978,7 @@ impl Session {
     }
 
     /// The first tensor-parallel group (the only one unless opened with
-    /// [`SessionOptions::with_groups`]), for `tensor` and `expert`: its meta device, stream,
+    /// `groups` of [`crate::Split::Tensor`]), for `tensor` and `expert`: its meta device, stream,
     /// all-reduces and memory per device.
     pub fn tensor_parallel(&self) -> Option<crate::TensorParallel<'_>> {
         self.tensor_parallel_groups().into_iter().next()
