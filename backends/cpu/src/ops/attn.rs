@@ -1,7 +1,7 @@
-//! FLASH_ATTN_EXT: one task per (query, head, batch), ordered query-fastest. A thread takes its
-//! tasks in blocks of up to [`Q_BLOCK`] that share a KV head and batch (consecutive queries of a
-//! head in a prompt, the heads of a GQA group in a decode step), so each block's scores are one
-//! tile product of the block's queries with the K rows.
+//! FLASH_ATTN_EXT: one task per (query, head, batch), ordered by batch, KV head, query, then the
+//! heads sharing the KV head. A thread takes its tasks in blocks of up to [`Q_BLOCK`] that share
+//! a KV head and batch (consecutive queries with all their heads), so each block's scores are
+//! one tile product of the block's queries with the K rows.
 //!
 //! K is read where it lies, in its own type: the scores are the MUL_MAT kernels' tile product
 //! with the K rows as the weights, so the queries are rounded to K's activation form exactly as
@@ -50,7 +50,18 @@ pub(crate) struct AttnScratch {
 
 /// The KV head and batch of a task: a block never spans two.
 fn kv_of(task: usize, n_q: usize, n_head: usize, group: usize) -> (usize, usize) {
-    ((task / n_q) % n_head / group, task / (n_q * n_head))
+    (
+        (task % (n_q * n_head)) / (n_q * group),
+        task / (n_q * n_head),
+    )
+}
+
+/// The (query, head) of a task. Within a KV head the heads sharing it come fastest, so a block
+/// holds every head of its queries: a query's keys, gathered once, serve all its heads.
+fn col_of(task: usize, n_q: usize, n_head: usize, group: usize) -> (usize, usize) {
+    let r = task % (n_q * n_head);
+    let (hk, w) = (r / (n_q * group), r % (n_q * group));
+    (w / group, hk * group + w % group)
 }
 
 pub(crate) fn flash_attn_ext(
@@ -110,7 +121,7 @@ pub(crate) fn flash_attn_ext(
         cols.clear();
         while task < tasks.end && cols.len() < Q_BLOCK && kv_of(task, n_q, n_head, group) == (hk, b)
         {
-            cols.push((task % n_q, (task / n_q) % n_head));
+            cols.push(col_of(task, n_q, n_head, group));
             task += 1;
         }
         let more_on_head = task < tasks.end && kv_of(task, n_q, n_head, group) == (hk, b);
