@@ -444,6 +444,78 @@ mod tests {
         }
     }
 
+    /// llama-batched-bench's own command line parses after the rewrite, and runs on the tiny
+    /// model in every split mode (a case too big for `-c` is skipped, not an error).
+    #[test]
+    fn batched_bench_takes_llama_cpp_flags_and_runs_every_split() {
+        let line = [
+            "tessera",
+            "batched-bench",
+            "--preset",
+            "tiny",
+            "-c",
+            "64",
+            "-b",
+            "2048",
+            "-ub",
+            "8",
+            "-npp",
+            "4,40",
+            "-ntg",
+            "3",
+            "-npl",
+            "1,3",
+            "-t",
+            "2",
+            "-fa",
+            "on",
+            "-ngl",
+            "99",
+        ];
+        let argv =
+            commands::session::rewrite_llama_flags(line.iter().map(std::ffi::OsString::from));
+        let Command::BatchedBench(mut args) = Cli::try_parse_from(argv).unwrap().command else {
+            panic!("not batched-bench");
+        };
+        assert_eq!(
+            (args.n_pp.clone(), args.n_tg.clone(), args.n_pl.clone()),
+            (vec![4, 40], vec![3], vec![1, 3])
+        );
+        assert_eq!((args.n_ubatch, args.ctx_size), (8, 64));
+        for mode in ["none", "layer", "tensor", "expert"] {
+            args.split_mode = mode.parse().unwrap();
+            commands::batched_bench::run(&args).unwrap_or_else(|e| panic!("{mode}: {e:#}"));
+        }
+        let pps = [
+            "tessera",
+            "batched-bench",
+            "--preset",
+            "tiny",
+            "-c",
+            "64",
+            "-npp",
+            "8",
+            "-ntg",
+            "2",
+            "-npl",
+            "4",
+            "-pps",
+        ];
+        let argv = commands::session::rewrite_llama_flags(pps.iter().map(std::ffi::OsString::from));
+        let Command::BatchedBench(args) = Cli::try_parse_from(argv).unwrap().command else {
+            panic!("not batched-bench");
+        };
+        assert!(args.pp_shared);
+        commands::batched_bench::run(&args).unwrap();
+        assert!(!parses(&["batched-bench", "--n-pl", "0"]));
+        let off = ["tessera", "batched-bench", "--preset", "tiny", "-fa", "off"];
+        let argv = commands::session::rewrite_llama_flags(off.iter().map(std::ffi::OsString::from));
+        let Command::BatchedBench(args) = Cli::try_parse_from(argv).unwrap().command else {
+            panic!("not batched-bench");
+        };
+        assert!(commands::batched_bench::run(&args).is_err());
+    }
+
     #[test]
     fn a_zero_thread_count_in_a_list_is_an_error() {
         assert_eq!(commands::parse_list("1, 2").unwrap(), vec![1, 2]);
