@@ -184,7 +184,9 @@ fn check_batched(label: &str, model: &LlamaModel, mode: SplitMode) {
     for (i, t) in batch.tokens().iter().enumerate() {
         errors.push(1, t.pos, out.get(i).unwrap(), &want[6][i]);
     }
-    errors.check(label, model.config().weight_dtype != tessera::DType::F32);
+    let quantized = model.config().weight_dtype != tessera::DType::F32
+        || model.cache_types() != KvCacheTypes::default();
+    errors.check(label, quantized);
     assert_eq!(
         session.cells_used(),
         used - prompts[1].len() - STEPS + prompts[6].len()
@@ -211,6 +213,18 @@ fn batched_sequences_match_each_sequence_alone_in_every_split_mode() {
             check_batched(&format!("{name} {mode}"), &model, mode);
         }
     }
+}
+
+/// Quantized caches hold their cells the same way: K as q8_0 and V as q4_0 (rotated, as
+/// llama.cpp's), each sequence of the batch against itself alone with those caches.
+#[test]
+fn batched_sequences_with_quantized_caches_match_each_sequence_alone() {
+    let (name, model) = models(&["llama-f32-gqa"]).remove(0);
+    let model = model
+        .with_cache_types(KvCacheTypes::parse("q8_0", "q4_0").unwrap())
+        .unwrap();
+    // Rounded queries and cache rows: the quantized-weights bound.
+    check_batched(&format!("{name} q8_0/q4_0"), &model, SplitMode::None);
 }
 
 /// A prefix shared with [`Session::seq_copy`] is read by both sequences and evaluated once.
