@@ -454,12 +454,14 @@ impl<'a> Generator<'a> {
         }
         let full = self.session.cells_used() >= self.session.model().config().n_ctx;
         if self.stats.generated >= self.max_tokens || full {
-            self.end(if full {
+            // The last piece carries whatever the stream still held back.
+            if let Some(rest) = self.end(if full {
                 Finish::ContextFull
             } else {
                 Finish::MaxTokens
-            });
-            text.push_str(&self.text.finish());
+            }) {
+                text.push_str(&rest.text);
+            }
         } else {
             self.eval(&[token], false)?;
         }
@@ -489,6 +491,9 @@ impl Iterator for Generator<'_> {
             Err(e) => {
                 // An error ends the generation; the session's cache is as the failed step left
                 // it (a refused step changes nothing).
+                if let Some(t) = self.t_gen {
+                    self.stats.gen_secs = t.elapsed().as_secs_f64();
+                }
                 self.finish = Some(Finish::Failed);
                 Some(Err(e))
             }

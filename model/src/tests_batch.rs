@@ -140,7 +140,7 @@ fn check_batched(label: &str, model: &LlamaModel, mode: SplitMode) {
         }
         for t in batch.tokens() {
             let s = t.seq as usize;
-            next_step[s] = Some(t.pos + 1 - prompts[s].len());
+            next_step[s] = Some((t.pos + 1).saturating_sub(prompts[s].len()));
         }
     };
     // Step 1: four prompts, every position's logits.

@@ -110,7 +110,21 @@ fn generator_stops_at_tokens_strings_and_a_full_cache() {
             .stop_strings(std::slice::from_ref(&piece));
         let text: String = (&mut g).map(|p| p.unwrap().text).collect();
         assert_eq!(text, first);
-        assert_eq!(g.finish_reason(), Some(&Finish::StopString(piece)));
+        assert_eq!(g.finish_reason(), Some(&Finish::StopString(piece.clone())));
+    }
+
+    // Text held back as a possible stop string when the token limit ends the generation is
+    // released with the last piece: the texts of 1 and of 2 tokens, the second run stopping on a
+    // string that begins with the second token's text but never completes.
+    if !piece.is_empty() {
+        let mut s = Session::builder(&model).build().unwrap();
+        let never = format!("{piece}\u{1}never");
+        let mut g = Generator::new(&mut s, &tok, greedy(), &prompt)
+            .max_tokens(2)
+            .stop_strings(&[never]);
+        let text: String = (&mut g).map(|p| p.unwrap().text).collect();
+        assert_eq!(text, format!("{first}{piece}"));
+        assert_eq!(g.finish_reason(), Some(&Finish::MaxTokens));
     }
 
     // A cache of the prompt and three more cells: three tokens, then ContextFull (or an

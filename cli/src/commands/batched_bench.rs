@@ -141,7 +141,8 @@ fn run_case(
         for j in 0..pl {
             batch.add(tok(), pp + i, j as SeqId, true);
         }
-        s.decode_into(&batch, &mut out)?;
+        // As llama-batched-bench, a step of more than -b tokens is cut into several.
+        decode_in_steps(s, &batch, args.n_batch, &mut out)?;
     }
     let t_tg = t0.elapsed().as_secs_f64();
     Ok(Case {
@@ -234,9 +235,13 @@ pub fn run(args: &BatchedBenchArgs) -> anyhow::Result<()> {
         warm.add(rng.below(n_vocab) as i32, i, 0, false);
     }
     session.decode(&warm).context("warm-up")?;
+    // The table says "default"; JSON gets null.
     let threads = args
         .threads
         .map_or_else(|| "default".to_string(), |t| t.to_string());
+    let threads_json = args
+        .threads
+        .map_or_else(|| "null".to_string(), |t| t.to_string());
     if args.output_format == "md" {
         println!();
         println!(
@@ -280,7 +285,7 @@ pub fn run(args: &BatchedBenchArgs) -> anyhow::Result<()> {
                 }
                 let case = run_case(&mut session, args, (pp, tg, pl), &mut rng, n_vocab)
                     .with_context(|| format!("PP {pp} TG {tg} B {pl}"))?;
-                print_row(&case, args, &threads);
+                print_row(&case, args, &threads_json);
             }
         }
     }

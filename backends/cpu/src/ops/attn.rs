@@ -46,6 +46,8 @@ pub(crate) struct AttnScratch {
     /// The keys a query's mask row leaves visible, and their mask values (sparse path).
     visible: Vec<usize>,
     mgather: Vec<f32>,
+    /// Whether any query of the node sees each key (dense path: unseen V rows are not read).
+    seen: Vec<bool>,
 }
 
 /// The KV head and batch of a task: a block never spans two.
@@ -131,7 +133,7 @@ pub(crate) fn flash_attn_ext(
             // Keys no query of the node sees (the causal future, a padded span) are never
             // scored or read: the span ends after the last key any mask row shows.
             n_seen = match mask {
-                Some(mv) => visible_keys(&mv, n_q, mb, &mut s.mrow),
+                Some(mv) => visible_keys(&mv, n_q, mb, &mut s.mrow, &mut s.seen),
                 None => n_kv,
             };
             if !k_direct {
@@ -292,6 +294,14 @@ pub(crate) fn flash_attn_ext(
             if !v_planed {
                 s.vplane_t.resize(n_seen * dv, 0.0);
                 for j in 0..n_seen {
+                    // A key no query sees weighs exactly 0, but 0 × a stale NaN is NaN: a
+                    // cell another sequence freed is never read.
+                    if mask.is_some() && !s.seen.get(j).copied().unwrap_or(true) {
+                        for i in 0..dv {
+                            s.vplane_t[i * n_seen + j] = 0.0;
+                        }
+                        continue;
+                    }
                     vt.read_row(j, hk, b, &mut s.vrow);
                     for (i, v) in s.vrow.iter().enumerate() {
                         s.vplane_t[i * n_seen + j] = *v;
@@ -533,11 +543,17 @@ pub(crate) fn kv_supported(kv: DType, d: usize) -> bool {
 }
 
 /// One past the last key any of the `n_q` mask rows of batch plane `b` leaves visible (0 if
-/// none); `row` is scratch of the mask's row length.
-fn visible_keys(mask: &TView, n_q: usize, b: usize, row: &mut [f32]) -> usize {
+/// none), with `any[j]` set for each key some row shows; `row` is scratch of the mask's row
+/// length.
+fn visible_keys(mask: &TView, n_q: usize, b: usize, row: &mut [f32], any: &mut Vec<bool>) -> usize {
+    any.clear();
+    any.resize(row.len(), false);
     let mut seen = 0;
     for iq in 0..n_q {
         mask.read_row(iq, 0, b, row);
+        for (a, &m) in any.iter_mut().zip(row.iter()) {
+            *a |= m != f32::NEG_INFINITY;
+        }
         if let Some(last) = row.iter().rposition(|&m| m != f32::NEG_INFINITY) {
             seen = seen.max(last + 1);
         }
