@@ -444,6 +444,16 @@ mod tests {
         }
     }
 
+    /// A batched-bench command line parsed as `main` parses it (llama.cpp's flags rewritten).
+    fn batched(line: &[&str]) -> commands::batched_bench::BatchedBenchArgs {
+        let argv =
+            commands::session::rewrite_llama_flags(line.iter().map(std::ffi::OsString::from));
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::BatchedBench(args) => args,
+            _ => panic!("not batched-bench: {line:?}"),
+        }
+    }
+
     /// llama-batched-bench's own command line parses after the rewrite, and runs on the tiny
     /// model in every split mode (a case too big for `-c` is skipped, not an error).
     #[test]
@@ -472,11 +482,7 @@ mod tests {
             "-ngl",
             "99",
         ];
-        let argv =
-            commands::session::rewrite_llama_flags(line.iter().map(std::ffi::OsString::from));
-        let Command::BatchedBench(mut args) = Cli::try_parse_from(argv).unwrap().command else {
-            panic!("not batched-bench");
-        };
+        let mut args = batched(&line);
         assert_eq!(
             (args.n_pp.clone(), args.n_tg.clone(), args.n_pl.clone()),
             (vec![4, 40], vec![3], vec![1, 3])
@@ -501,18 +507,12 @@ mod tests {
             "4",
             "-pps",
         ];
-        let argv = commands::session::rewrite_llama_flags(pps.iter().map(std::ffi::OsString::from));
-        let Command::BatchedBench(args) = Cli::try_parse_from(argv).unwrap().command else {
-            panic!("not batched-bench");
-        };
+        let args = batched(&pps);
         assert!(args.pp_shared);
         commands::batched_bench::run(&args).unwrap();
         assert!(!parses(&["batched-bench", "--n-pl", "0"]));
         let off = ["tessera", "batched-bench", "--preset", "tiny", "-fa", "off"];
-        let argv = commands::session::rewrite_llama_flags(off.iter().map(std::ffi::OsString::from));
-        let Command::BatchedBench(args) = Cli::try_parse_from(argv).unwrap().command else {
-            panic!("not batched-bench");
-        };
+        let args = batched(&off);
         assert!(commands::batched_bench::run(&args).is_err());
     }
 

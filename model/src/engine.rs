@@ -151,6 +151,29 @@ impl Default for SessionOptions {
     }
 }
 
+impl SessionOptions {
+    /// `max_sequences`, checked.
+    fn checked_sequences(&self) -> Result<usize> {
+        let n = self.max_sequences;
+        if n == 0 || n > MAX_SEQUENCES {
+            return Err(Error::InvalidArgument(format!(
+                "max_sequences {n}: a session holds 1 to {MAX_SEQUENCES} sequences"
+            )));
+        }
+        Ok(n)
+    }
+
+    /// `model` with the cache types these options ask for (borrowed when they are its own).
+    fn typed_model<'m>(&self, model: &'m LlamaModel) -> Result<std::borrow::Cow<'m, LlamaModel>> {
+        Ok(match self.cache_types {
+            Some(types) if types != model.cache_types() => {
+                std::borrow::Cow::Owned(model.with_cache_types(types)?)
+            }
+            _ => std::borrow::Cow::Borrowed(model),
+        })
+    }
+}
+
 #[allow(dead_code)] // Some setters serve only the tests.
 impl SessionOptions {
     /// Options for `mode` with even ratios and default threads.
@@ -274,20 +297,8 @@ impl Session {
         opts: &SessionOptions,
         progress: impl FnMut(usize, usize),
     ) -> Result<Session> {
-        let n = opts.max_sequences;
-        if n == 0 || n > MAX_SEQUENCES {
-            return Err(Error::InvalidArgument(format!(
-                "max_sequences {n}: a session holds 1 to {MAX_SEQUENCES} sequences"
-            )));
-        }
-        let typed;
-        let model = match opts.cache_types {
-            Some(types) if types != model.cache_types() => {
-                typed = model.with_cache_types(types)?;
-                &typed
-            }
-            _ => model,
-        };
+        let n = opts.checked_sequences()?;
+        let model = &opts.typed_model(model)?;
         let sched = SchedOptions {
             n_threads: opts.threads,
             ..SchedOptions::default()
@@ -334,12 +345,7 @@ impl Session {
         opts: &SessionOptions,
         progress: impl FnMut(usize, usize),
     ) -> Result<Session> {
-        let n = opts.max_sequences;
-        if n == 0 || n > MAX_SEQUENCES {
-            return Err(Error::InvalidArgument(format!(
-                "max_sequences {n}: a session holds 1 to {MAX_SEQUENCES} sequences"
-            )));
-        }
+        let n = opts.checked_sequences()?;
         let mut s = Self::open_split(model, devices, opts, progress)?;
         s.cells = KvCells::new(s.model.config().n_ctx, n);
         Ok(s)
@@ -352,14 +358,7 @@ impl Session {
         progress: impl FnMut(usize, usize),
     ) -> Result<Session> {
         let mode = opts.split_mode;
-        let typed;
-        let model = match opts.cache_types {
-            Some(types) if types != model.cache_types() => {
-                typed = model.with_cache_types(types)?;
-                &typed
-            }
-            _ => model,
-        };
+        let model = &opts.typed_model(model)?;
         if devices.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "split mode {mode}: no devices to load the model on"
@@ -756,7 +755,7 @@ impl Session {
     }
 
     /// [`Session::eval_outputs`] into `logits` (resized; its allocation is reused, so a warm
-    /// decode loop allocates nothing per token).
+    /// decode loop reuses the logits' memory).
     ///
     /// # Errors
     /// As [`Session::eval`].

@@ -70,28 +70,6 @@ static llama_context * make_ctx(llama_model * model, bool flash, ggml_type ctk =
     return ctx;
 }
 
-// Feeds `toks` at positions `pos0..` and returns the logits of each, n_vocab per token.
-static std::vector<float> eval(llama_context * ctx, const std::vector<llama_token> & toks, int pos0,
-                               int n_vocab) {
-    const int n = (int) toks.size();
-    llama_batch b = llama_batch_init(n, 0, 1);
-    b.n_tokens = n;
-    for (int i = 0; i < n; i++) {
-        b.token[i] = toks[i];
-        b.pos[i] = pos0 + i;
-        b.n_seq_id[i] = 1;
-        b.seq_id[i][0] = 0;
-        b.logits[i] = 1;
-    }
-    if (llama_decode(ctx, b) != 0) die("decode");
-    std::vector<float> out((size_t) n * n_vocab);
-    for (int i = 0; i < n; i++) {
-        std::memcpy(&out[(size_t) i * n_vocab], llama_get_logits_ith(ctx, i), sizeof(float) * n_vocab);
-    }
-    llama_batch_free(b);
-    return out;
-}
-
 // One batch of (token, position, sequence) with every token's logits, n_vocab per token.
 struct Tok {
     llama_token id;
@@ -117,6 +95,14 @@ static std::vector<float> eval_batch(llama_context * ctx, const std::vector<Tok>
     }
     llama_batch_free(b);
     return out;
+}
+
+// Feeds `toks` at positions `pos0..` of sequence 0 and returns the logits of each.
+static std::vector<float> eval(llama_context * ctx, const std::vector<llama_token> & toks, int pos0,
+                               int n_vocab) {
+    std::vector<Tok> b;
+    for (size_t i = 0; i < toks.size(); i++) b.push_back({toks[i], pos0 + (int) i, 0});
+    return eval_batch(ctx, b, n_vocab);
 }
 
 static double nmse(const float * a, const float * ref, const std::vector<int> & ids);
