@@ -15,6 +15,10 @@ use std::time::Duration;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// A setting for this run, KEY=VALUE (repeatable), over its TESSERA_* variable, e.g.
+    /// cpu.repack=0 or vulkan.all-reduce=bf16; `tessera devices` lists them.
+    #[arg(long = "set", global = true, value_name = "KEY=VALUE", value_parser = commands::args::setting)]
+    settings: Vec<(tessera::settings::Setting, String)>,
 }
 
 #[derive(Subcommand)]
@@ -193,6 +197,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    for (setting, value) in &cli.settings {
+        tessera::settings::set(*setting, value)?;
+    }
     match cli.command {
         Command::Devices { load } => commands::devices::run(&load).map(|_| ExitCode::SUCCESS),
         Command::Bench(args) => commands::bench::run(&args).map(|_| ExitCode::SUCCESS),

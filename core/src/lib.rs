@@ -26,12 +26,13 @@ pub mod meta;
 pub mod ops;
 pub mod registry;
 pub mod sched;
+pub mod settings;
 pub mod tensor;
 
 pub use alloc::{GraphAllocator, Plan, PlanStats};
 pub use backend::{
     Backend, BackendOptions, Bindings, Buffer, BufferType, Device, DeviceCaps, DeviceType, Event,
-    MemoryInfo, Support, TensorBuffer,
+    MemoryInfo, SplitReport, Spread, Support, TensorBuffer,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -16,7 +16,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use tessera::comm::DistComm;
-use tessera::meta::{MetaBuffer, MetaDevice};
+use tessera::meta::MetaDevice;
 use tessera::sched::{SchedOptions, Scheduler, layer_devices};
 use tessera::{Bindings, Device, Error, Result, TensorBuffer, TensorId};
 
@@ -559,8 +559,8 @@ impl Session {
         self.sched.devices()
     }
 
-    /// The weight and cache buffers, one per device that holds parameters (two for a meta
-    /// device: its weights, then its caches).
+    /// The weight and cache buffers: per device that holds parameters, its weights, then its
+    /// caches.
     pub fn buffers(&self) -> &[TensorBuffer] {
         &self.buffers
     }
@@ -691,20 +691,17 @@ impl Session {
                 add(devices[dev].name().to_string(), nbytes);
                 continue;
             };
-            let placed = self.buffers.iter().find_map(|b| {
-                let mb = b.buffer().as_any().downcast_ref::<MetaBuffer>()?;
+            let spread = self.buffers.iter().find_map(|b| {
                 let slot = b.bindings().slot(id)?;
                 g.meta
                     .owns_buffer(b.buffer().as_ref())
-                    .then(|| mb.placement_at(slot.offset))
+                    .then(|| b.buffer().spread_at(slot.offset))
                     .flatten()
             });
-            match placed {
-                Some(p) => {
-                    for (j, d) in g.meta.devices().iter().enumerate() {
-                        if p.home.get(j) == Some(&j) {
-                            add(d.name().to_string(), p.local_bytes[j]);
-                        }
+            match spread {
+                Some(s) => {
+                    for (d, &n) in g.meta.devices().iter().zip(&s.held) {
+                        add(d.name().to_string(), n);
                     }
                 }
                 None => add(devices[dev].name().to_string(), nbytes),
@@ -971,7 +968,7 @@ impl Session {
 
     /// Bytes of compute memory the scheduler planned per device for the last graph (for a meta
     /// device: what its parts deliver to other devices; its own devices' compute memory is in
-    /// [`crate::TensorParallel::backend`]).
+    /// [`crate::TensorParallel::compute_bytes`]).
     pub fn compute_bytes(&self) -> Vec<usize> {
         self.sched.compute_bytes()
     }
@@ -988,12 +985,8 @@ impl Session {
         self.groups
             .iter()
             .filter_map(|g| {
-                let backend = self
-                    .sched
-                    .backend(g.device)?
-                    .as_any()?
-                    .downcast_ref::<tessera::meta::MetaBackend>()?;
-                Some(crate::TensorParallel::new(g, backend, &self.buffers))
+                let report = self.sched.backend(g.device)?.split_report()?;
+                Some(crate::TensorParallel::new(g, report, &self.buffers))
             })
             .collect()
     }

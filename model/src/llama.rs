@@ -6,10 +6,9 @@ use super::kv_types::KvCacheTypes;
 use super::weights::SplitMix;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use tessera::meta::{MetaBuffer, MetaBufferType};
 use tessera::{
-    Bindings, BufferType, DType, Device, DeviceType, Error, Graph, Result, TensorBuffer,
-    TensorFlags, TensorId, encode_f32,
+    Bindings, DType, Device, DeviceType, Error, Graph, Result, TensorBuffer, TensorFlags, TensorId,
+    encode_f32,
 };
 use tessera::{Context, TensorDesc};
 
@@ -938,7 +937,8 @@ impl LlamaModel {
             .collect())
     }
 
-    /// Allocates the parameters on `devices` (one buffer per device that holds any; see
+    /// Allocates the parameters on `devices` (per device that holds any: a buffer of its weight
+    /// buffer type for the weights and one of its plain buffer type for the caches; see
     /// [`LlamaModel::param_devices`]), uploads the weights, zeroes the caches and returns the
     /// buffers with their merged bindings.
     ///
@@ -968,60 +968,15 @@ impl LlamaModel {
             .map(|&(id, d)| (self.ctx.tensors()[id.index()].name(), d))
             .collect();
         let (total, mut done) = (placed.len(), 0);
-        let mut buffers = Vec::new();
-        let mut bindings = Bindings::new();
-        for (d, dev) in devices.iter().enumerate() {
-            if !placed.iter().any(|&(_, pd)| pd == d) {
-                continue;
-            }
-            let mine = |t: &TensorDesc| by_name.get(t.name()) == Some(&d);
-            let weight_type = dev.weight_buffer_type();
-            if let Some(meta) = weight_type.as_any().downcast_ref::<MetaBufferType>() {
-                for buf in self.alloc_split(dev.as_ref(), meta, &mine, &mut || {
-                    done += 1;
-                    progress(done, total);
-                })? {
-                    bindings.extend(buf.bindings());
-                    buffers.push(buf);
-                }
-                continue;
-            }
-            // Weights are read only by MUL_MAT and GET_ROWS, so they may take the device's
-            // faster weight layout; the KV caches in the same buffer are plain tensors.
-            let buf = weight_type.alloc_tensors_where(&self.ctx, mine)?;
-            for &(id, _) in placed.iter().filter(|&&(_, pd)| pd == d) {
-                if self.is_cache(id) {
-                    zero_tensor(&buf, id, &self.ctx)?;
-                } else {
-                    self.upload(id, &buf)?;
-                }
-                done += 1;
-                progress(done, total);
-            }
-            bindings.extend(buf.bindings());
-            buffers.push(buf);
-        }
-        Ok((buffers, bindings))
-    }
-
-    /// Allocates the parameters `mine` selects on a meta device (weights in `weights`, its
-    /// weight buffer type; caches in its plain one, since graphs write them), uploads the
-    /// weights and zeroes the caches, calling `tick` after each tensor.
-    fn alloc_split(
-        &self,
-        dev: &dyn Device,
-        weights: &MetaBufferType,
-        mine: &dyn Fn(&TensorDesc) -> bool,
-        tick: &mut dyn FnMut(),
-    ) -> Result<[TensorBuffer; 2]> {
         let name = |id: TensorId| self.ctx.tensors()[id.index()].name().to_string();
         let caches: HashSet<String> = self
             .params()
             .filter(|&(id, _)| self.is_cache(id))
             .map(|(id, _)| name(id))
             .collect();
-        // An untied output is a copy of the embedding: where the embedding is kept once for
-        // all devices, each device's vocabulary slice of the output is a window into it.
+        // An untied output is a copy of the embedding: where a device keeps the embedding once
+        // for several devices (a meta device), each one's vocabulary slice of the output may be a
+        // window into it.
         let copies: Vec<(String, String)> = self
             .params()
             .filter_map(|(id, _)| self.copy_of(id).map(|of| (name(id), name(of))))
@@ -1030,38 +985,66 @@ impl LlamaModel {
             .iter()
             .map(|(c, o)| (c.as_str(), o.as_str()))
             .collect();
-        let wbuf = (&weights.clone().with_copies(&copy_refs) as &dyn BufferType)
-            .alloc_tensors_where(&self.ctx, |t| mine(t) && !caches.contains(t.name()))?;
-        let cbuf = dev
-            .buffer_type()
-            .alloc_tensors_where(&self.ctx, |t| mine(t) && caches.contains(t.name()))?;
-        let placement = |id: TensorId| {
-            let slot = wbuf.bindings().slot(id)?;
-            wbuf.buffer()
-                .as_any()
-                .downcast_ref::<MetaBuffer>()?
-                .placement_at(slot.offset)
-                .map(|p| (p.window_of.is_some(), p.state.is_mirrored()))
-        };
-        for (id, _) in self
-            .params()
-            .filter(|(id, _)| mine(&self.ctx.tensors()[id.index()]))
-        {
-            if self.is_cache(id) {
-                zero_tensor(&cbuf, id, &self.ctx)?;
-            } else {
-                match placement(id) {
-                    // A window into its original, written with it.
-                    Some((true, _)) => {}
-                    // The same rows everywhere: in pieces, each released from the file once
-                    // copied.
-                    Some((false, true)) => self.upload(id, &wbuf)?,
-                    _ => self.with_weight_bytes(id, |bytes| wbuf.set(id, bytes))?,
+        let mut buffers = Vec::new();
+        let mut bindings = Bindings::new();
+        for (d, dev) in devices.iter().enumerate() {
+            let here: Vec<TensorId> = placed
+                .iter()
+                .filter(|&&(_, pd)| pd == d)
+                .map(|&(id, _)| id)
+                .collect();
+            let mine = |t: &TensorDesc| by_name.get(t.name()) == Some(&d);
+            // Weights are read only by MUL_MAT and GET_ROWS, so they may take the device's
+            // faster weight layout; caches are written by graphs, so they take plain memory.
+            let weight_type = dev.weight_buffer_type();
+            let weight_type = weight_type.with_copies(&copy_refs).unwrap_or(weight_type);
+            let has_weights = here.iter().any(|&id| !self.is_cache(id));
+            let has_caches = here.iter().any(|&id| self.is_cache(id));
+            let wbuf = has_weights
+                .then(|| {
+                    weight_type
+                        .alloc_tensors_where(&self.ctx, |t| mine(t) && !caches.contains(t.name()))
+                })
+                .transpose()?;
+            let cbuf = has_caches
+                .then(|| {
+                    dev.buffer_type()
+                        .alloc_tensors_where(&self.ctx, |t| mine(t) && caches.contains(t.name()))
+                })
+                .transpose()?;
+            for &id in &here {
+                // Both buffers exist whenever a tensor of their kind is placed here.
+                if self.is_cache(id) {
+                    if let Some(cbuf) = &cbuf {
+                        zero_tensor(cbuf, id, &self.ctx)?;
+                    }
+                } else if let Some(wbuf) = &wbuf {
+                    self.write_weight(id, wbuf)?;
                 }
+                done += 1;
+                progress(done, total);
             }
-            tick();
+            for buf in [wbuf, cbuf].into_iter().flatten() {
+                bindings.extend(buf.bindings());
+                buffers.push(buf);
+            }
         }
-        Ok([wbuf, cbuf])
+        Ok((buffers, bindings))
+    }
+
+    /// Writes weight `id` into `buf` as the buffer holds it: nothing for a window into another
+    /// weight (written with that one), whole rows in pieces where every device sees the whole
+    /// tensor (one device, or mirrored), and at once where a buffer splits it across devices.
+    fn write_weight(&self, id: TensorId, buf: &TensorBuffer) -> Result<()> {
+        let spread = buf
+            .bindings()
+            .slot(id)
+            .and_then(|slot| buf.buffer().spread_at(slot.offset));
+        match spread {
+            Some(s) if s.window_of.is_some() => Ok(()),
+            Some(s) if !s.mirrored => self.with_weight_bytes(id, |bytes| buf.set(id, bytes)),
+            _ => self.upload(id, buf),
+        }
     }
 }
 

@@ -87,7 +87,11 @@ fn layer_split_matches_single_device() {
     assert_eq!(dev_of(model.tok_embd()), Some(0));
     assert_eq!(dev_of(model.output_tensors().1), Some(1));
     assert_eq!(dev_of(model.layers()[1].cache_k), Some(1));
-    assert_eq!(split.buffers().len(), 2);
+    assert_eq!(
+        split.buffers().len(),
+        4,
+        "weights and caches on each device"
+    );
 }
 
 #[test]

@@ -83,7 +83,7 @@ fn a_device_lacking_an_op_runs_its_slice_on_the_host_cpu() {
             let e = nmse(&got, &want);
             assert!(e <= 1e-6, "{refuses:?}: nmse {e:e}");
         }
-        let fb = s.tp().backend().fallbacks();
+        let fb = s.tp().fallbacks().to_vec();
         assert_eq!(fb.len(), 1, "{refuses:?} {fb:?} {}", s.tp().describe());
         assert_eq!(fb[0].0, devs[0].name());
         let (op, n) = &fb[0].1[0];
@@ -125,7 +125,7 @@ fn the_heaviest_op_falls_back_with_quantized_weights_and_uneven_ratios() {
     let mut s = Session::on_meta(&model, meta, Some(1)).unwrap();
     let e = nmse(&s.eval(&PROMPT).unwrap(), &reference.eval(&PROMPT).unwrap());
     assert!(e <= 1e-5, "nmse {e:e}");
-    let fb = s.tp().backend().fallbacks();
+    let fb = s.tp().fallbacks().to_vec();
     assert_eq!(fb[0].0, devs[1].name());
     assert_eq!(fb[0].1[0].0, "MUL_MAT");
 }

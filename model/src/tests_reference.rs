@@ -255,7 +255,7 @@ pub(super) fn with_modes(
 /// on its output `ffn_moe_out.{il}` (the weighted sum over the chosen experts), not of the
 /// `n_embd·n_used·T` expert outputs; under `expert` the describe line names the EP layers.
 fn check_moe_reduces(label: &str, s: &Session, c: &LlamaConfig, experts: ExpertSplit) {
-    let reduces = s.tp().backend().reduces();
+    let reduces = s.tp().reduces().to_vec();
     let d = s.tp().describe();
     // The last step decoded one token.
     let n_embd = c.n_embd;

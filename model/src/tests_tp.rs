@@ -49,10 +49,7 @@ fn check(dtype: DType, spec: &str, ratios: &[f32], tol: f64) {
     let want = reference(&model);
     let devs = registry().select(spec).unwrap();
     let (got, (path, st)) = tp_run(&model, &devs, ratios, |s| {
-        (
-            s.tp().backend().comm_path().clone(),
-            s.tp().backend().stats(),
-        )
+        (s.tp().comm_path().clone(), s.tp().stats())
     });
     for (step, (g, w)) in got.iter().zip(&want).enumerate() {
         let e = nmse(g, w);
@@ -112,14 +109,14 @@ fn generic_all_reduce_path_matches_too() {
             .unwrap()
             .with_vendor_comm(false);
         let mut s = Session::on_meta(&model, meta, Some(1)).unwrap();
-        assert_eq!(s.tp().backend().comm_path(), &CommPath::Generic);
+        assert_eq!(s.tp().comm_path(), &CommPath::Generic);
         for (chunk, w) in [&PROMPT[..], &[7], &[8]].iter().zip(&want) {
             let e = nmse(&s.eval(chunk).unwrap(), w);
             assert!(e <= 1e-6, "{spec}: nmse {e:e}");
         }
-        assert_eq!(s.tp().backend().stats().vendor_reduces, 0);
+        assert_eq!(s.tp().stats().vendor_reduces, 0);
         assert_eq!(
-            s.tp().backend().stats().generic_reduces,
+            s.tp().stats().generic_reduces,
             3 * 2 * model.config().n_layer
         );
     }
@@ -161,7 +158,7 @@ fn a_layer_split_over_two_tensor_parallel_groups_matches_single_device() {
         let layers: Vec<usize> = groups
             .iter()
             .map(|g| {
-                let st = g.backend().stats();
+                let st = g.stats();
                 // Two reduces per layer and step, three steps.
                 (st.vendor_reduces + st.generic_reduces) / (3 * 2)
             })
@@ -207,7 +204,7 @@ fn weights_are_truly_split_and_compute_memory_is_a_share() {
                 .meta()
                 .split_state(&model.context().tensors()[wq.index()])
                 .unwrap(),
-            s.tp().backend().compute_bytes().to_vec(),
+            s.tp().compute_bytes().to_vec(),
         )
     });
     let full = model.weight_bytes_total() + model.cache_bytes_total();
@@ -273,7 +270,7 @@ fn sycl_devices_match_single_cpu_device() {
         let mut single: Option<Vec<Vec<f32>>> = None;
         for spec in ["sycl:1", "sycl:2"] {
             let devs = registry().select(spec).unwrap();
-            let (got, path) = tp_run(&model, &devs, &[], |s| s.tp().backend().comm_path().clone());
+            let (got, path) = tp_run(&model, &devs, &[], |s| s.tp().comm_path().clone());
             for (step, (g, w)) in got.iter().zip(&cpu).enumerate() {
                 let e = nmse(g, w);
                 assert!(
@@ -441,7 +438,7 @@ fn dist_run(
                         .iter()
                         .map(|chunk| s.eval(chunk).unwrap())
                         .collect();
-                    (out, s.tp().backend().stats())
+                    (out, s.tp().stats())
                 })
             })
             .collect();

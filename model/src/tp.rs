@@ -8,16 +8,16 @@ use super::llama::LlamaModel;
 use crate::engine::Group;
 use crate::{ExpertSplit, LlamaSplitPolicy};
 use std::sync::Arc;
-use tessera::meta::{MetaBackend, MetaBuffer, MetaDevice};
-use tessera::{Device, Result, TensorBuffer};
+use tessera::meta::{CommPath, MetaDevice, MetaStats};
+use tessera::{Buffer, Device, Result, SplitReport, TensorBuffer};
 
 /// A tensor-parallel group of an open [`crate::Session`] ([`crate::Session::tensor_parallel`]):
-/// its meta device, its stream (all-reduces, host fallbacks, compute memory per device) and the
-/// weights and caches each of its devices holds.
-#[derive(Clone, Copy)]
+/// its meta device, what its stream did (all-reduces, host fallbacks, compute memory per device)
+/// and the weights and caches each of its devices holds.
+#[derive(Clone)]
 pub struct TensorParallel<'s> {
     meta: &'s MetaDevice,
-    backend: &'s MetaBackend,
+    report: SplitReport,
     buffers: &'s [TensorBuffer],
 }
 
@@ -115,12 +115,12 @@ impl LlamaModel {
 impl<'s> TensorParallel<'s> {
     pub(crate) fn new(
         group: &'s Group,
-        backend: &'s MetaBackend,
+        report: SplitReport,
         buffers: &'s [TensorBuffer],
     ) -> TensorParallel<'s> {
         TensorParallel {
             meta: &group.meta,
-            backend,
+            report,
             buffers,
         }
     }
@@ -130,19 +130,39 @@ impl<'s> TensorParallel<'s> {
         self.meta
     }
 
-    /// The stream (all-reduce path, counters, per-device compute memory).
-    pub fn backend(&self) -> &'s MetaBackend {
-        self.backend
+    /// The all-reduce path the group's stream chose when it was made.
+    pub fn comm_path(&self) -> &CommPath {
+        &self.report.comm_path
     }
 
-    /// The group's meta buffers: its weights, then its caches.
-    fn meta_buffers(&self) -> impl Iterator<Item = &'s MetaBuffer> + 's {
+    /// The stream's counters since it was made.
+    pub fn stats(&self) -> MetaStats {
+        self.report.stats
+    }
+
+    /// The last step's all-reduces, in order: each reduced node's name and its F32 element count.
+    pub fn reduces(&self) -> &[(String, usize)] {
+        &self.report.reduces
+    }
+
+    /// The last step's ops that ran on the host CPU instead, per device that has any:
+    /// (device name, [(op name, nodes)]), e.g. `("VK0", [("SOFT_MAX", 2)])`.
+    pub fn fallbacks(&self) -> &[(String, Vec<(String, usize)>)] {
+        &self.report.fallbacks
+    }
+
+    /// Compute-memory bytes each device reserved for the last step (its share only).
+    pub fn compute_bytes(&self) -> &[usize] {
+        &self.report.compute_bytes
+    }
+
+    /// The group's buffers: its weights, then its caches.
+    fn group_buffers(&self) -> impl Iterator<Item = &'s dyn Buffer> + 's {
         let meta = self.meta;
-        self.buffers.iter().filter_map(move |b| {
-            meta.owns_buffer(b.buffer().as_ref())
-                .then(|| b.buffer().as_any().downcast_ref::<MetaBuffer>())
-                .flatten()
-        })
+        self.buffers
+            .iter()
+            .map(|b| b.buffer().as_ref())
+            .filter(move |b| meta.owns_buffer(*b))
     }
 
     /// What the group runs on and how: the meta device's [`MetaDevice::describe`] (devices,
@@ -150,7 +170,7 @@ impl<'s> TensorParallel<'s> {
     /// the all-reduces of the last step (count, and per reduced node name its F32 values),
     /// e.g. `...; all-reduce: cpu comm; last step: 4 all-reduces: ..., ffn_moe_out.0 ×64, ...`.
     pub fn describe(&self) -> String {
-        let reduces = self.backend.reduces();
+        let reduces = self.reduces();
         let list: Vec<String> = reduces
             .iter()
             .map(|(name, n)| format!("{name} ×{n}"))
@@ -159,7 +179,6 @@ impl<'s> TensorParallel<'s> {
             format!(", then {} across {} ranks", d.engine(), d.size())
         });
         let fallbacks: Vec<String> = self
-            .backend
             .fallbacks()
             .iter()
             .map(|(dev, ops)| {
@@ -170,7 +189,7 @@ impl<'s> TensorParallel<'s> {
         format!(
             "{}; all-reduce: {}{across}; last step: {} all-reduces{}{}{}",
             self.meta.describe(),
-            self.backend.comm_path(),
+            self.comm_path(),
             reduces.len(),
             if list.is_empty() { "" } else { ": " },
             list.join(", "),
@@ -194,7 +213,7 @@ impl<'s> TensorParallel<'s> {
     /// Bytes of weights and caches each device of the group holds.
     pub fn weight_bytes_per_device(&self) -> Vec<usize> {
         let mut total = vec![0usize; self.meta.devices().len()];
-        for b in self.meta_buffers() {
+        for b in self.group_buffers() {
             for (t, b) in total.iter_mut().zip(b.device_bytes()) {
                 *t += b;
             }
@@ -203,14 +222,11 @@ impl<'s> TensorParallel<'s> {
     }
 
     /// Weights stored as windows into another weight's single copy (an untied output into the
-    /// embedding, see [`tessera::meta::MetaBufferType::with_copies`]), as (copy, original).
+    /// embedding, see [`tessera::BufferType::with_copies`]), as (copy, original).
     pub fn shared_copies(&self) -> Vec<(String, String)> {
-        self.meta_buffers()
-            .flat_map(|b| {
-                b.placements()
-                    .iter()
-                    .filter_map(|p| Some((p.desc.name().to_string(), p.window_of.clone()?)))
-            })
+        self.group_buffers()
+            .flat_map(|b| b.spreads())
+            .filter_map(|s| Some((s.tensor, s.window_of?)))
             .collect()
     }
 }

@@ -2,7 +2,7 @@
 //! `ggml_backend_*_i` structs.
 //!
 //! A plugin exports one symbol, [`ENTRY_SYMBOL`], of type [`EntryFn`]: it takes the host's
-//! services ([`RawHost`]: the log callback) and returns the [`RawRegistry`] table, which points to
+//! services ([`RawHost`]: the log callback and the host's settings) and returns the [`RawRegistry`] table, which points to
 //! the device, buffer type, buffer, backend (stream) and event tables. Every table starts with a
 //! [`RawHeader`]: a magic number, the ABI version and the table's size in bytes.
 //!
@@ -214,7 +214,14 @@ pub struct RawHost {
     pub log: RawLogFn,
     /// Most verbose level the host wants ([`log_level`]).
     pub max_log_level: u32,
+    /// Appended: the host's value of a settings variable (`tessera_core::settings::var`), so
+    /// that values set from the host's code reach the plugin's copy of the settings.
+    pub setting: RawSettingFn,
 }
+
+/// `setting(name, out)`: writes the host's value of settings variable `name` (e.g.
+/// `TESSERA_CPU_REPACK`) to `out` and returns 1, or returns 0 when it has none.
+pub type RawSettingFn = unsafe extern "C" fn(name: RawStr, out: *const RawStrOut) -> i32;
 
 /// Host memory lent to a plugin's `buffer_from_host`: the plugin calls `release` once, when its
 /// buffer no longer needs the bytes.

@@ -26,6 +26,7 @@ pub mod codec;
 mod export;
 mod import;
 mod log;
+mod settings;
 
 pub use codec::FlatGraph;
 #[doc(hidden)]

@@ -54,17 +54,23 @@ pub(crate) unsafe fn install(host: *const RawHost) {
     // SAFETY: the header is the first field of every table and readable (caller's guarantee).
     let header = unsafe { std::ptr::read(host as *const RawHeader) };
     if header.magic != super::abi::ABI_MAGIC
-        || (header.struct_size as usize) < std::mem::size_of::<RawHost>()
+        || (header.struct_size as usize) < std::mem::offset_of!(RawHost, setting)
     {
         return; // a host we cannot read: run without logs rather than guess
     }
-    // SAFETY: the table is at least as large as this build's definition (checked above).
-    let h = unsafe { std::ptr::read(host) };
+    // SAFETY: the table covers the log entries (checked above), which precede `setting`.
+    let (log, log_ctx, max) = unsafe {
+        (
+            std::ptr::addr_of!((*host).log).read(),
+            std::ptr::addr_of!((*host).log_ctx).read(),
+            std::ptr::addr_of!((*host).max_log_level).read(),
+        )
+    };
     if let Ok(mut s) = SINK.write() {
         *s = Some(Sink {
-            log: h.log,
-            ctx: h.log_ctx as usize,
-            max: h.max_log_level,
+            log,
+            ctx: log_ctx as usize,
+            max,
         });
     }
     // Fails when this copy already has a subscriber (a second init): the callback is updated.

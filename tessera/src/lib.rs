@@ -46,9 +46,12 @@ pub use tessera_core::ops;
 pub use tessera_core::registry::BackendInfo;
 /// The scheduler: a graph over several devices, with the copies between them.
 pub use tessera_core::sched;
+/// Settings that change how backends run, from code as well as from the `TESSERA_*` variables.
+pub use tessera_core::settings;
 pub use tessera_core::{
     Backend, BackendOptions, Bindings, Buffer, BufferType, Device, DeviceCaps, DeviceRegistry,
-    DeviceType, Event, MemoryInfo, ProcAddress, Registry, Support, TensorBuffer,
+    DeviceType, Event, MemoryInfo, ProcAddress, Registry, SplitReport, Spread, Support,
+    TensorBuffer,
 };
 pub use tessera_core::{Error, Result};
 
@@ -274,6 +277,31 @@ mod tests {
         assert!(decode_to_f32(DType::Q6_K, &[0; 209]).is_err());
         assert!(encode_f32(DType::IQ4_XS, &[1.0; 32]).is_err());
         assert!(decode_to_f32(DType::MXFP4, &[0; 18]).is_err());
+    }
+
+    /// The book's settings table (docs/src/library.md) has a row per setting, key and variable
+    /// as the code names them, and no other row.
+    #[test]
+    fn the_book_lists_every_setting() {
+        use settings::Setting;
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/library.md");
+        let book = std::fs::read_to_string(path).expect("the book's library chapter");
+        let section = book
+            .split("## Settings\n")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("a Settings section");
+        let rows: Vec<(&str, &str)> = section
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let key = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+                let env = cells.get(2)?.strip_prefix('`')?.strip_suffix('`')?;
+                Some((key, env))
+            })
+            .collect();
+        let want: Vec<(&str, &str)> = Setting::ALL.iter().map(|s| (s.key(), s.env())).collect();
+        assert_eq!(rows, want);
     }
 
     #[test]

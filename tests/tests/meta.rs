@@ -208,6 +208,76 @@ fn devices_hold_only_their_slices() {
     assert!(bytes[3] >= full / 4 + full, "{bytes:?}");
 }
 
+/// What the model layer reads through the plain traits: each tensor's bytes per device, the
+/// mirrored state and the windows of a copy (`Buffer::spreads`, `BufferType::with_copies`), and
+/// the stream's report (`Backend::split_report`); a one-device buffer and stream report none.
+#[test]
+fn spreads_and_reports_reach_callers_through_the_plain_traits() {
+    let devs = devices(2);
+    let meta = MetaDevice::new(&devs, by_name).unwrap();
+    let mut ctx = Context::new();
+    let m = ctx.new_named("m", DType::F32, [64, 32]).unwrap();
+    let a1 = ctx.new_named("a1", DType::F32, [64, 32]).unwrap();
+    let plain: Arc<dyn tessera_core::BufferType> = meta.buffer_type();
+    assert!(plain.with_copies(&[]).is_none(), "only weights take copies");
+    let tb = plain.alloc_tensors(&ctx).unwrap();
+    let spread = |id: TensorId| {
+        let slot = tb.bindings().slot(id).unwrap();
+        tb.buffer().spread_at(slot.offset).unwrap()
+    };
+    let (sa, sm) = (spread(a1), spread(m));
+    assert_eq!((sa.tensor.as_str(), sa.mirrored), ("a1", false));
+    assert_eq!(sa.held, vec![64 * 16 * 4, 64 * 16 * 4], "{sa:?}");
+    assert!(
+        sm.mirrored && sm.held.iter().all(|&b| b == 64 * 32 * 4),
+        "{sm:?}"
+    );
+    assert_eq!(tb.buffer().device_bytes().len(), 2);
+    assert!(sa.window_of.is_none() && sm.window_of.is_none());
+
+    // A weight buffer told that `a1` is a copy of `m`: `m` is kept once (CPU devices read each
+    // other's memory) and `a1`'s row slices are windows into it (rows split at multiples of
+    // COPY_ROW_ALIGN, as here).
+    let weights = meta
+        .weight_buffer_type()
+        .with_copies(&[("a1", "m")])
+        .unwrap();
+    let wb = weights.alloc_tensors(&ctx).unwrap();
+    let copies: Vec<(String, Option<String>)> = wb
+        .buffer()
+        .spreads()
+        .into_iter()
+        .map(|s| (s.tensor, s.window_of))
+        .collect();
+    assert!(
+        copies.contains(&("a1".into(), Some("m".into()))),
+        "{copies:?}"
+    );
+    let held: Vec<Vec<usize>> = wb.buffer().spreads().into_iter().map(|s| s.held).collect();
+    assert_eq!(
+        held,
+        vec![vec![64 * 32 * 4, 0], vec![0, 0]],
+        "one copy of m, none of a1"
+    );
+
+    let one = devs[0].buffer_type().alloc_tensors(&ctx).unwrap();
+    assert!(one.buffer().spreads().is_empty());
+    assert_eq!(one.buffer().device_bytes(), vec![one.buffer().size()]);
+
+    let m = mlp(64, 128, 3);
+    run_mlp_seen(&devs, false, &m, |be| {
+        let r = be.split_report().expect("a meta stream reports");
+        assert_eq!(r.comm_path, CommPath::Generic);
+        assert_eq!(r.stats.generic_reduces, 1);
+        assert_eq!(r.reduces.len(), 1, "{r:?}");
+        assert_eq!(r.compute_bytes.len(), 2);
+    });
+    let cpu = devs[0]
+        .init_backend(&BackendOptions::with_threads(1))
+        .unwrap();
+    assert!(cpu.split_report().is_none());
+}
+
 #[test]
 fn bad_input_is_an_error_not_a_panic() {
     let devs = devices(2);

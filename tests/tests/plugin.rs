@@ -637,6 +637,26 @@ fn plugin_logs_reach_the_host() -> TrialResult {
     )
 }
 
+/// The CPU plugin's device count under `cpu.devices` = 3, set from the host's code, then unset.
+fn settings_reach_the_plugin() -> TrialResult {
+    use tessera_core::settings::{self, Setting};
+    let p = cpu_plugin()?;
+    if std::env::var_os(Setting::CpuDevices.env()).is_some() {
+        return Err(format!(
+            "{} is set: unset it for this test",
+            Setting::CpuDevices.env()
+        )
+        .into());
+    }
+    err(settings::set(Setting::CpuDevices, "3"))?;
+    let three = p.devices().map(|d| d.len());
+    err(settings::clear(Setting::CpuDevices))?;
+    let one = p.devices().map(|d| d.len());
+    check(matches!((&three, &one), (Ok(3), Ok(1))), || {
+        format!("devices with cpu.devices=3 then unset: {three:?}, {one:?}")
+    })
+}
+
 // ===== Broken plugins =====
 
 fn expect_load_error(path: &Path, ok: impl FnOnce(&LoadError) -> bool) -> TrialResult {
@@ -750,6 +770,14 @@ fn main() {
     };
     let _ = CPU_PLUGIN
         .set(load_backend(&built.cpu).map_err(|e| format!("loading {}: {e}", built.cpu.display())));
+
+    // Before any trial runs (settings are process-wide): a value set in the host's code reaches
+    // the plugin's own copy of the settings, which reads it when it lists its devices.
+    let settings_reach = settings_reach_the_plugin();
+    trials.push(Trial::test(
+        "cpu-plugin/settings_reach_the_plugin",
+        move || settings_reach,
+    ));
 
     // The whole conformance suite on the plugin's default device(s).
     match cpu_plugin().and_then(|p| p.devices().map_err(|e| e.to_string().into())) {

@@ -77,8 +77,8 @@ impl Registry for CpuRegistry {
         Ok(())
     }
     fn devices(&self) -> Result<Vec<Arc<dyn Device>>> {
-        match std::env::var(DEVICES_ENV) {
-            Ok(v) => {
+        match tessera_core::settings::var(DEVICES_ENV) {
+            Some(v) => {
                 let n: usize = v
                     .trim()
                     .parse()
@@ -94,7 +94,7 @@ impl Registry for CpuRegistry {
                     .map(|d| Arc::new(d) as Arc<dyn Device>)
                     .collect())
             }
-            Err(_) => Ok(vec![Arc::new(CpuDevice::new("CPU", sys::allowed_cores()))]),
+            None => Ok(vec![Arc::new(CpuDevice::new("CPU", sys::allowed_cores()))]),
         }
     }
     fn proc_address(&self, name: &str) -> Option<tessera_core::ProcAddress> {

@@ -20,7 +20,8 @@ use tessera_kernels::cpu::{self as k, Isa, PackLayout, WeightType};
 /// whose kernels pay at the active level, and `TESSERA_CPU_REPACK` is not `0` (the opt-out, as
 /// ggml's `--no-repack`).
 pub(crate) fn enabled() -> Option<Isa> {
-    let opted_out = std::env::var("TESSERA_CPU_REPACK").is_ok_and(|v| v.trim() == "0");
+    let opted_out =
+        tessera_core::settings::var("TESSERA_CPU_REPACK").is_some_and(|v| v.trim() == "0");
     let isa = k::active_isa();
     let pays = WeightType::ALL
         .iter()

@@ -171,7 +171,8 @@ fn init_ranks<D: RegistryDriver>(
     n_ranks: usize,
     first_rank: usize,
 ) -> Option<CommCtx<D>> {
-    if std::env::var(D::ALLREDUCE_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("none")) {
+    if tessera_core::settings::var(D::ALLREDUCE_ENV).is_some_and(|v| v.eq_ignore_ascii_case("none"))
+    {
         return decline(D::NAME, &format!("{}=none", D::ALLREDUCE_ENV));
     }
     let members = match members_of::<D>(streams) {
@@ -213,7 +214,8 @@ fn init_ranks<D: RegistryDriver>(
 }
 
 fn init<D: RegistryDriver>(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx<D>> {
-    if std::env::var(D::ALLREDUCE_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("none")) {
+    if tessera_core::settings::var(D::ALLREDUCE_ENV).is_some_and(|v| v.eq_ignore_ascii_case("none"))
+    {
         return decline(D::NAME, &format!("{}=none", D::ALLREDUCE_ENV));
     }
     if streams.len() < 2 {

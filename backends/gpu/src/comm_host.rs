@@ -50,9 +50,9 @@ pub fn allreduce_env<D: Driver>() -> String {
 /// [`Error::InvalidArgument`] naming the variable and the accepted values.
 pub fn wire_from_env<D: Driver>() -> Result<Option<HostWire>> {
     let var = allreduce_env::<D>();
-    match std::env::var(&var) {
-        Err(_) => Ok(Some(HostWire::F32)),
-        Ok(v) => match v.to_ascii_lowercase().as_str() {
+    match tessera_core::settings::var(&var) {
+        None => Ok(Some(HostWire::F32)),
+        Some(v) => match v.to_ascii_lowercase().as_str() {
             "" | "f32" | "host" => Ok(Some(HostWire::F32)),
             "bf16" => Ok(Some(HostWire::Bf16)),
             "none" => Ok(None),

@@ -88,7 +88,7 @@ impl<D: Driver> std::fmt::Debug for Programs<D> {
 impl<D: Driver> Programs<D> {
     /// No programs; replay unless [`REPLAY_ENV`] is `0`.
     pub(crate) fn new() -> Programs<D> {
-        let replay_on = std::env::var(REPLAY_ENV).map_or(true, |v| v.trim() != "0");
+        let replay_on = tessera_core::settings::var(REPLAY_ENV).is_none_or(|v| v.trim() != "0");
         Programs {
             list: Vec::new(),
             clock: 0,

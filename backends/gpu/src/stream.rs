@@ -56,7 +56,7 @@ pub const FUSE_ENV: &str = "TESSERA_GPU_FUSE";
 
 fn fuse_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var(FUSE_ENV).map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| tessera_core::settings::var_once(FUSE_ENV).is_none_or(|v| v.trim() != "0"))
 }
 
 /// A program's launches: node, kernel and launch, in order.

@@ -57,7 +57,7 @@ unsafe extern "C" fn comm_init(streams: *const *mut c_void, n: usize) -> *mut c_
 }
 
 fn init(streams: Vec<&mut Box<dyn Backend>>) -> Option<CommCtx> {
-    if std::env::var(ALLREDUCE_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("none"))
+    if tessera_core::settings::var(ALLREDUCE_ENV).is_some_and(|v| v.eq_ignore_ascii_case("none"))
         || streams.len() != 2
     {
         return None;

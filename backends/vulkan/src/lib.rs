@@ -102,10 +102,10 @@ struct Shared {
 }
 
 fn split() -> std::result::Result<usize, String> {
-    match std::env::var(SPLIT_ENV) {
-        Err(_) => Ok(1),
-        Ok(v) if v.trim().is_empty() => Ok(1),
-        Ok(v) => match v.trim().parse::<usize>() {
+    match tessera_core::settings::var(SPLIT_ENV) {
+        None => Ok(1),
+        Some(v) if v.trim().is_empty() => Ok(1),
+        Some(v) => match v.trim().parse::<usize>() {
             Ok(n) if (1..=16).contains(&n) => Ok(n),
             _ => Err(format!("{SPLIT_ENV}={v}: expected a count in 1..=16")),
         },

@@ -107,9 +107,37 @@ pub fn cache_type(s: &str) -> Result<tessera::DType, String> {
     tessera_model::KvCacheTypes::parse_type(s).map_err(|e| e.to_string())
 }
 
+/// `--set`: `KEY=VALUE` with a key (or `TESSERA_*` variable) of
+/// [`tessera::settings::Setting`] and a value it takes.
+pub fn setting(s: &str) -> Result<(tessera::settings::Setting, String), String> {
+    use tessera::settings::Setting;
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("'{s}': expected KEY=VALUE, e.g. cpu.repack=0"))?;
+    let setting = Setting::parse(k).ok_or_else(|| {
+        let keys: Vec<&str> = Setting::ALL.iter().map(|s| s.key()).collect();
+        format!("unknown setting '{k}' (settings: {})", keys.join(", "))
+    })?;
+    let v = setting.check(v).map_err(|e| e.to_string())?;
+    Ok((setting, v))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_name_a_known_key_and_value() {
+        let (s, v) = setting("cpu.repack=0").unwrap();
+        assert_eq!((s.key(), v.as_str()), ("cpu.repack", "0"));
+        assert_eq!(
+            setting("TESSERA_VULKAN_SPLIT=2").unwrap().0.key(),
+            "vulkan.split"
+        );
+        assert!(setting("cpu.repack").unwrap_err().contains("KEY=VALUE"));
+        assert!(setting("cpu.nope=1").unwrap_err().contains("cpu.repack"));
+        assert!(setting("vulkan.split=99").unwrap_err().contains("1..=16"));
+    }
 
     #[test]
     fn nonsensical_numbers_are_refused() {

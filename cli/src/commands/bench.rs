@@ -213,7 +213,7 @@ fn run_mode(
                 mode.name(),
                 mib(&s.weight_bytes_per_device()),
                 prompt.len(),
-                mib(s.backend().compute_bytes()),
+                mib(s.compute_bytes()),
                 s.describe()
             ),
         }

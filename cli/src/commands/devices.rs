@@ -40,7 +40,23 @@ pub fn run(load: &[PathBuf]) -> anyhow::Result<()> {
         println!("plugin not loaded: {e}");
     }
     println!("\nselect with --devices NAME[,NAME...] or KIND:N (e.g. cpu:2)");
+    print_settings();
     Ok(())
+}
+
+/// Every setting, its variable, the values it takes and its value in this run.
+fn print_settings() {
+    use tessera::settings::{self, Setting};
+    println!("\nsettings (--set KEY=VALUE, or the variable):");
+    for &s in Setting::ALL {
+        let value = settings::var(s.env()).unwrap_or_else(|| "default".into());
+        println!(
+            "  {:<22} {:<30} {value:<8} ({})",
+            s.key(),
+            s.env(),
+            s.values()
+        );
+    }
 }
 
 fn print_backend(info: &BackendInfo) {

@@ -1,7 +1,7 @@
 //! `tessera test-tp`: the tensor-parallel equivalence check. A small llama model (F32 and Q8_0
 //! weights) runs unsplit on the first of the chosen devices and split over all of them (the meta
-//! device); the logits of a prompt, of two decode steps and of the prompt's last token alone are
-//! compared by NMSE. The split is held to [`split_tolerance`] against the same backend unsplit;
+//! device); the logits of a prompt, of two decode steps, of the prompt's last token alone and of
+//! a batch of three sequences (prompts, then a token each) are compared by NMSE. The split is held to [`split_tolerance`] against the same backend unsplit;
 //! the backend's difference from the CPU backend is reported separately, against that backend's
 //! own tolerance.
 
@@ -9,7 +9,9 @@ use anyhow::Context as _;
 use std::sync::Arc;
 use tessera::{DType, Device, registry};
 use tessera_model::ExpertSplit;
-use tessera_model::{Arch, LlamaConfig, LlamaModel, Outputs, Session, Split, SplitMode, nmse};
+use tessera_model::{
+    Arch, Batch, LlamaConfig, LlamaModel, Outputs, Session, Split, SplitMode, nmse,
+};
 
 const SEED: u64 = 0x7e57;
 const PROMPT: [i32; 12] = [1, 17, 200, 3, 255, 9, 64, 128, 31, 32, 33, 7];
@@ -147,26 +149,19 @@ pub fn run(
             .split(Split::Meta(meta))
             .build()
             .context("splitting the model")?;
-        path = tp_report(&tp)?.backend().comm_path().to_string();
-        let prompt_all = format!("prompt logits ({} tokens)", PROMPT.len());
-        let steps: [(String, &[i32], Outputs); 4] = [
-            (prompt_all, &PROMPT, Outputs::All),
-            ("decode 1 logits".into(), &[5], Outputs::All),
-            ("decode 2 logits".into(), &[6], Outputs::All),
-            ("prompt last-token logits".into(), &PROMPT, Outputs::Last),
-        ];
-        for (output, chunk, outputs) in steps {
+        path = tp_report(&tp)?.comm_path().to_string();
+        for (output, step) in steps() {
             // The last-token graph (a view of the final hidden state) as `run` and `bench` use
-            // it, on a new sequence.
-            if outputs == Outputs::Last {
+            // it, and the batches of several sequences, each on a fresh cache.
+            if matches!(step, Step::Eval(_, Outputs::Last) | Step::Batch(_, true)) {
                 unsplit.reset();
                 tp.reset();
                 if let Some(cpu) = cpu.as_mut() {
                     cpu.reset();
                 }
             }
-            let want = unsplit.eval_outputs(chunk, outputs)?;
-            let got = tp.eval_outputs(chunk, outputs)?;
+            let want = step.run(&mut unsplit)?;
+            let got = step.run(&mut tp)?;
             // Devices of several backends (CPU and VK0): the split holds what each backend
             // computes for its slice, so it is held to the backends' tolerance.
             let mixed = devices
@@ -190,7 +185,7 @@ pub fn run(
                 rows.push(Row {
                     dtype,
                     output: format!("{output}, {} vs CPU", first.name()),
-                    nmse: nmse(&want, &cpu.eval_outputs(chunk, outputs)?),
+                    nmse: nmse(&want, &step.run(cpu)?),
                     tolerance: backend_tolerance(dtype),
                 });
             }
@@ -198,7 +193,7 @@ pub fn run(
                 let pass = row.nmse <= row.tolerance;
                 ok &= pass;
                 say!(
-                    "  {:<5} {:<50} NMSE {:>10.3e} (≤ {:.0e})  {}",
+                    "  {:<5} {:<64} NMSE {:>10.3e} (≤ {:.0e})  {}",
                     row.dtype.to_string(),
                     row.output,
                     row.nmse,
@@ -214,7 +209,7 @@ pub fn run(
             .iter()
             .map(|b| format!("{:.1}", *b as f64 / 1024.0))
             .collect();
-        let st = report.backend().stats();
+        let st = report.stats();
         say!(
             "  {:<5} weights+caches per device [{}] KiB; {} all-reduces{}",
             dtype.to_string(),
@@ -242,6 +237,62 @@ pub fn run(
     }
     say!("{}", if ok { "PASS" } else { "FAIL" });
     Ok(ok)
+}
+
+/// One compared step: tokens of sequence 0 with the outputs asked for, or a batch of several
+/// sequences (`true`: on a fresh cache).
+enum Step {
+    Eval(Vec<i32>, Outputs),
+    Batch(Batch, bool),
+}
+
+impl Step {
+    /// The step's logits on `s`.
+    fn run(&self, s: &mut Session) -> tessera::Result<Vec<f32>> {
+        match self {
+            Step::Eval(tokens, outputs) => s.eval_outputs(tokens, *outputs),
+            Step::Batch(batch, _) => Ok(s.decode(batch)?.as_slice().to_vec()),
+        }
+    }
+}
+
+/// The prompt with every row's logits, two decode steps, the prompt's last row alone; then
+/// three sequences of different lengths prompted in one batch (every row's logits: each sees
+/// only its own cells) and one token more each.
+fn steps() -> Vec<(String, Step)> {
+    let mut prompts = Batch::new();
+    for (seq, part) in [&PROMPT[..], &PROMPT[3..8], &PROMPT[..2]]
+        .iter()
+        .enumerate()
+    {
+        for (pos, &t) in part.iter().enumerate() {
+            prompts.add(t, pos, seq as u32, true);
+        }
+    }
+    let mut next = Batch::new();
+    next.add(5, PROMPT.len(), 0, true)
+        .add(6, 5, 1, true)
+        .add(7, 2, 2, true);
+    vec![
+        (
+            format!("prompt logits ({} tokens)", PROMPT.len()),
+            Step::Eval(PROMPT.to_vec(), Outputs::All),
+        ),
+        ("decode 1 logits".into(), Step::Eval(vec![5], Outputs::All)),
+        ("decode 2 logits".into(), Step::Eval(vec![6], Outputs::All)),
+        (
+            "prompt last-token logits".into(),
+            Step::Eval(PROMPT.to_vec(), Outputs::Last),
+        ),
+        (
+            format!("3 sequences' prompts, one batch ({} tokens)", prompts.len()),
+            Step::Batch(prompts, true),
+        ),
+        (
+            "3 sequences, one token each".into(),
+            Step::Batch(next, false),
+        ),
+    ]
 }
 
 /// The tensor-parallel report of a session opened on a meta device.

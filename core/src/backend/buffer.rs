@@ -40,6 +40,14 @@ pub trait BufferType: Send + Sync + fmt::Debug {
     ) -> Result<Arc<dyn Buffer>> {
         self.alloc(size)
     }
+    /// Optional. This buffer type, told that each `(copy, original)` pair of tensor names holds
+    /// the same values, where it can keep a copy as windows into its original's memory (a meta
+    /// device's weights: an untied output projection split over the vocabulary while the
+    /// embedding is kept once). Such a copy is then read-only: write the original. Default:
+    /// `None`, every tensor has memory of its own.
+    fn with_copies(&self, _copies: &[(&str, &str)]) -> Option<Arc<dyn BufferType>> {
+        None
+    }
     /// Downcast support.
     fn as_any(&self) -> &dyn Any;
 }
@@ -185,8 +193,26 @@ pub trait Buffer: Send + Sync + fmt::Debug {
     ) -> Result<bool> {
         Ok(false)
     }
+    /// Optional. Bytes this buffer keeps on each device it spans, in device order. Default: one
+    /// device, [`Buffer::size`].
+    fn device_bytes(&self) -> Vec<usize> {
+        vec![self.size()]
+    }
+    /// Optional. How a buffer spanning several devices (a meta device's) holds each of its
+    /// tensors, by offset. Default: empty (one device holds every byte).
+    fn spreads(&self) -> Vec<super::Spread> {
+        Vec::new()
+    }
     /// Downcast support: a backend reaches its own buffers through this.
     fn as_any(&self) -> &dyn Any;
+}
+
+impl dyn Buffer {
+    /// The [`Spread`](super::Spread) of the tensor placed at `offset`, if this buffer spans
+    /// several devices.
+    pub fn spread_at(&self, offset: usize) -> Option<super::Spread> {
+        self.spreads().into_iter().find(|s| s.offset == offset)
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

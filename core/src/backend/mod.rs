@@ -9,6 +9,7 @@
 mod bindings;
 mod buffer;
 mod device;
+mod spread;
 mod stream;
 
 pub use bindings::{Bindings, Slot, TensorBuffer};
@@ -17,4 +18,5 @@ pub use device::{
     BackendOptions, Device, DeviceCaps, DeviceType, MemoryInfo, Support, divide_threads,
     per_device_options,
 };
+pub use spread::{CommPath, MetaStats, SplitReport, Spread};
 pub use stream::{Backend, Event, EventImpl, HostEvent, check_supported};

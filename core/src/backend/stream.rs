@@ -82,6 +82,11 @@ pub trait Backend: Send + fmt::Debug {
     fn as_any(&self) -> Option<&dyn Any> {
         None
     }
+    /// Optional. For a stream that splits each op over several devices (a meta device's): its
+    /// all-reduce path, counters and last graph's all-reduces. Default `None`.
+    fn split_report(&self) -> Option<super::SplitReport> {
+        None
+    }
 }
 
 /// A vendor's event object.

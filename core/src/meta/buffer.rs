@@ -246,6 +246,10 @@ impl BufferType for MetaBufferType {
             placements,
         }))
     }
+    fn with_copies(&self, copies: &[(&str, &str)]) -> Option<Arc<dyn BufferType>> {
+        self.weights
+            .then(|| Arc::new(self.clone().with_copies(copies)) as Arc<dyn BufferType>)
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -570,6 +574,26 @@ impl Buffer for MetaBuffer {
             }
         }
         Ok(())
+    }
+    fn device_bytes(&self) -> Vec<usize> {
+        MetaBuffer::device_bytes(self)
+    }
+    fn spreads(&self) -> Vec<crate::backend::Spread> {
+        self.placements
+            .iter()
+            .map(|p| crate::backend::Spread {
+                tensor: p.desc.name().to_string(),
+                offset: p.offset,
+                held: (0..p.local_bytes.len())
+                    .map(|j| {
+                        let own = p.home.get(j) == Some(&j) && p.window_of.is_none();
+                        if own { p.local_bytes[j] } else { 0 }
+                    })
+                    .collect(),
+                mirrored: p.state.is_mirrored(),
+                window_of: p.window_of.clone(),
+            })
+            .collect()
     }
     fn as_any(&self) -> &dyn Any {
         self

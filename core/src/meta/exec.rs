@@ -27,44 +27,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
-/// Which all-reduce path a meta stream uses.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CommPath {
-    /// One device: nothing to reduce.
-    Single,
-    /// The devices' backend's own comm functions (found by name through `proc_address`).
-    Vendor(String),
-    /// Tessera's generic all-reduce over streams and copies.
-    Generic,
-}
-
-impl fmt::Display for CommPath {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CommPath::Single => f.write_str("none (one device)"),
-            CommPath::Vendor(b) => write!(f, "{b} comm"),
-            CommPath::Generic => f.write_str("generic"),
-        }
-    }
-}
-
-/// Counters of a meta stream since it was made.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MetaStats {
-    /// Graphs computed.
-    pub graphs: usize,
-    /// Per-device sub-graphs enqueued (all devices).
-    pub subgraphs: usize,
-    /// All-reduces run by the vendor comm.
-    pub vendor_reduces: usize,
-    /// All-reduces run by the generic path.
-    pub generic_reduces: usize,
-    /// F32 values summed, over all reduces.
-    pub reduced_values: usize,
-    /// All-reduces whose sum crossed ranks (a distributed meta device).
-    pub dist_reduces: usize,
-}
+pub use crate::backend::{CommPath, MetaStats};
 
 /// Plans a meta stream keeps for reuse.
 const MAX_CACHED_PLANS: usize = 4;
@@ -895,6 +858,15 @@ impl Backend for MetaBackend {
         self
     }
 
+    fn split_report(&self) -> Option<crate::backend::SplitReport> {
+        Some(crate::backend::SplitReport {
+            comm_path: self.path.clone(),
+            stats: self.stats,
+            reduces: self.reduces(),
+            fallbacks: self.fallbacks(),
+            compute_bytes: self.compute_bytes.clone(),
+        })
+    }
     fn as_any(&self) -> Option<&dyn Any> {
         Some(self)
     }

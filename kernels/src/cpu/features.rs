@@ -188,9 +188,9 @@ pub fn active_isa() -> Isa {
     static ACTIVE: OnceLock<Isa> = OnceLock::new();
     *ACTIVE.get_or_init(|| {
         let detected = detected_isa();
-        match std::env::var("TESSERA_CPU_ISA") {
-            Ok(v) => forced_level(&v, detected),
-            Err(_) => detected,
+        match tessera_core::settings::var_once("TESSERA_CPU_ISA") {
+            Some(v) => forced_level(&v, detected),
+            None => detected,
         }
     })
 }

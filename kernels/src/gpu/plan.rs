@@ -541,7 +541,7 @@ pub const GEMV8_ENV: &str = "TESSERA_GPU_GEMV8";
 
 fn gemv8_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var(GEMV8_ENV).map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| tessera_core::settings::var_once(GEMV8_ENV).is_none_or(|v| v.trim() != "0"))
 }
 
 /// The environment variable that sets how many keys one block of the split decode attention
@@ -561,8 +561,7 @@ const FA_CHUNK: usize = 256;
 fn fa_chunk(n_kv: usize) -> usize {
     static CHUNK: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let forced = *CHUNK.get_or_init(|| {
-        std::env::var(FA_CHUNK_ENV)
-            .ok()
+        tessera_core::settings::var_once(FA_CHUNK_ENV)
             .and_then(|v| v.trim().parse::<usize>().ok())
             .map(|c| c.next_multiple_of(32).max(32))
     });
@@ -581,8 +580,7 @@ const G8_ROWS: usize = 4;
 fn g8_rows() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *ROWS.get_or_init(|| {
-        std::env::var(G8_ROWS_ENV)
-            .ok()
+        tessera_core::settings::var_once(G8_ROWS_ENV)
             .and_then(|v| v.trim().parse::<usize>().ok())
             .map_or(G8_ROWS, |r| r.clamp(1, 4))
     })

@@ -62,7 +62,7 @@ macro_rules! export_backend {
     };
 }
 
-/// The body of the generated entry symbol: installs the host's log callback, builds the registry
+/// The body of the generated entry symbol: installs the host's log callback and settings, builds the registry
 /// once, and returns its table (the same table on every later call).
 ///
 /// # Safety
@@ -74,6 +74,8 @@ where
 {
     // SAFETY: forwarded from this function's contract.
     unsafe { super::log::install(host) };
+    // SAFETY: as above.
+    unsafe { super::settings::install(host) };
     static TABLE: OnceLock<usize> = OnceLock::new();
     let made = catch_unwind(AssertUnwindSafe(|| {
         *TABLE.get_or_init(|| {

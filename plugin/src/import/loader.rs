@@ -217,6 +217,7 @@ pub(crate) fn open(path: &Path) -> Result<Arc<Lib>, LoadError> {
         log_ctx: log_ctx as *const String as *mut c_void,
         log: host_log,
         max_log_level: host_max_level(),
+        setting: crate::settings::host_setting,
     };
     // SAFETY: `host` lives for the call; the entry is the plugin's documented init function.
     let reg_ptr = unsafe { entry(&host) };

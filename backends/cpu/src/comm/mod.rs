@@ -58,7 +58,7 @@ pub const STREAM_FROM_ENV: &str = "TESSERA_CPU_COMM_STREAM_FROM";
 fn stream_from() -> usize {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *BYTES.get_or_init(|| {
-        let v = std::env::var(STREAM_FROM_ENV).ok();
+        let v = tessera_core::settings::var_once(STREAM_FROM_ENV);
         let parsed = v.as_deref().map(|s| s.trim().parse::<usize>());
         if let Some(Err(_)) = parsed {
             tracing::warn!(value = ?v, "{STREAM_FROM_ENV} is not a byte count; ignored");
