@@ -15,6 +15,22 @@ __device__ __forceinline__ float fa_slope(i64 h, int alibi, float m0, float m1, 
     return h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
 }
 
+// Query element x as llama.cpp's CPU backend rounds the query before its dot products with keys
+// of type `kt` (ggml's vec_dot_type of the key type), as the CPU backend does: 8-bit blocks of 32
+// for block types, bf16 for BF16 keys; exact for F32 and F16 keys (ggml rounds to f16 for F16
+// keys, but that moved the CPU backend further from llama.cpp's logits). The 32 lanes of a warp
+// hold one block of 32 consecutive elements of a row and all call it: for block types, `d` is
+// whole blocks.
+__device__ __forceinline__ float fa_q_rounded(float x, int kt) {
+    if (act_q8(kt)) {
+        return q8_rounded(q8_round_of(warp_max(fabsf(x))), x);
+    }
+    if (IS_T(kt, T_BF16)) {
+        return bf2f(f2bf(x));
+    }
+    return x;
+}
+
 // Task `task` of the one-query kernels (queries fastest, then heads, then batch): its query, head,
 // batch and KV head.
 struct FaTask {
@@ -46,7 +62,7 @@ extern "C" __global__ void k_flash_attn_ext(Tensor dst, Tensor q, Tensor k, Tens
     i64 d = q.ne[0], dv = v.ne[0], n_kv = k.ne[1];
     float slope = fa_slope(h, alibi, m0, m1, n_head_log2);
     for (i64 c = lane; c < d; c += 32) {
-        qs[warp][c] = ld(q, c, iq, h, b);
+        qs[warp][c] = fa_q_rounded(ld(q, c, iq, h, b), k.type);
     }
     TSYNCWARP();
     float acc[FA_MAX_D / 32];
@@ -173,7 +189,7 @@ __device__ __forceinline__ void fa_split(const int maxd, const Tensor& dst, cons
     i64 j0 = (i64)split * chunk, j1 = j0 + chunk < n_kv ? j0 + chunk : n_kv;
     float slope = fa_slope(h, alibi, m0, m1, n_head_log2);
     for (i64 c = threadIdx.x; c < d; c += 32 * FS_WARPS) {
-        qs[c] = ld(q, c, iq, h, b);
+        qs[c] = fa_q_rounded(ld(q, c, iq, h, b), k.type);
     }
     bool kvec = HAS_T(T_F16) && k.type == T_F16 && k.nb[0] == 2 && d % 8 == 0 &&
                 (((unsigned long long)TENSOR_BASE(k) | (unsigned long long)(k.nb[1] | k.nb[2] | k.nb[3])) % 16) == 0;
@@ -452,7 +468,7 @@ extern "C" __global__ void k_flash_attn_tiled(Tensor dst, Tensor q, Tensor k, Te
     for (int e = threadIdx.x; e < FT_Q * d; e += FT_WARPS * 32) {
         int qi = e / d, c = e % d;
         i64 iq = q0 + qi;
-        qs[qi][c] = iq < n_q ? ld(q, c, iq, h, b) : 0.0f;
+        qs[qi][c] = fa_q_rounded(iq < n_q ? ld(q, c, iq, h, b) : 0.0f, k.type);
     }
     float acc[FT_QW][FT_MAX_D / 32];
     float mmax[FT_QW], sum[FT_QW];

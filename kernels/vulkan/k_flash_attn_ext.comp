@@ -45,12 +45,42 @@ void main() {
         int nl2 = a.n_head_log2;
         slope = h < nl2 ? pow(a.m0, float(h + 1)) : pow(a.m1, float(2 * (h - nl2) + 1));
     }
+    // The query as the CPU backend rounds it for keys of k's type (fa_q_rounded in attn.cu):
+    // bf16 for BF16 keys, here; 8-bit blocks of 32 for block types, below.
     if (busy) {
         for (int64_t c = lane; c < d; c += 32) {
-            qs[warp][int(c)] = ld(q, c, iq, h, b);
+            float x = ld(q, c, iq, h, b);
+            if (k.type == T_BF16) {
+                x = bf2f(f2bf(x));
+            }
+            qs[warp][int(c)] = x;
         }
     }
     barrier();
+    if (act_q8(k.type)) {
+        // Each lane rounds its element of every block (d is whole blocks for block types): the
+        // block's largest magnitude read from the row, the values written after every read.
+        float r[FA_ACC];
+        for (int t = 0; t < FA_ACC; t++) {
+            int c = lane + 32 * t;
+            r[t] = 0.0;
+            if (busy && c < d) {
+                float amax = 0.0;
+                for (int i = 0; i < 32; i++) {
+                    amax = max(amax, abs(qs[warp][32 * t + i]));
+                }
+                r[t] = q8_rounded(q8_round_of(amax), qs[warp][c]);
+            }
+        }
+        barrier();
+        for (int t = 0; t < FA_ACC; t++) {
+            int c = lane + 32 * t;
+            if (busy && c < d) {
+                qs[warp][c] = r[t];
+            }
+        }
+        barrier();
+    }
     float acc[FA_ACC];
     for (int t = 0; t < FA_ACC; t++) {
         acc[t] = 0.0;

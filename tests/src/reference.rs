@@ -672,10 +672,25 @@ impl RefMemory {
 
     /// With `on`, MUL_MAT and MUL_MAT_ID multiply weights of the types of
     /// [`rounds_activations_to_q8`] by activations rounded as llama.cpp's CPU backend rounds
-    /// them (Q8_0 blocks), instead of the exact values: the reference of the conformance cases
+    /// them (Q8_0 blocks), and FLASH_ATTN_EXT rounds its queries for the keys' type
+    /// (`query_for`), instead of the exact values: the reference of the conformance cases
     /// that check a backend rounds as llama.cpp does ([`crate::Case::llama_rounding`]).
     pub fn set_llama_rounding(&mut self, on: bool) {
         self.llama_rounding = on;
+    }
+
+    /// Query row `q` as its dot products with keys of type `kt` see it: with llama rounding, as
+    /// llama.cpp's CPU flash attention converts it to the keys' `vec_dot_type` (Q8_0 blocks for
+    /// block types, bf16 for BF16 keys; F16 keys keep it exact, as the backends do: rounding it
+    /// to f16 as ggml does moved the CPU backend's logits further from llama.cpp's); else exact.
+    fn query_for(&self, kt: DType, q: &[f64]) -> Vec<f64> {
+        if !self.llama_rounding {
+            return q.to_vec();
+        }
+        match kt {
+            DType::BF16 => q.iter().map(|&x| bf16::from_f64(x).to_f64()).collect(),
+            _ => self.activations_for(kt, q.to_vec()),
+        }
     }
 
     /// Activation row `x` as the product with weights of type `w` sees it.
@@ -1195,6 +1210,7 @@ impl RefMemory {
         let (vq, vk, vv) = (self.read(q)?, self.read(k)?, self.read(v)?);
         let [d, n_q, h, batch] = nq;
         let (n_kv, h_kv, dv) = (nk[1], nk[2], nv[0]);
+        let kt = self.desc(k)?.dtype();
         let ratio = h / h_kv;
         let out_ne = [dv, h, n_q, batch];
         let mut out = vec![0.0; dv * h * n_q * batch];
@@ -1212,7 +1228,7 @@ impl RefMemory {
                 for ih in 0..h {
                     let ikv = ih / ratio;
                     let slope = alibi_slope(max_bias, h, ih);
-                    let qrow = &vq[flat(nq, [0, iq, ih, ib])..][..d];
+                    let qrow = self.query_for(kt, &vq[flat(nq, [0, iq, ih, ib])..][..d]);
                     let mut s: Vec<f64> = (0..n_kv)
                         .map(|j| {
                             let krow = &vk[flat(nk, [0, j, ikv, ib])..][..d];
