@@ -158,8 +158,9 @@ pub(super) fn row_nmse(row: &[f32], r: &RefRow) -> f64 {
     }
 }
 
-/// Calls `f(label, evaluator, reset)` for each split mode: `none`, `layer` over 2 devices,
-/// `tensor` over 2 and over 3 devices with ratios 5:1:3.
+/// Calls `f(label, evaluator, reset)` for each split mode: `none`, `layer` over 2 devices, the
+/// distributed meta device over 2 ranks (`dist/2`), `tensor` over 2 and over 3 devices with
+/// ratios 5:1:3 (and `expert` likewise for mixture-of-experts models).
 pub(super) fn with_each_mode(
     model: &LlamaModel,
     f: impl FnMut(&str, &mut dyn FnMut(&[i32]) -> Vec<f32>, &mut dyn FnMut()),
@@ -209,6 +210,9 @@ pub(super) fn with_modes(
             s.borrow_mut().reset()
         });
     }
+    if wanted("dist/2") {
+        with_two_ranks(model, &two, &mut f);
+    }
     if !wanted("tensor") && !wanted("expert") {
         eprintln!("TESSERA_REFERENCE_MODES: tensor and expert modes skipped");
         return;
@@ -249,6 +253,64 @@ pub(super) fn with_modes(
             check_moe_reduces(label, &s.borrow(), model.config(), experts);
         }
     }
+}
+
+/// The `dist/2` mode of [`with_modes`]: the distributed meta device an MPI job builds, over two
+/// ranks as threads ([`tessera::comm::ThreadGroup`], the same `DistComm` contract), one of
+/// `devs` each, tensor split. Rank 1 repeats every step of rank 0, whose logits go to `f`, and
+/// must return the same logits.
+fn with_two_ranks(
+    model: &LlamaModel,
+    devs: &[Arc<dyn tessera::Device>],
+    mut f: impl FnMut(&str, &mut dyn FnMut(&[i32]) -> Vec<f32>, &mut dyn FnMut()),
+) {
+    let mut ranks =
+        tessera::comm::ThreadGroup::new(2, std::time::Duration::from_secs(120)).into_iter();
+    let (r0, r1) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let open = |dev: &Arc<dyn tessera::Device>, rank| {
+        let meta = model
+            .distributed_meta_device(
+                std::slice::from_ref(dev),
+                Arc::new(rank),
+                &[],
+                ExpertSplit::Tensor,
+            )
+            .unwrap_or_else(|e| panic!("dist/2: {e}"));
+        Session::on_meta(model, meta, None).unwrap_or_else(|e| panic!("dist/2: {e}"))
+    };
+    std::thread::scope(|sc| {
+        // Some(tokens): evaluate them; None: reset. The channel closes when rank 0 is done (or
+        // panics), which ends rank 1.
+        let (steps, steps_rx) = std::sync::mpsc::channel::<Option<Vec<i32>>>();
+        let (logits_tx, logits) = std::sync::mpsc::channel::<Vec<f32>>();
+        let open = &open;
+        sc.spawn(move || {
+            let mut s = open(&devs[1], r1);
+            for step in steps_rx {
+                match step {
+                    Some(t) => {
+                        let _ = logits_tx.send(s.eval(&t).unwrap());
+                    }
+                    None => s.reset(),
+                }
+            }
+        });
+        let s = std::cell::RefCell::new(open(&devs[0], r0));
+        f(
+            "dist/2",
+            &mut |t| {
+                steps.send(Some(t.to_vec())).unwrap();
+                let mine = s.borrow_mut().eval(t).unwrap();
+                let theirs = logits.recv().expect("rank 1 evaluates");
+                assert_eq!(mine, theirs, "dist/2: the ranks' logits differ");
+                mine
+            },
+            &mut || {
+                steps.send(None).unwrap();
+                s.borrow_mut().reset()
+            },
+        );
+    });
 }
 
 /// A split mixture-of-experts model does one all-reduce per expert block, of `n_embd·T` values
