@@ -75,7 +75,8 @@ pub enum Setting {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReadAt {
-    /// When a backend lists its devices (the first listing of the process registry).
+    /// When a backend makes its devices: the process registry's at its first listing; a later
+    /// value reaches only devices made afterwards (`select("cpu:N")`, `split_devices`).
     DeviceList,
     /// When a stream, comm or buffer is made: later sessions see a new value.
     Creation,
@@ -125,7 +126,7 @@ impl Setting {
         use Values::*;
         let (key, env, values, read) = match self {
             Setting::CpuIsa => ("cpu.isa", "TESSERA_CPU_ISA", Name, Once),
-            Setting::CpuRepack => ("cpu.repack", "TESSERA_CPU_REPACK", Switch, Creation),
+            Setting::CpuRepack => ("cpu.repack", "TESSERA_CPU_REPACK", Switch, DeviceList),
             Setting::CpuDevices => (
                 "cpu.devices",
                 "TESSERA_CPU_DEVICES",
@@ -169,28 +170,21 @@ impl Setting {
             Setting::VulkanAllReduce => (
                 "vulkan.all-reduce",
                 "TESSERA_VULKAN_ALLREDUCE",
-                Choice(&["f32", "bf16", "none"]),
+                Choice(&["f32", "bf16", "none", "host"]),
                 Creation,
             ),
-            Setting::VulkanInt8 => ("vulkan.int8", "TESSERA_VULKAN_INT8", Switch, DeviceList),
-            Setting::VulkanSubgroups => (
-                "vulkan.subgroups",
-                "TESSERA_VULKAN_SUBGROUPS",
-                Switch,
-                DeviceList,
-            ),
+            // Vulkan opens its devices once per process.
+            Setting::VulkanInt8 => ("vulkan.int8", "TESSERA_VULKAN_INT8", Switch, Once),
+            Setting::VulkanSubgroups => {
+                ("vulkan.subgroups", "TESSERA_VULKAN_SUBGROUPS", Switch, Once)
+            }
             Setting::VulkanGeometry => (
                 "vulkan.geometry",
                 "TESSERA_VULKAN_GEOMETRY",
                 Choice(&["own", "plan"]),
-                DeviceList,
+                Once,
             ),
-            Setting::VulkanSplit => (
-                "vulkan.split",
-                "TESSERA_VULKAN_SPLIT",
-                Count(1, 16),
-                DeviceList,
-            ),
+            Setting::VulkanSplit => ("vulkan.split", "TESSERA_VULKAN_SPLIT", Count(1, 16), Once),
         };
         Spec {
             key,
@@ -247,7 +241,9 @@ impl Setting {
             Values::Bytes => v.parse::<usize>().is_ok(),
             Values::Choice(c) => c.iter().any(|x| x.eq_ignore_ascii_case(v)),
             Values::Name => {
-                !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                !v.is_empty()
+                    && v.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
             }
         };
         if !ok {
@@ -344,12 +340,23 @@ pub fn var(env: &str) -> Option<String> {
     std::env::var(env).ok()
 }
 
-/// [`var`] for a value read once per process: the value read is recorded, so that [`set`]
-/// refuses to change it afterwards.
+/// [`var`] for a value read once per process: the value read is recorded (as [`Setting::check`]
+/// spells it), so that [`set`] refuses to change it afterwards. Read and recorded under one lock,
+/// so that no [`set`] lands between them.
 pub fn var_once(env: &str) -> Option<String> {
-    let v = var(env);
+    let mut st = state().write();
+    let v = match st.set.get(env) {
+        Some(v) => Some(v.clone()),
+        None => match source().get() {
+            Some(src) => src(env),
+            None => std::env::var(env).ok(),
+        },
+    };
     if let Some(s) = Setting::ALL.iter().find(|s| s.env() == env) {
-        state().write().fixed.entry(s.env()).or_insert(v.clone());
+        let spelled = v
+            .as_deref()
+            .map(|raw| s.check(raw).unwrap_or_else(|_| raw.to_string()));
+        st.fixed.entry(s.env()).or_insert(spelled);
     }
     v
 }
@@ -401,7 +408,9 @@ mod tests {
             "{e}"
         );
         assert!(Setting::CpuIsa.check("avx2").is_ok());
+        assert!(Setting::CpuIsa.check("avx-512").is_ok());
         assert!(Setting::CpuIsa.check("").is_err());
+        assert_eq!(Setting::VulkanAllReduce.check("host").unwrap(), "host");
     }
 
     #[test]

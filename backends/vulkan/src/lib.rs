@@ -102,7 +102,7 @@ struct Shared {
 }
 
 fn split() -> std::result::Result<usize, String> {
-    match tessera_core::settings::var(SPLIT_ENV) {
+    match tessera_core::settings::var_once(SPLIT_ENV) {
         None => Ok(1),
         Some(v) if v.trim().is_empty() => Ok(1),
         Some(v) => match v.trim().parse::<usize>() {

@@ -237,7 +237,7 @@ impl Instance {
 pub(crate) const INT8_ENV: &str = "TESSERA_VULKAN_INT8";
 
 fn int8_wanted() -> bool {
-    tessera_core::settings::var(INT8_ENV).is_none_or(|v| v.trim() != "0")
+    tessera_core::settings::var_once(INT8_ENV).is_none_or(|v| v.trim() != "0")
 }
 
 /// `TESSERA_VULKAN_SUBGROUPS=0` loads the kernels' shared-memory reductions (`*_nosg`) even where
@@ -245,7 +245,7 @@ fn int8_wanted() -> bool {
 pub(crate) const SUBGROUPS_ENV: &str = "TESSERA_VULKAN_SUBGROUPS";
 
 fn subgroups_wanted() -> bool {
-    tessera_core::settings::var(SUBGROUPS_ENV).is_none_or(|v| v.trim() != "0")
+    tessera_core::settings::var_once(SUBGROUPS_ENV).is_none_or(|v| v.trim() != "0")
 }
 
 /// `TESSERA_VULKAN_GEOMETRY=plan` dispatches every launch as the plan gives it, also on CPU
@@ -254,7 +254,7 @@ fn subgroups_wanted() -> bool {
 pub(crate) const GEOMETRY_ENV: &str = "TESSERA_VULKAN_GEOMETRY";
 
 fn cpu_geometry_wanted() -> bool {
-    tessera_core::settings::var(GEOMETRY_ENV).is_none_or(|v| v.trim() != "plan")
+    tessera_core::settings::var_once(GEOMETRY_ENV).is_none_or(|v| v.trim() != "plan")
 }
 
 /// A physical device Tessera can use, or (its name, why not).

@@ -203,16 +203,13 @@ pub trait Buffer: Send + Sync + fmt::Debug {
     fn spreads(&self) -> Vec<super::Spread> {
         Vec::new()
     }
+    /// Optional. The [`Spread`](super::Spread) of the tensor placed at `offset`, for a buffer
+    /// spanning several devices. Default: `None`.
+    fn spread_at(&self, _offset: usize) -> Option<super::Spread> {
+        None
+    }
     /// Downcast support: a backend reaches its own buffers through this.
     fn as_any(&self) -> &dyn Any;
-}
-
-impl dyn Buffer {
-    /// The [`Spread`](super::Spread) of the tensor placed at `offset`, if this buffer spans
-    /// several devices.
-    pub fn spread_at(&self, offset: usize) -> Option<super::Spread> {
-        self.spreads().into_iter().find(|s| s.offset == offset)
-    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -88,6 +88,23 @@ impl Placement {
     fn virtual_bytes(&self) -> usize {
         self.desc.nbytes()
     }
+
+    /// What [`Buffer::spreads`] reports of it: bytes in each device's own memory (none where a
+    /// device reads another's copy or it is a window).
+    fn spread(&self) -> crate::backend::Spread {
+        crate::backend::Spread {
+            tensor: self.desc.name().to_string(),
+            offset: self.offset,
+            held: (0..self.local_bytes.len())
+                .map(|j| {
+                    let own = self.home.get(j) == Some(&j) && self.window_of.is_none();
+                    if own { self.local_bytes[j] } else { 0 }
+                })
+                .collect(),
+            mirrored: self.state.is_mirrored(),
+            window_of: self.window_of.clone(),
+        }
+    }
 }
 
 fn name_of(desc: &TensorDesc) -> String {
@@ -579,21 +596,10 @@ impl Buffer for MetaBuffer {
         MetaBuffer::device_bytes(self)
     }
     fn spreads(&self) -> Vec<crate::backend::Spread> {
-        self.placements
-            .iter()
-            .map(|p| crate::backend::Spread {
-                tensor: p.desc.name().to_string(),
-                offset: p.offset,
-                held: (0..p.local_bytes.len())
-                    .map(|j| {
-                        let own = p.home.get(j) == Some(&j) && p.window_of.is_none();
-                        if own { p.local_bytes[j] } else { 0 }
-                    })
-                    .collect(),
-                mirrored: p.state.is_mirrored(),
-                window_of: p.window_of.clone(),
-            })
-            .collect()
+        self.placements.iter().map(Placement::spread).collect()
+    }
+    fn spread_at(&self, offset: usize) -> Option<crate::backend::Spread> {
+        self.placement_at(offset).map(Placement::spread)
     }
     fn as_any(&self) -> &dyn Any {
         self
