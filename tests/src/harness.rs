@@ -50,7 +50,7 @@ fn run_trial(key: &str, device: &dyn Device, case: &Case) -> Result<(), Failed> 
 
 /// Runs the suite on every device of `registry` (named `backend`), plus the second device of
 /// the selector `second` (e.g. `cuda:2`) as its own target, and exits with the result: every
-/// case on the first device, every eighth on each other one (a different eighth each;
+/// case on the first device, every sixteenth on each other one (a different sixteenth each;
 /// `TESSERA_CONFORMANCE_EVERY_DEVICE=1` runs all). With `covers`, cases using other dtypes are
 /// listed as ignored instead of run.
 pub fn run_device_suite(
@@ -75,7 +75,7 @@ pub fn run_device_suite_declining(
 }
 
 /// On devices after the first, the conformance suite runs one case in this many.
-const EXTRA_DEVICE_STRIDE: usize = 8;
+const EXTRA_DEVICE_STRIDE: usize = 16;
 
 fn device_suite(
     backend: &str,
