@@ -133,6 +133,23 @@ pub struct RawStrOut {
     pub write: unsafe extern "C" fn(ctx: *mut c_void, ptr: *const u8, len: usize),
 }
 
+impl RawStrOut {
+    /// A sink appending to `bytes`, valid while `bytes` is (both sides of the ABI collect
+    /// strings this way).
+    pub(crate) fn into_vec(bytes: &mut Vec<u8>) -> RawStrOut {
+        RawStrOut {
+            ctx: bytes as *mut Vec<u8> as *mut c_void,
+            write: append_to_vec,
+        }
+    }
+}
+
+unsafe extern "C" fn append_to_vec(ctx: *mut c_void, ptr: *const u8, len: usize) {
+    // SAFETY: `ctx` is the `Vec<u8>` of `RawStrOut::into_vec`, alive for the call (its
+    // contract); the bytes are lent.
+    unsafe { (*(ctx as *mut Vec<u8>)).extend_from_slice(raw_bytes(ptr, len)) }
+}
+
 /// A handle sink: the callee calls `push` once per handle it returns (devices of a registry).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -5,7 +5,6 @@
 #![allow(unsafe_code)]
 
 use super::abi::{RawHeader, RawHost, RawSettingFn, RawStr, RawStrOut};
-use std::ffi::c_void;
 
 /// Host side: the host's value of settings variable `name`, written to `out`.
 pub(crate) unsafe extern "C" fn host_setting(name: RawStr, out: *const RawStrOut) -> i32 {
@@ -24,17 +23,9 @@ pub(crate) unsafe extern "C" fn host_setting(name: RawStr, out: *const RawStrOut
     .unwrap_or(0)
 }
 
-unsafe extern "C" fn append(ctx: *mut c_void, ptr: *const u8, len: usize) {
-    // SAFETY: `ctx` is the `Vec<u8>` of `ask`, alive for the call; the bytes are lent.
-    unsafe { (*(ctx as *mut Vec<u8>)).extend_from_slice(super::abi::raw_bytes(ptr, len)) };
-}
-
 fn ask(f: RawSettingFn, name: &str) -> Option<String> {
     let mut bytes: Vec<u8> = Vec::new();
-    let out = RawStrOut {
-        ctx: &mut bytes as *mut Vec<u8> as *mut c_void,
-        write: append,
-    };
+    let out = RawStrOut::into_vec(&mut bytes);
     // SAFETY: the host's entry, with a name and a sink that live for the call.
     let has = unsafe { f(RawStr::new(name), &out) };
     (has == 1).then(|| String::from_utf8_lossy(&bytes).into_owned())

@@ -180,18 +180,10 @@ unsafe impl Send for HostEventRef {}
 // SAFETY: as above.
 unsafe impl Sync for HostEventRef {}
 
-unsafe extern "C" fn append(ctx: *mut c_void, ptr: *const u8, len: usize) {
-    // SAFETY: `ctx` is the `Vec<u8>` `HostEventRef::synchronize` passed; the bytes are lent.
-    unsafe { (*(ctx as *mut Vec<u8>)).extend_from_slice(crate::abi::raw_bytes(ptr, len)) }
-}
-
 impl EventImpl for HostEventRef {
     fn synchronize(&self) -> Result<()> {
         let mut msg = Vec::new();
-        let out = RawStrOut {
-            ctx: &mut msg as *mut Vec<u8> as *mut c_void,
-            write: append,
-        };
+        let out = RawStrOut::into_vec(&mut msg);
         // SAFETY: the event is held until `release` (on drop); `out` lives for the call.
         let rc = unsafe { (self.0.synchronize)(self.0.ctx, &out) };
         if rc == STATUS_OK {

@@ -4,7 +4,7 @@
 use crate::abi::{
     ABI_MAGIC, ABI_VERSION, ENTRY_SYMBOL, EntryFn, RawBackendTable, RawBufferTable,
     RawBufferTypeTable, RawDeviceTable, RawError, RawErrorOut, RawEventTable, RawHeader, RawHost,
-    RawRegistry, RawStr, RawStrOut, raw_bytes,
+    RawRegistry, RawStr, RawStrOut,
 };
 use crate::codec::decode_error;
 use crate::log::{host_log, host_max_level};
@@ -262,11 +262,6 @@ unsafe extern "C" fn set_error(ctx: *mut c_void, raw: *const RawError) {
     }));
 }
 
-unsafe extern "C" fn append(ctx: *mut c_void, ptr: *const u8, len: usize) {
-    // SAFETY: `ctx` is the `Vec<u8>` of the ongoing `Lib::string`; the bytes are lent.
-    unsafe { (*(ctx as *mut Vec<u8>)).extend_from_slice(raw_bytes(ptr, len)) }
-}
-
 impl Lib {
     /// Runs a fallible entry with an error sink: a non-negative status is returned, a negative
     /// one becomes the error the plugin reported (or [`Error::Plugin`] if it reported none).
@@ -298,10 +293,7 @@ impl Lib {
     /// Collects what an entry writes to a string sink.
     pub(crate) fn string(&self, f: impl FnOnce(*const RawStrOut)) -> String {
         let mut bytes: Vec<u8> = Vec::new();
-        let out = RawStrOut {
-            ctx: &mut bytes as *mut Vec<u8> as *mut c_void,
-            write: append,
-        };
+        let out = RawStrOut::into_vec(&mut bytes);
         f(&out);
         String::from_utf8_lossy(&bytes).into_owned()
     }
