@@ -76,6 +76,9 @@ enum Command {
     WriteReference {
         /// Output directory (created if missing).
         dir: std::path::PathBuf,
+        /// Only these models (comma-separated names, e.g. llama-f32-gqa); default: every one.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
     },
     /// Tensor-parallel equivalence: a small llama model on one CPU device vs split over
     /// --devices (the meta device); prints NMSE per output, exits non-zero on a failure.
@@ -97,6 +100,14 @@ enum Command {
         cache: commands::session::CacheTypeArgs,
         #[command(flatten)]
         dist: commands::dist::DistArgs,
+        /// llama.cpp's recorded logits of the model given with -m (`tests/reference/`): run the
+        /// reference suite's check of the split model against them instead of the tiny model's
+        /// split-vs-unsplit check.
+        #[arg(long, requires = "model")]
+        reference: Option<std::path::PathBuf>,
+        /// GGUF file the recording of --reference was made from.
+        #[arg(short = 'm', long, requires = "reference")]
+        model: Option<std::path::PathBuf>,
     },
     /// Time the all-reduce between devices (size, time, algbw, busbw, path).
     BenchAllreduce {
@@ -209,9 +220,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => commands::run::run(&args).map(|_| ExitCode::SUCCESS),
         Command::Kld(args) => commands::kld::run(&args).map(|_| ExitCode::SUCCESS),
         Command::Soak(args) => commands::soak::run(&args).map(|_| ExitCode::SUCCESS),
-        Command::WriteReference { dir } => {
+        Command::WriteReference { dir, only } => {
+            let models = tessera_model::reference::reference_models();
+            if let Some(unknown) = only.iter().find(|n| !models.iter().any(|m| &m.name == *n)) {
+                let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+                anyhow::bail!(
+                    "write-reference --only: no model {unknown}; the models are {}",
+                    names.join(", ")
+                );
+            }
             std::fs::create_dir_all(&dir)?;
-            for m in tessera_model::reference::reference_models() {
+            for m in models
+                .iter()
+                .filter(|m| only.is_empty() || only.contains(&m.name))
+            {
                 let path = dir.join(format!("{}.gguf", m.name));
                 std::fs::write(&path, m.gguf_bytes()?)?;
                 let ids: Vec<String> = m.prompt().iter().map(i32::to_string).collect();
@@ -288,17 +310,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             split_mode,
             cache,
             dist,
+            reference,
+            model,
         } => {
-            let job = commands::dist::Job::start(&dist, &commands::dist::fingerprint(None)?)?;
+            let print = commands::dist::fingerprint(model.as_deref())?;
+            let job = commands::dist::Job::start(&dist, &print)?;
             let devs = job.finish(tessera::registry().select(&devices).map_err(Into::into))?;
-            let ok = job.finish(commands::test_tp::run(
-                &devs,
-                &ratios,
+            let reference = match (&reference, &model) {
+                (Some(recording), Some(model)) => {
+                    Some(commands::test_tp::ReferenceRun { model, recording })
+                }
+                _ => None,
+            };
+            let args = commands::test_tp::TpArgs {
+                devices: &devs,
+                ratios: &ratios,
                 generic,
-                split_mode,
-                cache.types()?,
-                &job,
-            ))?;
+                mode: split_mode,
+                cache: cache.types()?,
+                job: &job,
+            };
+            let ok = job.finish(commands::test_tp::run(&args, reference.as_ref()))?;
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {

@@ -285,6 +285,80 @@ fn two_ranks_split_whole_experts() {
     );
 }
 
+/// The reference suite's synthetic model `name` (`tessera write-reference --only`), written once
+/// into the test's temporary folder, and its recording `recording` in `tests/reference/`.
+fn reference_files(name: &str, recording: &str) -> (String, String) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dist_mpi_reference");
+    let gguf = dir.join(format!("{name}.gguf"));
+    if !gguf.exists() {
+        let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["write-reference", "--only", name])
+            .arg(&dir)
+            .output()
+            .expect("tessera starts");
+        assert!(out.status.success(), "{out:?}");
+    }
+    let rec = format!(
+        "{}/../tests/reference/synthetic/{recording}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    (gguf.display().to_string(), rec)
+}
+
+#[test]
+fn two_ranks_match_llama_cpp_with_caches_its_tensor_split_refuses() {
+    if !have_mpirun() {
+        return;
+    }
+    // q4_1 caches, which llama.cpp's own tensor split asserts on, split by heads across two
+    // processes and held to the reference suite's bound against llama.cpp's unsplit recording.
+    let (gguf, rec) = reference_files("llama-f32-gqa", "kv/llama-f32-gqa.q4_1-q4_1.txt");
+    test_tp_passes(
+        "tp_reference_kv",
+        &[
+            "--devices",
+            "cpu:1",
+            "-m",
+            &gguf,
+            "--reference",
+            &rec,
+            "-ctk",
+            "q4_1",
+            "-ctv",
+            "q4_1",
+        ],
+        &[
+            "reference check of",
+            "KV caches K q4_1, V q4_1",
+            "1 device per rank, 2 ranks",
+            "argmax",
+            "then mpi across 2 ranks",
+        ],
+    );
+}
+
+#[test]
+fn two_ranks_of_whole_experts_match_llama_cpp() {
+    if !have_mpirun() {
+        return;
+    }
+    let (gguf, rec) = reference_files("qwen3moe-f32-gqa", "qwen3moe-f32-gqa.txt");
+    test_tp_passes(
+        "tp_reference_expert",
+        &[
+            "--devices",
+            "cpu:1",
+            "--split-mode",
+            "expert",
+            "-m",
+            &gguf,
+            "--reference",
+            &rec,
+        ],
+        &["expert-parallel reference check of", "EP layers"],
+    );
+}
+
 #[test]
 fn ranks_started_with_different_arguments_refuse_to_run() {
     if !have_mpirun() {

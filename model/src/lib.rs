@@ -48,6 +48,7 @@ mod kv_cells;
 mod kv_types;
 mod llama;
 mod moe;
+pub mod recorded;
 pub mod reference;
 pub mod sampling;
 mod split_policy;

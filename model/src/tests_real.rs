@@ -124,7 +124,7 @@ fn gemma3_270m_quantized_caches_match_llama_cpp() {
             &model,
             &reference,
             &keep,
-            &|fa, effect| 2.0 * fa + 3.0 * effect,
+            2.0 * reference.spread_median() + 3.0 * reference.effect_median(),
         );
         report.extend(lines);
         failures.extend(bad);

@@ -8,7 +8,7 @@
 //! `make_references.sh`):
 //! - every model: mean NMSE over the positions no worse than twice llama.cpp's own
 //!   flash-attention on/off difference, and the same argmax wherever llama.cpp's top two are
-//!   further apart than [`RefRow::tie_gap`] (at least [`TIE_GAP`]);
+//!   further apart than [`RefRow::tie_gap`] (at least [`crate::recorded::TIE_GAP`]);
 //! - F32 weights also: NMSE ≤ [`F32_NMSE`] at every position;
 //! - free-running greedy generation: llama.cpp's tokens until a step where its choice led by
 //!   less than that gap.
@@ -21,141 +21,15 @@ use tessera::gguf::GgufFile;
 use tessera::registry;
 use tessera::sched::{SchedOptions, layer_devices};
 
-/// F32 models: largest NMSE against llama.cpp at any position. llama.cpp's attention rounds Q
-/// and the softmax weights to f16 (with flash attention on or off), Tessera keeps them in f32:
-/// llama.cpp's own on/off runs differ by 3e-7–2e-6 per position (recorded as `fa_nmse`), and
-/// Tessera sits as far from either (measured: F32 medians 3e-7–1e-6, worst 7.9e-6). The mean over
-/// positions is held to twice llama.cpp's own on/off mean as well.
-pub(super) const F32_NMSE: f64 = 1e-5;
-/// Top-two gap below which either choice is faithful.
-const TIE_GAP: f32 = 0.1;
-
-/// One logit row of a reference file.
-pub(super) struct RefRow {
-    /// NMSE of llama.cpp's flash-attention-off logits against these.
-    pub fa_nmse: f64,
-    /// NMSE of llama.cpp's logits with this file's KV cache types against its F16 cache's, over
-    /// the ids written (cache-type references only; 0 otherwise).
-    pub kv_nmse: f64,
-    /// The whole row (small vocabularies).
-    pub values: Vec<f32>,
-    /// The largest logits as (id, value), best first (large vocabularies).
-    pub top: Vec<(usize, f32)>,
-    /// NMSE of llama.cpp's flash-attention-off logits over the `top` ids (large vocabularies).
-    pub top_nmse: f64,
-}
-
-impl RefRow {
-    /// The top-two gap below which either choice is faithful: [`TIE_GAP`], or more where
-    /// llama.cpp's own flash-attention on/off spread is larger: twice the RMS difference
-    /// between its two runs (a real quantized model's logits near 30 move by ~0.2 between them).
-    pub fn tie_gap(&self) -> f32 {
-        let (nmse, values): (f64, Vec<f32>) = if self.values.is_empty() {
-            (self.top_nmse, self.top.iter().map(|t| t.1).collect())
-        } else {
-            (self.fa_nmse, self.values.clone())
-        };
-        let mean_sq =
-            values.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / values.len().max(1) as f64;
-        TIE_GAP.max((2.0 * (nmse * mean_sq).sqrt()) as f32)
-    }
-
-    /// Whether choosing the runner-up is still faithful although the gap exceeds
-    /// [`RefRow::tie_gap`]: only for top-only rows, where `tie_gap` can see llama.cpp's spread
-    /// over the top ids alone. If our whole row is as close to llama.cpp (NMSE `ours`) as its
-    /// own flash-attention on/off runs are to each other, and the gap is within twice that
-    /// spread's RMS at the scale of the top logits, the two picks are equally faithful.
-    pub fn flip_within_llama_spread(&self, ours: f64, gap: f32) -> bool {
-        if !self.values.is_empty() || ours > self.fa_nmse {
-            return false;
-        }
-        let top = &self.top;
-        let mean_sq =
-            top.iter().map(|t| f64::from(t.1).powi(2)).sum::<f64>() / top.len().max(1) as f64;
-        f64::from(gap) <= 2.0 * (self.fa_nmse * mean_sq).sqrt()
-    }
-
-    /// The largest logit's id and its lead over the runner-up.
-    pub fn argmax_gap(&self) -> (usize, f32) {
-        if !self.values.is_empty() {
-            let best = argmax(&self.values);
-            let second = self
-                .values
-                .iter()
-                .enumerate()
-                .filter(|&(i, _)| i != best)
-                .map(|(_, &v)| v)
-                .fold(f32::NEG_INFINITY, f32::max);
-            (best, self.values[best] - second)
-        } else {
-            (self.top[0].0, self.top[0].1 - self.top[1].1)
-        }
-    }
-}
-
-/// A recorded reference: prompt ids, one row per evaluated position, greedy (token, lead).
-pub(super) struct Reference {
-    pub tokens: Vec<i32>,
-    pub rows: Vec<RefRow>,
-    pub greedy: Vec<(i32, f32)>,
-}
+pub(super) use crate::recorded::{F32_NMSE, RecordedRow as RefRow, Recording as Reference, median};
 
 pub(super) fn parse_reference(text: &str) -> Reference {
-    let mut r = Reference {
-        tokens: Vec::new(),
-        rows: Vec::new(),
-        greedy: Vec::new(),
-    };
-    let pair = |p: &str| {
-        let (a, b) = p.split_once(':').unwrap();
-        (a.parse().unwrap(), b.parse().unwrap())
-    };
-    for line in text.lines() {
-        let mut it = line.split_whitespace();
-        match it.next() {
-            Some("tokens") => r.tokens = it.map(|t| t.parse().unwrap()).collect(),
-            Some("greedy") => r.greedy = it.map(pair).collect(),
-            Some("row") => {
-                let mut row = RefRow {
-                    fa_nmse: 0.0,
-                    kv_nmse: 0.0,
-                    values: Vec::new(),
-                    top: Vec::new(),
-                    top_nmse: 0.0,
-                };
-                for field in it.skip(1) {
-                    if let Some(v) = field.strip_prefix("fa_nmse=") {
-                        row.fa_nmse = v.parse().unwrap();
-                    } else if let Some(v) = field.strip_prefix("kv_nmse=") {
-                        row.kv_nmse = v.parse().unwrap();
-                    } else if let Some(v) = field.strip_prefix("top_nmse=") {
-                        row.top_nmse = v.parse().unwrap();
-                    } else if field.contains('=') {
-                        // sum= / sumsq=: the row checksum, not needed for the comparison.
-                    } else if field.contains(':') {
-                        let (id, v): (i32, f32) = pair(field);
-                        row.top.push((id as usize, v));
-                    } else {
-                        row.values.push(field.parse().unwrap());
-                    }
-                }
-                r.rows.push(row);
-            }
-            _ => {}
-        }
-    }
-    r
+    Reference::parse(text).unwrap()
 }
 
 /// NMSE of `row` against a reference row: over the whole row, or over its top ids.
 pub(super) fn row_nmse(row: &[f32], r: &RefRow) -> f64 {
-    if r.values.is_empty() {
-        let ours: Vec<f32> = r.top.iter().map(|&(id, _)| row[id]).collect();
-        let theirs: Vec<f32> = r.top.iter().map(|&(_, v)| v).collect();
-        nmse(&ours, &theirs)
-    } else {
-        nmse(row, &r.values)
-    }
+    r.nmse(row)
 }
 
 /// Calls `f(label, evaluator, reset)` for each split mode: `none`, `layer` over 2 devices, the
@@ -374,11 +248,6 @@ fn greedy(eval: &mut dyn FnMut(&[i32]) -> Vec<f32>, prompt: &[i32], n: usize) ->
         logits = eval(&[next]);
     }
     out
-}
-
-pub(super) fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Checks one model in every split mode against its reference; returns the report lines.

@@ -25,10 +25,9 @@
 //! such as all 81 pairs (`KV_PAIRS=all KV_DIR=DIR make_references.sh ...`).
 
 use super::reference::reference_models;
-use super::tests_reference::{
-    F32_NMSE, Reference, median, parse_reference, row_nmse, teacher_forced, with_modes,
-};
+use super::tests_reference::{Reference, parse_reference, with_modes};
 use super::*;
+use crate::recorded::Rule;
 use std::sync::Arc;
 use tessera::gguf::GgufFile;
 
@@ -77,9 +76,8 @@ fn quantized_caches_match_llama_cpp_in_every_split_mode() {
         let model = LlamaModel::from_gguf(gguf, None)
             .and_then(|m| m.with_cache_types(types))
             .unwrap();
-        let (lines, bad) = check_pair(name, pair, &model, &reference, &|_| true, &|fa, effect| {
-            (2.0 * fa).max(effect / 4.0)
-        });
+        let bound = reference.kv_bound(types);
+        let (lines, bad) = check_pair(name, pair, &model, &reference, &|_| true, bound);
         report.extend(lines);
         failures.extend(bad);
     }
@@ -88,85 +86,40 @@ fn quantized_caches_match_llama_cpp_in_every_split_mode() {
 }
 
 /// Checks `model` (with its cache types) against `reference`, recorded by llama.cpp with the same
-/// types, in the split modes `keep` accepts: the report lines and the failures.
+/// types, in the split modes `keep` accepts, with the median NMSE held to `bound`: the report
+/// lines and the failures.
 pub(super) fn check_pair(
     name: &str,
     pair: &str,
     model: &LlamaModel,
     reference: &Reference,
     keep: &dyn Fn(&str) -> bool,
-    bound_of: &dyn Fn(f64, f64) -> f64,
+    bound: f64,
 ) -> (Vec<String>, Vec<String>) {
-    let types = model.cache_types();
     let (mut report, mut failures) = (Vec::new(), Vec::new());
     let file = format!("{name}.{pair}");
-    let prompt = &reference.tokens;
-    let fed: Vec<i32> = reference.greedy.iter().map(|g| g.0).collect();
-    let fed = &fed[..reference.rows.len() - prompt.len()];
-    let fa = median(
-        &mut reference
-            .rows
-            .iter()
-            .map(|r| r.top_nmse)
-            .collect::<Vec<_>>(),
-    );
-    let effect = median(&mut reference.rows.iter().map(|r| r.kv_nmse).collect::<Vec<_>>());
-    // llama.cpp's flash attention reads an F32 cache through an F16 copy
-    // (llama-graph.cpp), so its F32 runs are its F16 runs (`kv_nmse` 0); Tessera reads F32
-    // caches exactly. Those pairs are held to the bound the suite's F32 models meet at
-    // every position against llama.cpp's F16 cache.
-    let f32_cache = types.k == tessera::DType::F32 || types.v == tessera::DType::F32;
-    let bound = if f32_cache {
-        (2.0 * fa).max(F32_NMSE)
-    } else {
-        bound_of(fa, effect)
-    };
+    let effect = reference.effect_median();
     with_modes(model, keep, |mode, eval, _reset| {
-        let rows = teacher_forced(eval, prompt, fed);
-        let mut errs: Vec<f64> = rows
-            .iter()
-            .zip(&reference.rows)
-            .map(|(row, r)| row_nmse(row, r))
-            .collect();
+        let rows = reference
+            .teacher_forced(&mut |t| Ok(eval(t)))
+            .unwrap_or_else(|e| panic!("{file} {mode}: {e}"));
         if std::env::var_os("TESSERA_KV_ROWS").is_some() {
-            let per: Vec<String> = errs
+            let per: Vec<String> = rows
                 .iter()
                 .zip(&reference.rows)
-                .map(|(e, r)| format!("{e:.1e}/{:.1e}", r.kv_nmse))
+                .map(|(row, r)| format!("{:.1e}/{:.1e}", r.nmse(row), r.kv_nmse))
                 .collect();
             println!(
                 "{file} {mode} rows (ours/llama.cpp's effect): {}",
                 per.join(" ")
             );
         }
-        let med = median(&mut errs);
-        let (mut checked, mut agree) = (0, 0);
-        for (i, (row, r)) in rows.iter().zip(&reference.rows).enumerate() {
-            let (best, gap) = r.argmax_gap();
-            let mean_sq = r.top.iter().map(|t| f64::from(t.1).powi(2)).sum::<f64>()
-                / r.top.len().max(1) as f64;
-            let tie = r.tie_gap().max((2.0 * (bound * mean_sq).sqrt()) as f32);
-            if gap > tie {
-                checked += 1;
-                if argmax(row) == best {
-                    agree += 1;
-                } else {
-                    failures.push(format!(
-                        "{file} {mode}: position {i} picks {} where llama.cpp leads with \
-                         {best} by {gap} (near tie {tie})",
-                        argmax(row)
-                    ));
-                }
-            }
-        }
-        if med > bound {
-            failures.push(format!(
-                "{file} {mode}: median NMSE {med:.3e} > bound {bound:.3e} (llama.cpp FA \
-                 on/off {fa:.3e}, the cache's own effect {effect:.3e})"
-            ));
-        }
+        let check = reference.check(&rows, Rule::Kv { bound });
+        failures.extend(check.failures.iter().map(|f| format!("{file} {mode}: {f}")));
+        let (checked, agree) = check.argmax;
         report.push(format!(
-            "{name:<16} {pair:<14} {mode:<15} {med:>9.2e} {bound:>9.2e} {effect:>9.2e} {agree:>3}/{checked:<3}"
+            "{name:<16} {pair:<14} {mode:<15} {:>9.2e} {bound:>9.2e} {effect:>9.2e} {agree:>3}/{checked:<3}",
+            check.median
         ));
     });
     (report, failures)

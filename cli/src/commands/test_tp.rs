@@ -4,6 +4,11 @@
 //! a batch of three sequences (prompts, then a token each) are compared by NMSE. The split is held to [`split_tolerance`] against the same backend unsplit;
 //! the backend's difference from the CPU backend is reported separately, against that backend's
 //! own tolerance.
+//!
+//! With `--reference FILE -m MODEL` it runs the reference suite's check instead: the model, split
+//! over the chosen devices (or across MPI ranks with `--dist mpi`), is teacher-forced on
+//! llama.cpp's recorded tokens and its logits are judged against llama.cpp's by the suite's rule
+//! ([`tessera_model::recorded::Recording::check`]).
 
 use anyhow::Context as _;
 use std::sync::Arc;
@@ -42,18 +47,67 @@ pub struct Row {
     pub tolerance: f64,
 }
 
-/// Runs the check; prints a table and returns whether every output is within its tolerance.
+/// How the split under test is made.
+pub struct TpArgs<'a> {
+    /// Devices of the meta device (this rank's, under `--dist`).
+    pub devices: &'a [Arc<dyn Device>],
+    /// Split ratios, one per device of every rank (empty: even).
+    pub ratios: &'a [f32],
+    /// The generic all-reduce even where the backend has its own.
+    pub generic: bool,
+    /// `tensor` or `expert`.
+    pub mode: SplitMode,
+    /// KV cache types.
+    pub cache: tessera_model::KvCacheTypes,
+    /// The MPI job (or a job of one process).
+    pub job: &'a super::dist::Job,
+}
+
+impl TpArgs<'_> {
+    /// A session of `model` split over the devices (across the job's ranks under `--dist`).
+    fn split(&self, model: &LlamaModel) -> anyhow::Result<Session> {
+        let experts = self.mode.expert_split();
+        let meta = match self.job.comm() {
+            Some(comm) => model.distributed_meta_device(self.devices, comm, self.ratios, experts),
+            None => model.meta_device_with(self.devices, self.ratios, experts),
+        }
+        .context("making the meta device")?
+        .with_vendor_comm(!self.generic);
+        Session::builder(model)
+            .split(Split::Meta(meta))
+            .build()
+            .context("splitting the model")
+    }
+}
+
+/// Runs the check (against llama.cpp's recording with `reference`, else the tiny model's split
+/// against its unsplit run); prints a table and returns whether every output, on every rank,
+/// is within its tolerance.
 ///
 /// # Errors
-/// Device selection, split and compute errors.
-pub fn run(
-    devices: &[Arc<dyn Device>],
-    ratios: &[f32],
-    generic: bool,
-    mode: SplitMode,
-    cache: tessera_model::KvCacheTypes,
-    job: &super::dist::Job,
-) -> anyhow::Result<bool> {
+/// Device selection, split and compute errors; see also [`run_reference`].
+pub fn run(args: &TpArgs<'_>, reference: Option<&ReferenceRun<'_>>) -> anyhow::Result<bool> {
+    if !args.mode.is_tensor_parallel() {
+        anyhow::bail!(
+            "test-tp checks the meta device: --split-mode tensor or expert, not {}",
+            args.mode.name()
+        );
+    }
+    match reference {
+        Some(r) => run_reference(args, r),
+        None => run_tiny(args),
+    }
+}
+
+fn run_tiny(args: &TpArgs<'_>) -> anyhow::Result<bool> {
+    let TpArgs {
+        devices,
+        ratios,
+        mode,
+        cache,
+        job,
+        ..
+    } = *args;
     // Under --dist every rank checks its own copy of the logits; rank 0 prints.
     let root = job.is_root();
     macro_rules! say {
@@ -69,12 +123,6 @@ pub fn run(
             }
         })
         .collect();
-    if !mode.is_tensor_parallel() {
-        anyhow::bail!(
-            "test-tp checks the meta device: --split-mode tensor or expert, not {}",
-            mode.name()
-        );
-    }
     let experts = mode.expert_split();
     say!(
         "{}-parallel check on {} ({} devices{}, ratios {}), {}",
@@ -139,16 +187,7 @@ pub fn run(
             let cpu = registry().select("cpu:1")?;
             Some(Session::builder(&model).devices(&cpu).build()?)
         };
-        let meta = match job.comm() {
-            Some(comm) => model.distributed_meta_device(devices, comm, ratios, experts),
-            None => model.meta_device_with(devices, ratios, experts),
-        }
-        .context("making the meta device")?
-        .with_vendor_comm(!generic);
-        let mut tp = Session::builder(&model)
-            .split(Split::Meta(meta))
-            .build()
-            .context("splitting the model")?;
+        let mut tp = args.split(&model)?;
         path = tp_report(&tp)?.comm_path().to_string();
         for (output, step) in steps() {
             // The last-token graph (a view of the final hidden state) as `run` and `bench` use
@@ -226,17 +265,120 @@ pub fn run(
     if !described.is_empty() {
         say!("{described}");
     }
+    verdict(ok, job)
+}
+
+/// Every rank compared its own logits: the job passes when all did. Rank 0 prints the verdict.
+fn verdict(mut ok: bool, job: &super::dist::Job) -> anyhow::Result<bool> {
     if let Some(comm) = job.comm() {
-        // Every rank compared its own logits: the job passes when all did.
         let all = comm.allgather(&[u8::from(ok)], &vec![1; comm.size()], "test-tp verdicts")?;
         let failed: Vec<usize> = (0..all.len()).filter(|&r| all[r] == 0).collect();
-        if !failed.is_empty() {
-            say!("ranks {failed:?} saw outputs outside their tolerance");
+        if !failed.is_empty() && job.is_root() {
+            println!("ranks {failed:?} saw outputs outside their tolerance");
         }
         ok = failed.is_empty();
     }
-    say!("{}", if ok { "PASS" } else { "FAIL" });
+    if job.is_root() {
+        println!("{}", if ok { "PASS" } else { "FAIL" });
+    }
     Ok(ok)
+}
+
+/// What `--reference` checks: a GGUF model and llama.cpp's recording of it.
+pub struct ReferenceRun<'a> {
+    /// The GGUF file llama.cpp ran.
+    pub model: &'a std::path::Path,
+    /// Its recording (`tests/reference/`).
+    pub recording: &'a std::path::Path,
+}
+
+/// The reference suite's check of `run.model` split over `devices` (or across the job's ranks):
+/// teacher-forced on the recording's tokens, judged by the suite's rule for the recording (its
+/// bound for quantized caches, or the F16 caches' mean bound and, with F32 weights, the per-row
+/// one), argmax included. Prints the figures; returns whether every rank passed.
+///
+/// # Errors
+/// An unreadable model or recording, a recording made with other cache kinds than `cache`,
+/// device, split and compute errors.
+fn run_reference(args: &TpArgs<'_>, run: &ReferenceRun<'_>) -> anyhow::Result<bool> {
+    use tessera_model::recorded::{Recording, Rule};
+    let TpArgs {
+        devices,
+        mode,
+        cache,
+        job,
+        ..
+    } = *args;
+    let text = std::fs::read_to_string(run.recording)
+        .with_context(|| format!("reading {}", run.recording.display()))?;
+    let recording =
+        Recording::parse(&text).with_context(|| format!("reading {}", run.recording.display()))?;
+    if recording.typed == cache.is_default() {
+        anyhow::bail!(
+            "{} was recorded with {} KV caches but this run has {cache}: pass the recording's \
+             --cache-type-k/--cache-type-v",
+            run.recording.display(),
+            if recording.typed { "quantized" } else { "F16" },
+        );
+    }
+    let file = tessera::gguf::GgufFile::open(run.model)
+        .with_context(|| format!("opening {}", run.model.display()))?;
+    let n_ctx = recording.rows.len().next_multiple_of(tessera_model::KV_PAD);
+    let model = LlamaModel::from_gguf(Arc::new(file), Some(n_ctx))?.with_cache_types(cache)?;
+    let mut tp = args.split(&model)?;
+    let rows = recording.teacher_forced(&mut |t| tp.eval(t))?;
+    let rule = if recording.typed {
+        Rule::Kv {
+            bound: recording.kv_bound(cache),
+        }
+    } else {
+        Rule::Plain {
+            f32_weights: model.config().weight_dtype == DType::F32,
+        }
+    };
+    let check = recording.check(&rows, rule);
+    if job.is_root() {
+        let report = tp_report(&tp)?;
+        println!(
+            "{}-parallel reference check of {} against llama.cpp ({}, {} positions{}) on {} \
+             device{}{}",
+            mode.name(),
+            run.model.display(),
+            run.recording.display(),
+            rows.len(),
+            if cache.is_default() {
+                String::new()
+            } else {
+                format!(", KV caches {cache}")
+            },
+            devices.len(),
+            if devices.len() == 1 { "" } else { "s" },
+            if job.size() > 1 {
+                format!(" per rank, {} ranks", job.size())
+            } else {
+                String::new()
+            },
+        );
+        let (checked, agree) = check.argmax;
+        println!(
+            "  NMSE median {:.3e} mean {:.3e} worst {:.3e} (bound on the {} {:.3e}); argmax \
+             {agree}/{checked} where llama.cpp leads by more than a near tie",
+            check.median,
+            check.mean,
+            check.worst,
+            if matches!(rule, Rule::Kv { .. }) {
+                "median"
+            } else {
+                "mean"
+            },
+            check.bound,
+        );
+        for f in &check.failures {
+            println!("  FAIL {f}");
+        }
+        println!("{}", report.describe());
+    }
+    verdict(check.passed(), job)
 }
 
 /// One compared step: tokens of sequence 0 with the outputs asked for, or a batch of several
