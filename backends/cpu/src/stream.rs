@@ -58,6 +58,8 @@ struct Status {
 pub struct CpuBackend {
     device: String,
     n_threads: usize,
+    /// Threads the pool runs: `n_threads`, or fewer when the device has fewer cores.
+    running: usize,
     tx: Option<mpsc::Sender<Job>>,
     status: Arc<Status>,
     worker: Option<std::thread::JoinHandle<()>>,
@@ -87,6 +89,7 @@ impl CpuBackend {
             reason: format!("cannot start threads for {device}: {e}"),
         };
         let pool = Pool::new(device, n_threads, cores.clone()).map_err(io)?;
+        let running = pool.n_threads();
         let worker = std::thread::Builder::new()
             .name(format!("{device}-stream"))
             .spawn(move || {
@@ -96,19 +99,26 @@ impl CpuBackend {
                 stream_loop(&name, pool, rx, st)
             })
             .map_err(io)?;
-        tracing::debug!(device, n_threads, "CPU stream started");
+        tracing::debug!(device, n_threads, running, "CPU stream started");
         Ok(CpuBackend {
             device: device.to_string(),
             n_threads,
+            running,
             tx: Some(tx),
             status,
             worker: Some(worker),
         })
     }
 
-    /// Worker threads of this stream.
+    /// Threads asked for this stream (the stream thread included).
     pub fn n_threads(&self) -> usize {
         self.n_threads
+    }
+
+    /// Threads the stream runs: those asked, but at most one per core of the device (threads
+    /// pinned to one core would only take turns on it).
+    pub fn running_threads(&self) -> usize {
+        self.running
     }
 
     fn enqueue(&mut self, job: Job) -> Result<()> {
@@ -125,7 +135,7 @@ impl CpuBackend {
     pub(crate) fn handle(&self) -> Option<StreamHandle> {
         Some(StreamHandle {
             device: self.device.clone(),
-            n_threads: self.n_threads,
+            n_threads: self.running,
             tx: self.tx.clone()?,
             status: self.status.clone(),
         })
@@ -301,7 +311,7 @@ impl StreamHandle {
         enqueue_on(&self.device, &self.tx, &self.status, job)
     }
 
-    /// Threads of the stream's pool (the stream thread included).
+    /// Threads the stream's pool runs (the stream thread included).
     pub(crate) fn n_threads(&self) -> usize {
         self.n_threads
     }
