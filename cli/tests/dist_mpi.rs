@@ -285,19 +285,19 @@ fn two_ranks_split_whole_experts() {
     );
 }
 
-/// The reference suite's synthetic model `name` (`tessera write-reference --only`), written once
-/// into the test's temporary folder, and its recording `recording` in `tests/reference/`.
+/// The reference suite's synthetic model `name` (`tessera write-reference --only`), written into
+/// the test's temporary folder, and its recording `recording` in `tests/reference/`.
 fn reference_files(name: &str, recording: &str) -> (String, String) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dist_mpi_reference");
     let gguf = dir.join(format!("{name}.gguf"));
-    if !gguf.exists() {
-        let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(["write-reference", "--only", name])
-            .arg(&dir)
-            .output()
-            .expect("tessera starts");
-        assert!(out.status.success(), "{out:?}");
-    }
+    // Written every time (a fraction of a second): a file left by an older build or a killed
+    // run would be checked against today's recording.
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["write-reference", "--only", name])
+        .arg(&dir)
+        .output()
+        .expect("tessera starts");
+    assert!(out.status.success(), "{out:?}");
     let rec = format!(
         "{}/../tests/reference/synthetic/{recording}",
         env!("CARGO_MANIFEST_DIR")

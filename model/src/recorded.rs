@@ -132,10 +132,12 @@ pub struct Recording {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Rule {
     /// F16 caches: the mean NMSE over positions within twice llama.cpp's own flash-attention
-    /// on/off mean; with F32 weights also every position within [`F32_NMSE`].
+    /// on/off mean; with F32 weights also every position within [`F32_NMSE`]; both times `scale`.
     Plain {
         /// The model's weights are F32.
         f32_weights: bool,
+        /// Widens both bounds: [`tolerance_scale`] of the model.
+        scale: f64,
     },
     /// Quantized caches: the median NMSE within `bound` ([`Recording::kv_bound`]).
     Kv {
@@ -182,11 +184,12 @@ impl Recording {
             let bad = |what: &str| {
                 Error::InvalidArgument(format!("recording line {}: {what}: {:.60}", n + 1, line))
             };
-            let pair = |p: &str| -> Result<(i64, f32)> {
+            let finite = |v: f32| v.is_finite().then_some(v).ok_or_else(|| bad("not finite"));
+            let pair = |p: &str| -> Result<(i32, f32)> {
                 let (a, b) = p.split_once(':').ok_or_else(|| bad("want ID:VALUE"))?;
                 Ok((
                     a.parse().map_err(|_| bad("bad token id"))?,
-                    b.parse().map_err(|_| bad("bad value"))?,
+                    finite(b.parse().map_err(|_| bad("bad value"))?)?,
                 ))
             };
             let mut it = line.split_whitespace();
@@ -197,14 +200,18 @@ impl Recording {
                         .collect::<Result<_>>()?;
                 }
                 Some("greedy") => {
-                    r.greedy = it
-                        .map(|p| pair(p).map(|(t, v)| (t as i32, v)))
-                        .collect::<Result<_>>()?;
+                    r.greedy = it.map(pair).collect::<Result<_>>()?;
                 }
                 Some("row") => {
                     let mut row = RecordedRow::default();
                     for field in it.skip(1) {
-                        let num = |v: &str| v.parse::<f64>().map_err(|_| bad("bad number"));
+                        // A spread sets a bound: NaN or infinity would switch it off.
+                        let num = |v: &str| {
+                            v.parse::<f64>()
+                                .ok()
+                                .filter(|x| x.is_finite() && *x >= 0.0)
+                                .ok_or_else(|| bad("want a finite NMSE >= 0"))
+                        };
                         if let Some(v) = field.strip_prefix("fa_nmse=") {
                             row.fa_nmse = num(v)?;
                         } else if let Some(v) = field.strip_prefix("kv_nmse=") {
@@ -220,8 +227,11 @@ impl Recording {
                             row.top.push((id, v));
                         } else {
                             row.values
-                                .push(field.parse().map_err(|_| bad("bad logit"))?);
+                                .push(finite(field.parse().map_err(|_| bad("bad logit"))?)?);
                         }
+                    }
+                    if row.values.is_empty() && row.top.len() < 2 {
+                        return Err(bad("a row needs its logits, or at least its top two ids"));
                     }
                     r.rows.push(row);
                 }
@@ -250,7 +260,7 @@ impl Recording {
     pub fn fed(&self) -> Vec<i32> {
         self.greedy
             .iter()
-            .take(self.rows.len() - self.tokens.len())
+            .take(self.rows.len().saturating_sub(self.tokens.len()))
             .map(|g| g.0)
             .collect()
     }
@@ -264,6 +274,11 @@ impl Recording {
         &self,
         eval: &mut dyn FnMut(&[i32]) -> Result<Vec<f32>>,
     ) -> Result<Vec<Vec<f32>>> {
+        if self.tokens.is_empty() {
+            return Err(Error::InvalidArgument(
+                "recording: no prompt tokens to feed".into(),
+            ));
+        }
         let logits = eval(&self.tokens)?;
         let n_vocab = logits.len() / self.tokens.len();
         if n_vocab == 0 || logits.len() != n_vocab * self.tokens.len() {
@@ -369,24 +384,26 @@ impl Recording {
             ));
         }
         let bound = match rule {
-            Rule::Plain { f32_weights } => {
+            Rule::Plain { f32_weights, scale } => {
                 if f32_weights {
+                    let allowed = F32_NMSE * scale;
                     for (i, e) in errs.iter().enumerate() {
-                        if *e > F32_NMSE {
+                        if *e > allowed {
                             failures.push(format!(
-                                "position {i}: NMSE {e:.3e} > {F32_NMSE:.0e} (F32 weights)"
+                                "position {i}: NMSE {e:.3e} > {allowed:.1e} (F32 weights)"
                             ));
                         }
                     }
                 }
                 let fa_mean = self.rows.iter().map(RecordedRow::spread).sum::<f64>() / n.max(1.0);
-                if mean > 2.0 * fa_mean {
+                if mean > 2.0 * fa_mean * scale {
                     failures.push(format!(
-                        "mean NMSE {mean:.3e} > 2 × llama.cpp's flash-attention on/off \
-                         {fa_mean:.3e}"
+                        "mean NMSE {mean:.3e} > {:.1} × llama.cpp's flash-attention on/off mean \
+                         {fa_mean:.3e}",
+                        2.0 * scale
                     ));
                 }
-                2.0 * fa_mean
+                2.0 * fa_mean * scale
             }
             Rule::Kv { bound } => {
                 if med > bound {
@@ -409,6 +426,20 @@ impl Recording {
             flips_within_spread: flips,
             failures,
         }
+    }
+}
+
+/// How much wider the [`Rule::Plain`] bounds are for a model of `config`: YaRN sharpens the
+/// attention, which magnifies llama.cpp's f16 rounding of Q that both of its attention paths
+/// share and its on/off spread therefore does not show (measured on the reference suite's qwen2
+/// model: mean NMSE 2.3e-6 against an on/off spread of 6.0e-7, where a missing magnitude scale
+/// gives 7e-3 and a missing ramp 1e-1): 2. gpt-oss applies YaRN to its sliding-window layers
+/// too, so every layer sharpens: 2.5 (mean NMSE 2.13e-6 against 5.3e-7). 1 otherwise.
+pub fn tolerance_scale(config: &crate::LlamaConfig) -> f64 {
+    match (config.yarn_orig_ctx > 0, config.arch.scales_swa_rope()) {
+        (true, true) => 2.5,
+        (true, false) => 2.0,
+        (false, _) => 1.0,
     }
 }
 
@@ -468,19 +499,34 @@ mod tests {
         assert!(c.failures.iter().any(|f| f.contains("position 2 picks 7")));
         assert!(c.failures.iter().any(|f| f.contains("median NMSE")));
         // Too few rows is a failure, not a panic.
+        let plain = Rule::Plain {
+            f32_weights: true,
+            scale: 1.0,
+        };
+        assert!(!r.check(&exact[..2], plain).passed());
+        // An empty recording feeds nothing, and says so.
         assert!(
-            !r.check(&exact[..2], Rule::Plain { f32_weights: true })
-                .passed()
+            Recording::default()
+                .teacher_forced(&mut |_| Ok(vec![]))
+                .is_err()
         );
     }
 
     #[test]
     fn malformed_recordings_are_refused_by_line() {
         for (text, want) in [
-            ("tokens 1 x\nrow 0 1:2\n", "line 1"),
+            ("tokens 1 x\nrow 0 1:2 3:1\n", "line 1"),
             ("tokens 1\nrow 0 1:z\n", "line 2"),
-            ("row 0 1:2\n", "prompt tokens"),
-            ("tokens 1\nrow 0 1:2\nrow 1 1:2\n", "greedy tokens"),
+            ("row 0 1:2 3:1\n", "prompt tokens"),
+            ("tokens 1\nrow 0 1:2 3:1\nrow 1 1:2 3:1\n", "greedy tokens"),
+            ("tokens 1\nrow 0 fa_nmse=nan 1:2 3:1\n", "finite NMSE"),
+            ("tokens 1\nrow 0 top_nmse=inf 1:2 3:1\n", "finite NMSE"),
+            ("tokens 1\nrow 0 1:inf 3:1\n", "not finite"),
+            ("tokens 1\nrow 0 fa_nmse=1e-6\n", "top two ids"),
+            (
+                "tokens 1\nrow 0 1:2 3:1\ngreedy 9999999999:1.0\n",
+                "bad token id",
+            ),
         ] {
             let e = Recording::parse(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");

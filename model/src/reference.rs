@@ -65,23 +65,10 @@ impl ReferenceModel {
             .collect()
     }
 
-    /// How much looser than the suite's bounds this model is held: 2 for YaRN, whose magnitude
-    /// scale sharpens attention (scores × 1.30 at factor 4) and so amplifies llama.cpp's f16
-    /// rounding of Q, which both of its attention paths share and its on/off spread therefore
-    /// does not show (measured: mean NMSE 2.3e-6 against an on/off spread of 6.0e-7, where a
-    /// missing magnitude scale gives 7e-3 and a missing ramp 1e-1); 1 otherwise.
-    /// gpt-oss applies YaRN to its sliding-window layers too, so every layer sharpens: 2.5
-    /// (measured: mean NMSE 2.13e-6 against an on/off spread of 5.3e-7, the qwen2 case's ratio
-    /// of 3.8 grown to 4.1).
+    /// How much looser than the suite's bounds this model is held
+    /// ([`crate::recorded::tolerance_scale`]: 2 for YaRN, 2.5 for gpt-oss's YaRN, 1 otherwise).
     pub fn tolerance_scale(&self) -> f64 {
-        match (
-            self.config.yarn_orig_ctx > 0,
-            self.config.arch.scales_swa_rope(),
-        ) {
-            (true, true) => 2.5,
-            (true, false) => 2.0,
-            (false, _) => 1.0,
-        }
+        crate::recorded::tolerance_scale(&self.config)
     }
 
     /// Whether the weights are F32 (held to NMSE ≤ 1e-6 against llama.cpp) rather than quantized.

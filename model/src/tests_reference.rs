@@ -21,15 +21,11 @@ use tessera::gguf::GgufFile;
 use tessera::registry;
 use tessera::sched::{SchedOptions, layer_devices};
 
+use crate::recorded::Rule;
 pub(super) use crate::recorded::{F32_NMSE, RecordedRow as RefRow, Recording as Reference, median};
 
 pub(super) fn parse_reference(text: &str) -> Reference {
     Reference::parse(text).unwrap()
-}
-
-/// NMSE of `row` against a reference row: over the whole row, or over its top ids.
-pub(super) fn row_nmse(row: &[f32], r: &RefRow) -> f64 {
-    r.nmse(row)
 }
 
 /// Calls `f(label, evaluator, reset)` for each split mode: `none`, `layer` over 2 devices, the
@@ -261,79 +257,33 @@ pub(super) fn check_against_reference(
     let prompt = &reference.tokens;
     let greedy_ref: Vec<i32> = reference.greedy.iter().map(|g| g.0).collect();
     let fed = &greedy_ref[..reference.rows.len() - prompt.len()];
-    let mut fa: Vec<f64> = reference
-        .rows
-        .iter()
-        .map(|r| {
-            if r.values.is_empty() {
-                r.top_nmse
-            } else {
-                r.fa_nmse
-            }
-        })
-        .collect();
+    let mut fa: Vec<f64> = reference.rows.iter().map(RefRow::spread).collect();
     let fa_mean = fa.iter().sum::<f64>() / fa.len() as f64;
     let fa_median = median(&mut fa);
+    let rule = Rule::Plain {
+        f32_weights,
+        scale: tolerance_scale,
+    };
     let mut report = Vec::new();
     with_each_mode(model, |mode, eval, reset| {
         let rows = teacher_forced(eval, prompt, fed);
-        assert_eq!(rows.len(), reference.rows.len(), "{name} {mode}: rows");
-        let mut errs: Vec<f64> = rows
-            .iter()
-            .zip(&reference.rows)
-            .map(|(row, r)| row_nmse(row, r))
-            .collect();
-        let mean = errs.iter().sum::<f64>() / errs.len() as f64;
-        let worst = errs.iter().copied().fold(0.0, f64::max);
-        let (mut argmax_checked, mut flips_within_spread) = (0, 0);
-        for (i, (row, r)) in rows.iter().zip(&reference.rows).enumerate() {
-            let (best, gap) = r.argmax_gap();
-            if gap > r.tie_gap() {
-                argmax_checked += 1;
-                let ours = argmax(row);
-                if ours != best && r.flip_within_llama_spread(row_nmse(row, r), gap) {
-                    flips_within_spread += 1;
-                    continue;
-                }
-                let top: Vec<(usize, f32, f32)> = r
+        let check = reference.check(&rows, rule);
+        assert!(
+            check.passed(),
+            "{name} {mode}:\n{}\nllama.cpp's top ids (id, llama.cpp, ours): {:?}",
+            check.failures.join("\n"),
+            rows.iter()
+                .zip(&reference.rows)
+                .map(|(row, r)| r
                     .top
                     .iter()
-                    .take(4)
+                    .take(3)
                     .map(|&(id, v)| (id, v, row[id]))
-                    .collect();
-                assert_eq!(
-                    ours,
-                    best,
-                    "{name} {mode}: NMSE {:.3e} (llama.cpp FA on/off {:.3e}); our pick {ours} at {}; top (id, llama.cpp, ours) {top:?}",
-                    row_nmse(row, r),
-                    r.top_nmse.max(r.fa_nmse),
-                    row[ours],
-                );
-                assert_eq!(
-                    argmax(row),
-                    best,
-                    "{name} {mode}: argmax at position {i} (llama.cpp's lead {gap})"
-                );
-            }
-            if f32_weights {
-                let e = row_nmse(row, r);
-                assert!(
-                    e <= F32_NMSE * tolerance_scale,
-                    "{name} {mode}: position {i} NMSE {e:.3e} > {F32_NMSE:.0e}"
-                );
-            }
-        }
-        // A flip excused by llama.cpp's own spread is an exception, not the rule.
-        assert!(
-            flips_within_spread * 10 <= argmax_checked,
-            "{name} {mode}: {flips_within_spread} of {argmax_checked} checked argmaxes differ from llama.cpp"
+                    .collect())
+                .collect::<Vec<Vec<_>>>()
         );
-        {
-            assert!(
-                mean <= 2.0 * fa_mean * tolerance_scale,
-                "{name} {mode}: mean NMSE {mean:.3e} > 2 × llama.cpp's flash-attention on/off {fa_mean:.3e}"
-            );
-        }
+        let (mean, worst) = (check.mean, check.worst);
+        let (argmax_checked, flips_within_spread) = (check.argmax.0, check.flips_within_spread);
         reset();
         let ours = greedy(eval, prompt, greedy_ref.len());
         let same = ours
@@ -353,7 +303,7 @@ pub(super) fn check_against_reference(
         }
         report.push(format!(
             "{name:<24} {mode:<15} NMSE median {:.2e} mean {mean:.2e} max {worst:.2e} | llama.cpp FA on/off median {fa_median:.2e} mean {fa_mean:.2e} | argmax {argmax_checked}/{} ({flips_within_spread} flips within llama.cpp's spread) | greedy {same}/{}",
-            median(&mut errs),
+            check.median,
             rows.len(),
             greedy_ref.len()
         ));

@@ -78,7 +78,7 @@ if [ -n "$gemma" ]; then
     echo "recorded gemma3_270m.txt"
     # What each cache pair costs llama.cpp's next-token distributions (cli/tests/kld_reference.rs).
     ppl=(./llama-perplexity -m "$gemma" -f "$root/cli/LICENSE-APACHE" -c 512 --chunks 2 -t 2 -fa on)
-    "${ppl[@]}" --kl-divergence-base "$work/f16.kld" > "$work/kld.log" 2>&1 || { cat "$work/kld.log"; exit 1; }
+    "${ppl[@]}" --kl-divergence-base "$work/f16.kld" > "$work/kld.log" 2>&1 || { cat "$work/kld.log" >&2; exit 1; }
     {
         echo "# llama-perplexity --kl-divergence of Gemma 3 270M Q4_K_M with each K/V cache pair against its F16"
         echo "# cache: -f cli/LICENSE-APACHE -c 512 --chunks 2 (the second half of each chunk scored) -fa on"
@@ -87,10 +87,13 @@ if [ -n "$gemma" ]; then
         for pair in "q8_0 q8_0" "q4_0 q4_0"; do
             read -r k v <<<"$pair"
             "${ppl[@]}" -ctk "$k" -ctv "$v" --kl-divergence-base "$work/f16.kld" --kl-divergence \
-                > "$work/kld.log" 2>&1 || { cat "$work/kld.log"; exit 1; }
+                > "$work/kld.log" 2>&1 || { cat "$work/kld.log" >&2; exit 1; }
+            # Fails when llama-perplexity's summary lines are not there (another format).
             awk -v k="$k" -v v="$v" '/^Mean +KLD:/ { m = $3; e = $5 } /^Same top p:/ { s = $4 }
-                END { print k, v, m, e, s }' "$work/kld.log"
+                END { if (m == "" || s == "") exit 1; print k, v, m, e, s }' "$work/kld.log" ||
+                { echo "no KLD summary in llama-perplexity's output:" >&2; cat "$work/kld.log" >&2; exit 1; }
         done
-    } > "$here/kv/gemma3_270m.kld"
+    } > "$work/gemma3_270m.kld"
+    mv "$work/gemma3_270m.kld" "$here/kv/gemma3_270m.kld"
     echo "recorded kv/gemma3_270m.kld"
 fi

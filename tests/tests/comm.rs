@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use tessera_core::comm::{Algorithm, AllReduce, CommSlice, ReducePath, Wire};
 use tessera_core::{Backend, BackendOptions, Buffer, Device};
-use tessera_cpu::split_devices;
+use tessera_cpu::{CpuDevice, split_devices};
 
 struct Setup {
     devices: Vec<Arc<dyn Device>>,
@@ -21,10 +21,19 @@ fn setup(n: usize, len: usize) -> Setup {
 
 /// As [`setup`], with `threads` threads per stream.
 fn setup_with_threads(n: usize, len: usize, threads: usize) -> Setup {
-    let devices: Vec<Arc<dyn Device>> = split_devices(n)
-        .into_iter()
-        .map(|d| Arc::new(d.isolated()) as Arc<dyn Device>)
-        .collect();
+    // A pool runs no more threads than the cores its device is pinned to, and `split_devices`
+    // gives each device one core on a two-core machine: with several threads each device is
+    // pinned to cores 0.. of its own (shared between the devices, which only costs speed).
+    let devices: Vec<Arc<dyn Device>> = if threads > 1 {
+        (0..n)
+            .map(|j| CpuDevice::new(&format!("CPU{j}"), (0..threads).collect()))
+            .collect()
+    } else {
+        split_devices(n)
+    }
+    .into_iter()
+    .map(|d| Arc::new(d.isolated()) as Arc<dyn Device>)
+    .collect();
     let streams = devices
         .iter()
         .map(|d| {
@@ -392,6 +401,16 @@ fn cpu_comm_uses_pool_threads_and_stays_exact() {
     let (n, len) = (2usize, 1usize << 20);
     let f = |j: usize, i: usize| ((i * 3 + j * 7) % 41) as f32 - 20.0;
     let mut s = setup_with_threads(n, len, 2);
+    for st in &s.streams {
+        let cpu = st
+            .as_any()
+            .and_then(|a| a.downcast_ref::<tessera_cpu::CpuBackend>());
+        assert_eq!(
+            cpu.map(|c| c.running_threads()),
+            Some(2),
+            "two threads run per stream"
+        );
+    }
     for j in 0..n {
         write(&s.bufs[j], &(0..len).map(|i| f(j, i)).collect::<Vec<_>>());
     }

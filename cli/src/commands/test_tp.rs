@@ -313,6 +313,22 @@ fn run_reference(args: &TpArgs<'_>, run: &ReferenceRun<'_>) -> anyhow::Result<bo
         .with_context(|| format!("reading {}", run.recording.display()))?;
     let recording =
         Recording::parse(&text).with_context(|| format!("reading {}", run.recording.display()))?;
+    // The suite names a recording with caches `NAME.K-V.txt`: a run with other types would be
+    // judged against another cache's rounding.
+    let named = run
+        .recording
+        .file_stem()
+        .and_then(|stem| stem.to_str())
+        .and_then(|stem| stem.rsplit_once('.'))
+        .and_then(|(_, pair)| pair.split_once('-'))
+        .and_then(|(k, v)| tessera_model::KvCacheTypes::parse(k, v).ok());
+    if let Some(named) = named.filter(|n| *n != cache) {
+        anyhow::bail!(
+            "{} holds llama.cpp's logits with KV caches {named}, and this run has {cache}: pass \
+             --cache-type-k/--cache-type-v to match",
+            run.recording.display()
+        );
+    }
     if recording.typed == cache.is_default() {
         anyhow::bail!(
             "{} was recorded with {} KV caches but this run has {cache}: pass the recording's \
@@ -334,6 +350,7 @@ fn run_reference(args: &TpArgs<'_>, run: &ReferenceRun<'_>) -> anyhow::Result<bo
     } else {
         Rule::Plain {
             f32_weights: model.config().weight_dtype == DType::F32,
+            scale: tessera_model::recorded::tolerance_scale(model.config()),
         }
     };
     let check = recording.check(&rows, rule);
