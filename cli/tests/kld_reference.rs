@@ -8,7 +8,8 @@
 //! one block moves a whole row), so the reference suite's per-row bound cannot judge them; over
 //! hundreds of positions the cost itself is stable. Tessera's is held to within 30% of llama.cpp's
 //! (measured unsplit 0.95× for q8_0 and 1.13× for q4_0, over `cpu:2` tensor-split 0.91× and
-//! 1.01×: a split only reorders sums), and the same-top share to within 5 points. llama.cpp
+//! 1.01×: a split only reorders sums), and the same-top share to within 8 points (measured
+//! 2.4 and 3.1 points apart; an ISA with other summation orders may move it further). llama.cpp
 //! without its Hadamard rotation of the caches (`LLAMA_ATTN_ROT_DISABLE=1`) costs 1.32× its own
 //! q4_0 figure: the nearest known mistake this check refuses.
 //!
@@ -86,10 +87,10 @@ fn gemma3_cache_costs_match_llama_perplexity() {
         println!(
             "{k}/{v}: mean KLD {ours:.6} vs llama.cpp {kld:.6} ({ratio:.2}x), same top {ours_same:.1}% vs {same:.1}%"
         );
-        if !(0.7..=1.3).contains(&ratio) || (ours_same - same).abs() > 5.0 {
+        if !(0.7..=1.3).contains(&ratio) || (ours_same - same).abs() > 8.0 {
             failures.push(format!(
                 "{k}/{v}: mean KLD {ours} against llama.cpp's {kld} ({ratio:.2}x, want 0.7-1.3), \
-                 same top {ours_same}% against {same}% (want within 5 points)"
+                 same top {ours_same}% against {same}% (want within 8 points)"
             ));
         }
     }
