@@ -10,7 +10,6 @@ use parking_lot::lock_api::ArcRwLockReadGuard;
 use parking_lot::{Condvar, Mutex, RawRwLock};
 use std::any::Any;
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
 use tessera_core::backend::HostEvent;
 use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
@@ -43,6 +42,7 @@ pub(crate) enum Job {
 pub(crate) struct Prepared {
     graph: Graph,
     views: Vec<Option<TView>>,
+    steps: Vec<ops::Step>,
     scratch_bytes: usize,
     _buffers: Vec<Arc<dyn Buffer>>,
     _guards: Vec<ArcRwLockReadGuard<RawRwLock, ()>>,
@@ -219,9 +219,11 @@ impl CpuBackend {
             }
         }
         check_packed_reads(graph, &packed)?;
+        let steps = ops::schedule(graph, &views);
         Ok(Prepared {
             graph: graph.clone(),
             views,
+            steps,
             scratch_bytes: ops::shared_scratch_bytes(graph),
             _buffers: buffers,
             _guards: guards,
@@ -430,14 +432,17 @@ fn stream_copy(
 fn run_graph(device: &str, pool: &Pool, p: &Prepared, scratch: &mut SharedScratch) -> Result<()> {
     scratch.ensure(p.scratch_bytes);
     let barrier = pool.barrier();
-    let counter = AtomicUsize::new(0);
+    let counters: Vec<ops::Counter> = std::iter::repeat_with(Default::default)
+        .take(p.steps.len())
+        .collect();
     let errors = Mutex::new(None::<String>);
     let exec = Exec {
         graph: &p.graph,
         views: &p.views,
         barrier: &barrier,
         shared: scratch,
-        counter: &counter,
+        steps: &p.steps,
+        counters: &counters,
         error: &errors,
     };
     // The region borrows `exec` only for the duration of `pool.run`, which joins every thread

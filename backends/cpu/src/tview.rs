@@ -48,6 +48,11 @@ impl TView {
         }
     }
 
+    /// The address of the view's first byte (for overlap checks; never dereferenced).
+    pub(crate) fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+
     fn row_ptr(&self, i1: usize, i2: usize, i3: usize) -> *mut u8 {
         debug_assert!(i1 < self.ne[1] && i2 < self.ne[2] && i3 < self.ne[3]);
         self.ptr

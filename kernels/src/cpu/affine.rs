@@ -13,7 +13,7 @@
 //!   instead of summing the activations again (ggml does the same, so results match its bytes).
 
 use super::kquant::{check_lengths, f16_at, put_f16};
-use super::quant::quantize_q8_block;
+use super::quant::{q8_simd, quantize_q8_block};
 
 /// Elements per Q4_1 block.
 pub const QK4_1: usize = 32;
@@ -188,13 +188,13 @@ pub fn quantize_row_q8_1(src: &[f32], dst: &mut [u8]) {
         QK8_1,
         BLOCK_Q8_1_BYTES,
     );
+    let simd = q8_simd();
     for (x, y) in src
         .chunks_exact(QK8_1)
         .zip(dst.chunks_exact_mut(BLOCK_Q8_1_BYTES))
     {
-        let d = quantize_q8_block(x, &mut y[4..]);
+        let (d, sum) = quantize_q8_block(x, &mut y[4..], simd);
         put_f16(y, 0, d);
-        let sum: i32 = y[4..].iter().map(|&q| i32::from(q as i8)).sum();
         // The unrounded f32 `d`, as ggml's `sum*d`.
         put_f16(y, 2, sum as f32 * d);
     }

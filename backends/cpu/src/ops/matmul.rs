@@ -4,7 +4,7 @@
 
 use super::{Exec, ThreadScratch, row_index, split_range};
 use crate::tview::TView;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tessera_core::{TensorDesc, TensorId};
 use tessera_kernels::cpu::{self as k, ActType, WeightType};
 
@@ -42,6 +42,8 @@ pub(crate) fn act_bytes(tensors: &[TensorDesc], t: &TensorDesc) -> usize {
 pub(crate) fn mul_mat(
     exec: &Exec<'_>,
     node: TensorId,
+    reuse_act: bool,
+    counter: &AtomicUsize,
     ith: usize,
     nth: usize,
     ts: &mut ThreadScratch,
@@ -64,20 +66,20 @@ pub(crate) fn mul_mat(
     let arb = k::act_row_bytes(act, kdim);
     let ncols = x.ne[1] * x.ne[2] * x.ne[3];
 
-    // Phase 1: each thread prepares a share of the activation columns.
-    for c in split_range(ncols, ith, nth) {
-        let (i1, i2, i3) = row_index(c, x.ne);
-        let (row, _, _) = ts.rows(kdim);
-        x.read_row(i1, i2, i3, row);
-        // SAFETY: column `c`'s range is written by this thread alone before the barrier below.
-        #[allow(unsafe_code)]
-        let out = unsafe { exec.shared.slice_mut(c * arb..(c + 1) * arb) };
-        prepare_column(act, row, out);
+    // Phase 1: each thread prepares a share of the activation columns, unless the product
+    // before this one left the same activations in scratch (`schedule`).
+    if !reuse_act {
+        for c in split_range(ncols, ith, nth) {
+            let (i1, i2, i3) = row_index(c, x.ne);
+            let (row, _, _) = ts.rows(kdim);
+            x.read_row(i1, i2, i3, row);
+            // SAFETY: column `c`'s range is written by this thread alone before the barrier below.
+            #[allow(unsafe_code)]
+            let out = unsafe { exec.shared.slice_mut(c * arb..(c + 1) * arb) };
+            prepare_column(act, row, out);
+        }
+        exec.barrier.wait();
     }
-    if ith == 0 {
-        exec.counter.store(0, Ordering::Relaxed);
-    }
-    exec.barrier.wait();
 
     // Phase 2: dynamically scheduled chunks. Weights shared by every plane (a small matrix
     // applied to each head and token: the KV caches' rotations) make one GEMM over all the
@@ -108,7 +110,7 @@ pub(crate) fn mul_mat(
     let (r2, r3) = (dst.ne[2] / w.ne[2], dst.ne[3] / w.ne[3]);
     let tile = &mut ts.tile;
     loop {
-        let chunk = exec.counter.fetch_add(1, Ordering::Relaxed);
+        let chunk = counter.fetch_add(1, Ordering::Relaxed);
         if chunk >= total {
             break;
         }

@@ -2,7 +2,8 @@
 //! nodes, answers `supports_op`, and holds the per-run shared state.
 //!
 //! Threads walk the graph together: every thread calls each node's kernel with its index, the
-//! kernel handles that thread's share of the output rows, and a barrier separates nodes.
+//! kernel handles that thread's share of the output rows, and a barrier separates a node from
+//! the nodes before it whose memory it shares (`schedule`).
 
 mod attn;
 mod copy;
@@ -12,6 +13,9 @@ mod moe;
 
 mod norm;
 mod rope;
+mod schedule;
+
+pub(crate) use schedule::{Step, schedule};
 
 use crate::pool::Barrier;
 use crate::tview::TView;
@@ -26,8 +30,11 @@ pub(crate) struct Exec<'a> {
     pub views: &'a [Option<TView>],
     pub barrier: &'a Barrier,
     pub shared: &'a SharedScratch,
-    /// Work counter for dynamically scheduled chunks; reset by thread 0 before a barrier.
-    pub counter: &'a AtomicUsize,
+    /// The computing nodes in order, with the barriers between them.
+    pub steps: &'a [Step],
+    /// One work counter per step for dynamically scheduled chunks: zero at the start of the
+    /// run, so that nodes without a barrier between them never share one.
+    pub counters: &'a [Counter],
     /// The first data-dependent failure (e.g. a row index out of range).
     pub error: &'a Mutex<Option<String>>,
 }
@@ -51,6 +58,12 @@ impl Exec<'_> {
         self.error.lock().get_or_insert(msg);
     }
 }
+
+/// A work counter on a cache line of its own: the threads of neighbouring nodes take chunks
+/// from theirs at the same time.
+#[derive(Default)]
+#[repr(align(64))]
+pub(crate) struct Counter(pub AtomicUsize);
 
 /// Per-thread reusable buffers.
 #[derive(Default)]
@@ -156,32 +169,39 @@ pub(crate) fn row_index(r: usize, ne: [usize; 4]) -> (usize, usize, usize) {
     (r % ne[1], (r / ne[1]) % ne[2], r / (ne[1] * ne[2]))
 }
 
-/// Runs every node of the graph on thread `ith` of `nth`.
+/// Runs every step of the graph on thread `ith` of `nth`.
 pub(crate) fn run_nodes(exec: &Exec<'_>, ith: usize, nth: usize) {
     let mut ts = ThreadScratch::default();
-    for &node in exec.graph.nodes() {
-        let t = exec.desc(node);
-        if t.op().kind().is_view() || t.nelements() == 0 {
-            continue;
+    for (step, counter) in exec.steps.iter().zip(exec.counters) {
+        if step.barrier {
+            exec.barrier.wait();
         }
         let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            compute_node(exec, node, ith, nth, &mut ts)
+            compute_node(exec, step, &counter.0, ith, nth, &mut ts)
         }));
         if ok.is_err() {
             // A Tessera bug, not user input: report it and let every other thread run free.
+            let t = exec.desc(step.node);
             exec.fail(format!(
                 "{} {} panicked on thread {ith}",
                 t.op().name(),
-                exec.graph.label(node)
+                exec.graph.label(step.node)
             ));
             exec.barrier.poison();
             return;
         }
-        exec.barrier.wait();
     }
 }
 
-fn compute_node(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &mut ThreadScratch) {
+fn compute_node(
+    exec: &Exec<'_>,
+    step: &Step,
+    counter: &AtomicUsize,
+    ith: usize,
+    nth: usize,
+    ts: &mut ThreadScratch,
+) {
+    let node = step.node;
     let t = exec.desc(node);
     match *t.op() {
         Op::Add | Op::Sub | Op::Mul | Op::Div => elementwise::binary(exec, node, ith, nth, ts),
@@ -189,7 +209,9 @@ fn compute_node(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &mu
             elementwise::map(exec, node, ith, nth, ts)
         }
         Op::Glu { .. } | Op::SwigluOai { .. } => elementwise::glu(exec, node, ith, nth, ts),
-        Op::MulMatId { first_expert } => moe::mul_mat_id(exec, node, first_expert, ith, nth, ts),
+        Op::MulMatId { first_expert } => {
+            moe::mul_mat_id(exec, node, first_expert, counter, ith, nth, ts)
+        }
         Op::AddId => moe::add_id(exec, node, ith, nth, ts),
         Op::Argsort { .. } => moe::argsort(exec, node, ith, nth, ts),
         Op::RmsNorm { .. } | Op::Norm { .. } => norm::norm(exec, node, ith, nth, ts),
@@ -197,7 +219,7 @@ fn compute_node(exec: &Exec<'_>, node: TensorId, ith: usize, nth: usize, ts: &mu
         Op::Argmax => norm::argmax(exec, node, ith, nth, ts),
         Op::SoftMax { .. } => norm::soft_max(exec, node, ith, nth, ts),
         Op::Rope(p) => rope::rope(exec, node, &p, ith, nth, ts),
-        Op::MulMat => matmul::mul_mat(exec, node, ith, nth, ts),
+        Op::MulMat => matmul::mul_mat(exec, node, step.reuse_act, counter, ith, nth, ts),
         Op::FlashAttnExt { .. } => attn::flash_attn_ext(exec, node, ith, nth, ts),
         Op::Cont | Op::Cpy => copy::cpy(exec, node, ith, nth, ts),
         Op::GetRows => copy::get_rows(exec, node, ith, nth, ts),

@@ -11,7 +11,7 @@ use super::matmul::{
 };
 use super::{Exec, ThreadScratch, my_rows, split_range};
 use crate::tview::TView;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tessera_core::{Op, TensorDesc, TensorId};
 use tessera_kernels::cpu as k;
 
@@ -103,20 +103,32 @@ pub(crate) fn mul_mat_id(
     exec: &Exec<'_>,
     node: TensorId,
     first_expert: Option<usize>,
+    counter: &AtomicUsize,
     ith: usize,
     nth: usize,
     ts: &mut ThreadScratch,
 ) {
     // The routing tables live in the thread's scratch (taken out while the rest of it is used).
     let mut routing = std::mem::take(&mut ts.routing);
-    mul_mat_id_routed(exec, node, first_expert, ith, nth, ts, &mut routing);
+    mul_mat_id_routed(
+        exec,
+        node,
+        first_expert,
+        counter,
+        ith,
+        nth,
+        ts,
+        &mut routing,
+    );
     ts.routing = routing;
 }
 
+#[allow(clippy::too_many_arguments)]
 fn mul_mat_id_routed(
     exec: &Exec<'_>,
     node: TensorId,
     first_expert: Option<usize>,
+    counter: &AtomicUsize,
     ith: usize,
     nth: usize,
     ts: &mut ThreadScratch,
@@ -173,9 +185,6 @@ fn mul_mat_id_routed(
             dst.write_f32_at(0, i, t, 0, zeros);
         }
     }
-    if ith == 0 {
-        exec.counter.store(0, Ordering::Relaxed);
-    }
     exec.barrier.wait();
 
     // Phase 2: chunks of each used expert. A decode step routes one column to most experts, so
@@ -210,7 +219,7 @@ fn mul_mat_id_routed(
     first_chunk.push(total);
     let tile = &mut ts.tile;
     loop {
-        let chunk = exec.counter.fetch_add(1, Ordering::Relaxed);
+        let chunk = counter.fetch_add(1, Ordering::Relaxed);
         if chunk >= total {
             break;
         }
