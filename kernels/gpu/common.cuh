@@ -27,40 +27,8 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
 
-// Element types, as the Rust side numbers them (`KernelType`).
-#define T_F32 0
-#define T_F16 1
-#define T_BF16 2
-#define T_I32 3
-#define T_Q8_0 4
-#define T_Q4_0 5
-#define T_Q4_1 6
-#define T_Q5_1 7
-#define T_Q2_K 8
-#define T_Q3_K 9
-#define T_IQ4_NL 10
-#define T_IQ4_XS 11
-#define T_MXFP4 12
-#define T_Q5_0 13
-#define T_Q4_K 14
-#define T_Q5_K 15
-#define T_Q6_K 16
-
-#define QK 32
-#define Q8_0_BYTES 34
-#define Q4_0_BYTES 18
-#define Q4_1_BYTES 20
-#define Q5_1_BYTES 24
-#define QK_K 256
-#define Q2_K_BYTES 84
-#define Q3_K_BYTES 110
-#define IQ4_NL_BYTES 18
-#define IQ4_XS_BYTES 136
-#define MXFP4_BYTES 17
-#define Q5_0_BYTES 22
-#define Q4_K_BYTES 144
-#define Q5_K_BYTES 176
-#define Q6_K_BYTES 210
+// Element type codes, block sizes, op and error codes: generated from the Rust table.
+#include "codes.cuh"
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -81,9 +49,6 @@ struct Tensor {
     int type;
     int pad;
 };
-
-// Error codes a kernel may raise in the stream's status word (see `k_*` users).
-#define ERR_INDEX 1
 
 __device__ __forceinline__ void raise_error(int* status, int code, int value) {
     if (atomicCAS(status, 0, code) == 0) {
@@ -163,7 +128,7 @@ __device__ __forceinline__ u16 f2bf(float x) {
 // inlines only the decoders its tensors can hold: with every decoder inlined into each load of an
 // unrolled loop, the OpenCL CPU compiler took tens of minutes for one program.
 #ifndef TESSERA_TYPES
-#define TESSERA_TYPES 0x1ffffu
+#define TESSERA_TYPES ((1u << T_COUNT) - 1u)
 #endif
 // Whether type code `code` is compiled in, and whether `type` is it (false at compile time when
 // it is not compiled in, so the branch it guards is dropped).

@@ -3,11 +3,6 @@
 // reads its inputs before writing its own element, so in-place use (dst aliasing a) is safe.
 #include "common.cuh"
 
-#define BIN_ADD 0
-#define BIN_SUB 1
-#define BIN_MUL 2
-#define BIN_DIV 3
-
 // dst = a (op) b, b broadcast to a's shape (each of b's lengths divides a's).
 extern "C" __global__ void k_binary(Tensor dst, Tensor a, Tensor b, int op, i64 n) {
     GRID_STRIDE(e, n) {
@@ -25,19 +20,6 @@ extern "C" __global__ void k_binary(Tensor dst, Tensor a, Tensor b, int op, i64 
         st(dst, i[0], i[1], i[2], i[3], r);
     }
 }
-
-#define MAP_SCALE 0
-#define MAP_SQR 1
-#define MAP_SQRT 2
-#define MAP_CLAMP 3
-#define MAP_SILU 4
-#define MAP_GELU 5
-#define MAP_GELU_QUICK 6
-#define MAP_RELU 7
-#define MAP_TANH 8
-#define MAP_NEG 9
-#define MAP_EXP 10
-#define MAP_SIGMOID 11
 
 __device__ __forceinline__ float silu(float x) {
     return x / (1.0f + expf(-x));
@@ -73,9 +55,6 @@ extern "C" __global__ void k_map(Tensor dst, Tensor a, int op, float p0, float p
         st(dst, i[0], i[1], i[2], i[3], map_one(op, ld(a, i[0], i[1], i[2], i[3]), p0, p1));
     }
 }
-
-#define GLU_SWIGLU 0
-#define GLU_GEGLU 1
 
 // dst = act(gate) · up. With has_b, gate is a and up is b (same shape as dst); otherwise gate and
 // up are the two halves of a's rows (swapped: the up half comes first).

@@ -3,8 +3,6 @@
 // Expert ids outside 0..n_expert raise ERR_EXPERT in the stream's status word, with the id.
 #include "common.cuh"
 
-#define ERR_EXPERT 2
-
 #define MMID_WARPS 4
 
 // MUL_MAT_ID: dst[m, n_used, T] (f32); column (i, t) = w[:, :, ids[i, t]]^T · x[:, i % n_b, t]

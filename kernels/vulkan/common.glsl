@@ -49,47 +49,12 @@ layout(local_size_x_id = 0) in;
 // The argument block's device address (the only push constant).
 layout(push_constant) uniform PC { uint64_t args; } pc;
 
-// Element types, as the Rust side numbers them (`KernelType`).
-#define T_F32 0
-#define T_F16 1
-#define T_BF16 2
-#define T_I32 3
-#define T_Q8_0 4
-#define T_Q4_0 5
-#define T_Q4_1 6
-#define T_Q5_1 7
-#define T_Q2_K 8
-#define T_Q3_K 9
-#define T_IQ4_NL 10
-#define T_IQ4_XS 11
-#define T_MXFP4 12
-#define T_Q5_0 13
-#define T_Q4_K 14
-#define T_Q5_K 15
-#define T_Q6_K 16
-
-#define QK 32
-#define Q8_0_BYTES 34
-#define Q4_0_BYTES 18
-#define Q4_1_BYTES 20
-#define Q5_1_BYTES 24
-#define QK_K 256
-#define Q2_K_BYTES 84
-#define Q3_K_BYTES 110
-#define IQ4_NL_BYTES 18
-#define IQ4_XS_BYTES 136
-#define MXFP4_BYTES 17
-#define Q5_0_BYTES 22
-#define Q4_K_BYTES 144
-#define Q5_K_BYTES 176
-#define Q6_K_BYTES 210
+// Element type codes, block sizes, op and error codes: generated from the Rust table.
+#include "codes.glsl"
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define POS_INF uintBitsToFloat(0x7f800000u)
 #define FLT_MAX_C 3.402823466e+38
-
-// Error codes a kernel may raise in the stream's status word.
-#define ERR_INDEX 1
 
 // A tensor as kernels see it: base address, ggml shape and byte strides, element type.
 // Layout mirrors the Rust `KTensor` (#[repr(C)], 80 bytes) under scalar layout.

@@ -10,8 +10,6 @@ layout(local_size_x_id = 0) in;
 
 layout(buffer_reference, scalar) readonly buffer Args { Tensor dst; Tensor a; Tensor b; Tensor ids; uint64_t status; int64_t n; };
 
-#define ERR_EXPERT 2
-
 void main() {
     Args p = Args(pc.args);
     Tensor dst = p.dst, ta = p.a, tb = p.b, ids = p.ids;

@@ -8,10 +8,6 @@
 // Specialized on the op and the argument types; where all three are dense and of one shape, the
 // flat index addresses them directly (no 64-bit division per element), two f32 per access where
 // aligned.
-#define BIN_ADD 0
-#define BIN_SUB 1
-#define BIN_MUL 2
-#define BIN_DIV 3
 
 layout(buffer_reference, scalar) readonly buffer Args { Tensor dst; Tensor a; Tensor b; int op; int64_t n; };
 

@@ -5,8 +5,6 @@
 
 // dst = act(gate) * up. With has_b, gate is a and up is b (same shape as dst); otherwise gate and
 // up are the two halves of a's rows (swapped: the up half comes first).
-#define GLU_SWIGLU 0
-#define GLU_GEGLU 1
 
 layout(buffer_reference, scalar) readonly buffer Args { Tensor dst; Tensor a; Tensor b; int has_b; int act; int swapped; int64_t n; };
 

@@ -7,18 +7,6 @@
 // dst = f(a) for SCALE (p0 * x + p1), SQR, SQRT, CLAMP (p0..p1) and the unary functions.
 // Specialized on the op and the argument types; dense tensors of one shape take the flat index
 // (two f32 per access where aligned).
-#define MAP_SCALE 0
-#define MAP_SQR 1
-#define MAP_SQRT 2
-#define MAP_CLAMP 3
-#define MAP_SILU 4
-#define MAP_GELU 5
-#define MAP_GELU_QUICK 6
-#define MAP_RELU 7
-#define MAP_TANH 8
-#define MAP_NEG 9
-#define MAP_EXP 10
-#define MAP_SIGMOID 11
 
 layout(buffer_reference, scalar) readonly buffer Args { Tensor dst; Tensor a; int op; float p0; float p1; int64_t n; };
 

@@ -19,7 +19,6 @@ layout(buffer_reference, scalar) readonly buffer Args {
     Tensor dst; Tensor w; Tensor x; Tensor ids; uint64_t status; int local; int64_t first;
 };
 
-#define ERR_EXPERT 2
 #define MMID_WARPS 4
 
 void main() {

@@ -2,6 +2,7 @@
 //! errors in ([`status_error`]; codes as `ERR_*` in the kernel sources). Stream state itself
 //! (buffers kept alive while queued) lives in the shared GPU runtime, `tessera-gpu`.
 
+use super::codes::ErrCode;
 use tessera_core::Error;
 
 /// The error in a stream's status words (`int[2]`: error code, value; see `raise_error` in
@@ -9,12 +10,16 @@ use tessera_core::Error;
 pub fn status_error(device: &str, words: [u8; 8]) -> Option<Error> {
     let code = i32::from_ne_bytes([words[0], words[1], words[2], words[3]]);
     let value = i32::from_ne_bytes([words[4], words[5], words[6], words[7]]);
-    // Codes as `ERR_*` in the kernels: 1 in common.cuh, 2 in moe.cu.
     (code != 0).then(|| Error::Compute {
         device: device.to_string(),
-        reason: match code {
-            2 => format!("MUL_MAT_ID/ADD_ID: expert id {value} is out of range"),
-            _ => format!("GET_ROWS/SET_ROWS: row index {value} is out of range"),
+        reason: match ErrCode::of(code) {
+            Some(ErrCode::Expert) => {
+                format!("MUL_MAT_ID/ADD_ID: expert id {value} is out of range")
+            }
+            Some(ErrCode::Index) => format!("GET_ROWS/SET_ROWS: row index {value} is out of range"),
+            None => format!(
+                "a kernel raised error code {code} (value {value}), which no kernel defines"
+            ),
         },
     })
 }

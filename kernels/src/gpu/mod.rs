@@ -8,12 +8,17 @@
 //! [`KERNELS`] with its source, so a backend can check that a module holds what it launches.
 
 pub mod cache;
+pub mod codes;
 pub mod host;
 pub mod plan;
 pub mod unit;
 
 /// Headers the sources include, as `(include name, text)`.
-pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../../gpu/common.cuh"))];
+/// `codes.cuh` comes first: `common.cuh` includes it, and [`assemble`] inlines them in this order.
+pub const HEADERS: &[(&str, &str)] = &[
+    ("codes.cuh", include_str!("../../gpu/codes.cuh")),
+    ("common.cuh", include_str!("../../gpu/common.cuh")),
+];
 
 /// Translation units, as `(file name, text)`.
 pub const SOURCES: &[(&str, &str)] = &[
@@ -89,20 +94,29 @@ pub fn assemble(prelude: &str, file: &str) -> Option<String> {
         out.push_str(&format!("// ----- {name}\n"));
         // `#pragma once` outside a header is a warning, and each header is inlined once anyway.
         for line in header.lines().filter(|l| l.trim() != "#pragma once") {
-            out.push_str(line);
-            out.push('\n');
+            if !includes_header(line) {
+                out.push_str(line);
+                out.push('\n');
+            }
         }
     }
     out.push_str(&format!("// ----- {file}\n"));
-    for line in text.lines() {
-        let include = line.trim_start().strip_prefix("#include \"");
-        if include.is_some_and(|rest| HEADERS.iter().any(|(h, _)| rest.starts_with(h))) {
-            continue;
-        }
+    for line in text.lines().filter(|l| !includes_header(l)) {
         out.push_str(line);
         out.push('\n');
     }
     Some(out)
+}
+
+/// Whether `line` includes one of the [`HEADERS`] (which [`assemble`] inlines instead).
+fn includes_header(line: &str) -> bool {
+    let include = line.trim_start().strip_prefix("#include \"");
+    include.is_some_and(|rest| HEADERS.iter().any(|(h, _)| rest.starts_with(h)))
+}
+
+/// The text of header `name` (one of [`HEADERS`]), if it exists.
+pub fn source_header(name: &str) -> Option<&'static str> {
+    HEADERS.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
 }
 
 /// The text of source `name`, if it exists.

@@ -3,7 +3,7 @@
 //! kernels implement, [`plan`] turns one node into a kernel name, a CUDA-style grid and block, and
 //! an argument list that mirrors the kernel's C signature one for one.
 
-use tessera_core::{DType, GluOp, Op, OpKind, RopeMode, Support, TensorDesc, TensorId, UnaryOp};
+use tessera_core::{DType, Op, OpKind, RopeMode, Support, TensorDesc, TensorId};
 
 /// One kernel argument, as the C signature takes it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -279,30 +279,8 @@ const BLOCK: u32 = 256;
 /// Upper bound of blocks for grid-stride kernels (they loop past it).
 const MAX_BLOCKS: u64 = 1 << 20;
 
-/// The kernels' element type code of `d` (`T_*` in common.cuh), or -1 for a dtype they do not
-/// read.
-pub fn type_code(d: DType) -> i32 {
-    match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        DType::I32 => 3,
-        DType::Q8_0 => 4,
-        DType::Q4_0 => 5,
-        DType::Q4_1 => 6,
-        DType::Q5_1 => 7,
-        DType::Q2_K => 8,
-        DType::Q3_K => 9,
-        DType::IQ4_NL => 10,
-        DType::IQ4_XS => 11,
-        DType::MXFP4 => 12,
-        DType::Q5_0 => 13,
-        DType::Q4_K => 14,
-        DType::Q5_K => 15,
-        DType::Q6_K => 16,
-        _ => -1,
-    }
-}
+pub use super::codes::type_code;
+use super::codes::{BinCode, GluCode, MapCode};
 
 /// Required alignment of a tensor's address and strides for the kernels' loads (MXFP4 blocks
 /// are 17 bytes, read byte by byte).
@@ -635,11 +613,11 @@ impl Planner<'_> {
         match *t.op() {
             Op::Add | Op::Sub | Op::Mul | Op::Div => {
                 let code = match t.op() {
-                    Op::Add => 0,
-                    Op::Sub => 1,
-                    Op::Mul => 2,
-                    _ => 3,
-                };
+                    Op::Add => BinCode::Add,
+                    Op::Sub => BinCode::Sub,
+                    Op::Mul => BinCode::Mul,
+                    _ => BinCode::Div,
+                } as i32;
                 args.push_bytes(&dst)
                     .push_bytes(&self.kt(self.src(node, 0)))
                     .push_bytes(&self.kt(self.src(node, 1)))
@@ -649,29 +627,16 @@ impl Planner<'_> {
             }
             Op::Scale { .. } | Op::Sqr | Op::Sqrt | Op::Clamp { .. } | Op::Unary(_) => {
                 let (code, p0, p1) = match *t.op() {
-                    Op::Scale { scale, bias } => (0, scale, bias),
-                    Op::Sqr => (1, 0.0, 0.0),
-                    Op::Sqrt => (2, 0.0, 0.0),
-                    Op::Clamp { min, max } => (3, min, max),
-                    Op::Unary(u) => (
-                        match u {
-                            UnaryOp::Silu => 4,
-                            UnaryOp::Gelu => 5,
-                            UnaryOp::GeluQuick => 6,
-                            UnaryOp::Relu => 7,
-                            UnaryOp::Tanh => 8,
-                            UnaryOp::Neg => 9,
-                            UnaryOp::Exp => 10,
-                            UnaryOp::Sigmoid => 11,
-                        },
-                        0.0,
-                        0.0,
-                    ),
+                    Op::Scale { scale, bias } => (MapCode::Scale, scale, bias),
+                    Op::Sqr => (MapCode::Sqr, 0.0, 0.0),
+                    Op::Sqrt => (MapCode::Sqrt, 0.0, 0.0),
+                    Op::Clamp { min, max } => (MapCode::Clamp, min, max),
+                    Op::Unary(u) => (MapCode::of_unary(u), 0.0, 0.0),
                     _ => unreachable!("matched above"),
                 };
                 args.push_bytes(&dst)
                     .push_bytes(&self.kt(self.src(node, 0)))
-                    .i32(code)
+                    .i32(code as i32)
                     .f32(p0)
                     .f32(p1)
                     .i64(n as i64);
@@ -684,10 +649,7 @@ impl Planner<'_> {
                     .push_bytes(&self.kt(a))
                     .push_bytes(&self.kt(b.unwrap_or(a)))
                     .i32(b.is_some() as i32)
-                    .i32(match op {
-                        GluOp::Swiglu => 0,
-                        GluOp::Geglu => 1,
-                    })
+                    .i32(GluCode::of(op) as i32)
                     .i32(swapped as i32)
                     .i64(n as i64);
                 self.go("k_glu", grid_1d(n), BLOCK, &mut args)

@@ -11,8 +11,8 @@
 use super::plan::{Arg, Launch};
 use super::{KERNELS, assemble};
 
-/// Number of element type codes (`T_F32` = 0 .. `T_Q6_K` = 16 in `common.cuh`).
-const TYPE_CODES: u32 = 17;
+/// Number of element type codes (`T_COUNT`).
+const TYPE_CODES: u32 = super::codes::TYPES.len() as u32;
 
 /// Names of the type codes, in code order (for logs and labels).
 const TYPE_NAMES: [&str; TYPE_CODES as usize] = [
@@ -229,20 +229,19 @@ mod tests {
         assert_eq!(TypeSet::from_codes([-1, 17, 40]), TypeSet::EMPTY);
     }
 
-    /// `common.cuh`'s default type set is [`TypeSet::ALL`], and every type code it defines has a
-    /// name here.
+    /// `common.cuh`'s default type set (every code below `T_COUNT`) is [`TypeSet::ALL`], and
+    /// every type code has a name here.
     #[test]
     fn all_matches_common_cuh() {
-        let common = crate::gpu::HEADERS[0].1;
-        assert!(common.contains(&format!(
-            "#define TESSERA_TYPES 0x{:x}u",
-            TypeSet::ALL.bits()
-        )));
-        let codes = common
-            .lines()
-            .filter(|l| l.starts_with("#define T_"))
-            .count();
-        assert_eq!(codes, TYPE_CODES as usize);
+        let common = crate::gpu::source_header("common.cuh").unwrap();
+        assert!(common.contains("#define TESSERA_TYPES ((1u << T_COUNT) - 1u)"));
+        let codes = crate::gpu::source_header("codes.cuh").unwrap();
+        assert!(codes.contains(&format!("#define T_COUNT {TYPE_CODES}\n")));
+        assert_eq!(TypeSet::ALL.bits(), (1 << TYPE_CODES) - 1);
+        assert_eq!(TYPE_NAMES.len(), TYPE_CODES as usize);
+        for (d, name) in super::super::codes::TYPES.iter().zip(TYPE_NAMES) {
+            assert_eq!(d.name(), name);
+        }
     }
 
     /// A one-kernel unit keeps exactly its kernel as a kernel and defines its types; a whole
