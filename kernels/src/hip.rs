@@ -1,7 +1,7 @@
 //! HIP kernel sources: the CUDA C kernels of [`crate::gpu`] compiled for AMD GPUs by hipRTC (or
 //! ahead of time by `hipcc --genco`) through `kernels/hip/compat.h`, which defines the warp macros
 //! of `common.cuh` (32-lane logical warps, correct on wave32 and wave64 GPUs). The launch plans of
-//! [`crate::gpu::plan`] apply unchanged.
+//! `tessera_gpu::plan` apply unchanged.
 
 use crate::gpu::{KERNELS, SOURCES};
 

@@ -2,7 +2,7 @@
 //! kernels through `kernels/sycl/compat.hpp`, which maps the CUDA built-ins (thread and block
 //! indices, barriers, warp shuffles on 32-wide sub-groups, block-shared arrays, math) to SYCL.
 //! One kernel source therefore serves CUDA, HIP and SYCL, and the launch plans of
-//! [`crate::gpu::plan`] apply unchanged (a CUDA grid of blocks becomes an `nd_range<3>` with x
+//! `tessera_gpu::plan` apply unchanged (a CUDA grid of blocks becomes an `nd_range<3>` with x
 //! as the fastest dimension).
 
 use crate::gpu::unit::Unit;

@@ -25,7 +25,7 @@ use tessera_core::comm::{
     CommCall, RawCommSlice, comm_allreduce_with, comm_free_with, comm_init_with,
 };
 use tessera_core::{Backend, Buffer, ProcAddress, Result};
-use tessera_kernels::gpu::plan::{Arg, Launch};
+use tessera_kernels::gpu::launch::{Arg, Launch};
 
 /// Whether `n_elements` values over `n_devices` GPUs go over the wire as f32 (else bf16): the
 /// thresholds ggml-cuda tuned on PCIe 4.0.

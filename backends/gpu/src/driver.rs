@@ -14,7 +14,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 use tessera_core::{DeviceType, Error, Result};
-use tessera_kernels::gpu::plan::Launch;
+use tessera_kernels::gpu::launch::Launch;
 use tessera_kernels::gpu::unit::Unit;
 
 /// Alignment of tensor offsets in GPU buffers (the allocation granularity for fast loads, as

@@ -9,7 +9,7 @@
 //!   [`HostBuffer`] (pinned host memory, where the driver has it): the core `Device`,
 //!   `BufferType` and `Buffer` traits.
 //! - [`GpuStream`] and [`GpuEvent`]: the core `Backend` (a driver stream: graphs launched from
-//!   the plans of `tessera_kernels::gpu::plan`, in-flight batches, status words, async, peer and
+//!   the plans of [`plan`], in-flight batches, status words, async, peer and
 //!   staged copies) and events with cross-stream waits. A stream keeps what it planned for a
 //!   graph as a [`program`] and reuses it (recorded and replayed where the driver records:
 //!   CUDA graphs); [`profile`] times where its work goes (`TESSERA_GPU_PROFILE=1`).
@@ -33,6 +33,7 @@ pub mod comm_host;
 mod device;
 mod driver;
 mod inflight;
+pub mod plan;
 pub mod profile;
 pub mod program;
 mod registry;
@@ -57,7 +58,7 @@ pub use tessera_kernels::gpu::unit::{TypeSet, Unit};
 pub mod __private {
     pub use std::sync::Arc;
     pub use tessera_core::Result;
-    pub use tessera_kernels::gpu::plan::{ArgSlots, Launch};
+    pub use tessera_kernels::gpu::launch::{ArgSlots, Launch};
 }
 
 /// Finding and opening vendor libraries at run time.

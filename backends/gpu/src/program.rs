@@ -12,10 +12,11 @@
 #![allow(unsafe_code)]
 
 use crate::driver::Driver;
+use crate::plan::StreamMem;
 use std::any::Any;
 use std::sync::{Arc, Weak};
 use tessera_core::{Buffer, Graph, TensorId};
-use tessera_kernels::gpu::plan::{Launch, StreamMem};
+use tessera_kernels::gpu::launch::Launch;
 
 /// The environment variable that turns recording and replay off (`0`), for comparisons.
 pub const REPLAY_ENV: &str = "TESSERA_GPU_REPLAY";

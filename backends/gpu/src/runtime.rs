@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tessera_core::{Error, Result};
-use tessera_kernels::gpu::plan::Launch;
+use tessera_kernels::gpu::launch::Launch;
 use tessera_kernels::gpu::unit::{TypeSet, Unit};
 use tessera_kernels::gpu::{KERNELS, SOURCES};
 

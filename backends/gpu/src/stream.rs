@@ -1,5 +1,5 @@
 //! [`GpuStream`]: a GPU stream as a `Backend`. `compute` validates and resolves a graph
-//! (`tessera_kernels::gpu::plan`), then queues one or a few kernels per node and returns;
+//! (`crate::plan`), then queues one or a few kernels per node and returns;
 //! `synchronize` waits and reports run-time errors (kernels write index errors into a per-stream
 //! status word). Buffers a queued graph or copy uses are kept alive until an event recorded
 //! after it completes ([`InFlight`]).
@@ -8,6 +8,7 @@
 use crate::buffer::{GpuBuffer, HostBuffer};
 use crate::driver::Driver;
 use crate::inflight::InFlight;
+use crate::plan::{self, StreamMem};
 use crate::profile::{Phase, Profile, timed};
 use crate::program::{ProgramStats, Programs};
 use crate::runtime::{GpuContext, Kernels};
@@ -17,7 +18,6 @@ use tessera_core::TensorId;
 use tessera_core::backend::{EventImpl, copy_between};
 use tessera_core::{Backend, Bindings, Buffer, Error, Event, Graph, Result};
 use tessera_kernels::gpu::host::status_error;
-use tessera_kernels::gpu::plan::{self, StreamMem};
 
 /// Whether `gpu` runs node `node`: the plan supports it and the driver has the kernel it plans
 /// ([`Driver::has_kernel`]).
@@ -60,7 +60,11 @@ fn fuse_on() -> bool {
 }
 
 /// A program's launches: node, kernel and launch, in order.
-type Launches<D> = Vec<(TensorId, <D as Driver>::Function, plan::Launch)>;
+type Launches<D> = Vec<(
+    TensorId,
+    <D as Driver>::Function,
+    tessera_kernels::gpu::launch::Launch,
+)>;
 
 /// A GPU event: completes when the stream work before it has.
 #[derive(Debug)]

@@ -18,7 +18,7 @@ use tessera_gpu::{
     Driver, GpuBuffer, GpuRegistry, GpuStream, NoPinned, RegistryDriver, Runtime, Unit,
     validate_slices,
 };
-use tessera_kernels::gpu::plan::Launch;
+use tessera_kernels::gpu::launch::Launch;
 
 #[derive(Debug)]
 struct Gpu {

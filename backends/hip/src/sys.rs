@@ -646,7 +646,7 @@ impl Stream {
         f: Function,
         grid: (u32, u32, u32),
         block: u32,
-        args: &mut tessera_kernels::gpu::plan::ArgSlots,
+        args: &mut tessera_kernels::gpu::launch::ArgSlots,
     ) -> Result<()> {
         self.gpu.bind()?;
         let mut ptrs = args.pointers();

@@ -24,7 +24,7 @@ use tessera_core::comm::{
 };
 use tessera_core::{Backend, ProcAddress, Result};
 use tessera_gpu::{Driver, GpuStream, InFlight, Kernels, validate_slices};
-use tessera_kernels::gpu::plan::{Arg, Launch};
+use tessera_kernels::gpu::launch::{Arg, Launch};
 
 /// Element count from which values cross as bf16 (as ggml-cuda for two devices).
 pub const F32_WIRE_BELOW: usize = 32768;

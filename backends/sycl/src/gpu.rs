@@ -9,7 +9,7 @@ use crate::sys::{DeviceMem, Kernel, LaunchArg, Program, Queue, RawEvent};
 use std::sync::Arc;
 use tessera_core::{DeviceType, Error, Result};
 use tessera_gpu::{Driver, NoPinned, Unit};
-use tessera_kernels::gpu::plan::{Arg, Launch};
+use tessera_kernels::gpu::launch::{Arg, Launch};
 
 /// Alignment of tensor offsets in SYCL buffers.
 pub const SYCL_ALIGNMENT: usize = 128;

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use tessera_core::{DeviceType, Error, Result};
 use tessera_gpu::{Driver, PinnedMem, Unit};
-use tessera_kernels::gpu::plan::Launch;
+use tessera_kernels::gpu::launch::Launch;
 
 /// The Vulkan API, as the shared GPU runtime drives it.
 #[derive(Debug, Default)]

@@ -8,7 +8,8 @@
 //! which the driver picks per device type ([`geometry`]).
 
 use tessera_core::DType;
-use tessera_kernels::gpu::plan::{Arg, Launch, type_code};
+use tessera_kernels::gpu::codes::type_code;
+use tessera_kernels::gpu::launch::{Arg, Launch};
 
 /// Tensor arguments whose type and layout are specialization constants.
 pub(crate) const SPEC_TENSORS: usize = 4;

@@ -16,7 +16,7 @@ use std::ffi::c_char;
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use tessera_core::{Error, Result};
-use tessera_kernels::gpu::plan::{Arg, Launch};
+use tessera_kernels::gpu::launch::{Arg, Launch};
 
 /// Bytes per argument chunk of a stream's argument ring.
 const CHUNK: usize = 64 * 1024;

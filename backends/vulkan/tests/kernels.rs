@@ -11,7 +11,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
 use tessera_core::DType;
 use tessera_gpu::{Driver, GpuContext};
-use tessera_kernels::gpu::plan::{Arg, Launch};
+use tessera_kernels::gpu::launch::{Arg, Launch};
 use tessera_tests::reference::{decode, encode, round_to_q8_0, rounds_activations_to_q8};
 use tessera_vulkan::{Vulkan, VulkanRegistry};
 
@@ -734,7 +734,7 @@ fn gemv_shapes() -> TrialResult {
     // Every weight type the kernels take.
     let weights = DType::ALL
         .into_iter()
-        .filter(|&d| d != DType::I32 && tessera_kernels::gpu::plan::type_code(d) >= 0);
+        .filter(|&d| d != DType::I32 && tessera_kernels::gpu::codes::type_code(d) >= 0);
     for dtype in weights {
         let bytes = rr(encode(dtype, &w))?;
         let deq = rr(decode(dtype, &bytes, m * k))?;

@@ -17,7 +17,7 @@ use tessera_core::{Backend, BackendOptions, Buffer, Device, DeviceType, ProcAddr
 use tessera_gpu::comm_host::{self, HostWire};
 use tessera_gpu::{Driver, GpuContext};
 use tessera_kernels::gpu::KERNELS;
-use tessera_kernels::gpu::plan::{Arg, Launch};
+use tessera_kernels::gpu::launch::{Arg, Launch};
 use tessera_vulkan::{Vulkan, VulkanRegistry};
 
 type TrialResult = Result<(), Failed>;

@@ -66,8 +66,7 @@ pub(crate) fn quantize_q8_block(x: &[f32], qs: &mut [u8], simd: bool) -> (f32, i
     if simd {
         // SAFETY: AVX2 is available (caller); 32 values in and 32 bytes out (asserted above).
         #[allow(unsafe_code)]
-        if let Some(r) = unsafe { super::x86::avx2::quantize_q8_block(x.as_ptr(), qs.as_mut_ptr()) }
-        {
+        if let Some(r) = unsafe { quantize_q8_block_avx2(x.as_ptr(), qs.as_mut_ptr()) } {
             return r;
         }
     }
@@ -93,6 +92,83 @@ pub(crate) fn quantize_q8_block_scalar(x: &[f32], qs: &mut [u8]) -> (f32, i32) {
         *q = i as u8;
     }
     (d, sum)
+}
+
+/// One Q8_0 / Q8_1 block of 32 values as ggml's reference quantizer computes it (the quants to
+/// `qs`, and the unrounded scale and the sum of the quants returned), or `None` when the block
+/// holds a NaN or an infinity, whose results only the scalar loop reproduces.
+///
+/// Rounding is half away from zero like `roundf`: `t + copysign(0.49999997, t)` truncated equals
+/// `roundf(t)` for every float of magnitude up to 130 (checked over all of them), and the
+/// quantized values are at most 127.
+///
+/// # Safety
+/// AVX2 must be available; `x` must be valid for 32 reads and `qs` for 32 writes.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_q8_block_avx2(x: *const f32, qs: *mut u8) -> Option<(f32, i32)> {
+    use std::arch::x86_64::*;
+    // SAFETY: 32 floats readable (caller).
+    let v = unsafe {
+        [
+            _mm256_loadu_ps(x),
+            _mm256_loadu_ps(x.add(8)),
+            _mm256_loadu_ps(x.add(16)),
+            _mm256_loadu_ps(x.add(24)),
+        ]
+    };
+    let nan = _mm256_or_ps(
+        _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(v[0], v[0]),
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(v[1], v[1]),
+        ),
+        _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(v[2], v[2]),
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(v[3], v[3]),
+        ),
+    );
+    if _mm256_movemask_ps(nan) != 0 {
+        return None;
+    }
+    let sign = _mm256_set1_ps(-0.0);
+    let abs = |a: __m256| _mm256_andnot_ps(sign, a);
+    let m = _mm256_max_ps(
+        _mm256_max_ps(abs(v[0]), abs(v[1])),
+        _mm256_max_ps(abs(v[2]), abs(v[3])),
+    );
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    let amax = _mm_cvtss_f32(m);
+    if amax.is_infinite() {
+        // The scalar loop's 0 × inf is NaN, which its cast turns into 0; the truncation here
+        // would give -128.
+        return None;
+    }
+    let d = amax / 127.0;
+    let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+    let half = _mm256_set1_ps(0.49999997);
+    let q = v.map(|a| {
+        let t = _mm256_mul_ps(a, id);
+        let r = _mm256_add_ps(t, _mm256_or_ps(half, _mm256_and_ps(t, sign)));
+        _mm256_cvttps_epi32(r)
+    });
+    let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    let s = _mm_add_epi32(
+        _mm256_castsi256_si128(sum),
+        _mm256_extracti128_si256::<1>(sum),
+    );
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    // packs work within 128-bit lanes: the permutation puts the 32 bytes back in order.
+    let w01 = _mm256_packs_epi32(q[0], q[1]);
+    let w23 = _mm256_packs_epi32(q[2], q[3]);
+    let b = _mm256_packs_epi16(w01, w23);
+    let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // SAFETY: 32 bytes writable (caller).
+    unsafe { _mm256_storeu_si256(qs as *mut __m256i, b) };
+    Some((d, _mm_cvtsi128_si32(s)))
 }
 
 /// Whether [`quantize_q8_block`] may take its SIMD path on this CPU.

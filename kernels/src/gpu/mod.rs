@@ -10,7 +10,7 @@
 pub mod cache;
 pub mod codes;
 pub mod host;
-pub mod plan;
+pub mod launch;
 pub mod unit;
 
 /// Headers the sources include, as `(include name, text)`.

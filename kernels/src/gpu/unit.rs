@@ -8,7 +8,7 @@
 //! `TESSERA_TYPES` so that `common.cuh` compiles in only the decoders of the launch's tensors.
 //! Knowing the types at compile time is also what lets a compiler specialise a kernel for speed.
 
-use super::plan::{Arg, Launch};
+use super::launch::{Arg, Launch};
 use super::{KERNELS, assemble};
 
 /// Number of element type codes (`T_COUNT`).
@@ -43,7 +43,7 @@ impl TypeSet {
     /// The types of the tensors `launch` passes: everything its kernel can load or store.
     pub fn of_launch(launch: &Launch) -> TypeSet {
         TypeSet::from_codes(launch.args.iter().filter_map(|a| match a {
-            // `struct Tensor`'s `type` field (offset 72, see `plan::ktensor`).
+            // `struct Tensor`'s `type` field (offset 72, see `launch::tensor_arg`).
             Arg::Tensor(b) => Some(i32::from_ne_bytes([b[72], b[73], b[74], b[75]])),
             _ => None,
         }))
@@ -176,30 +176,24 @@ mod tests {
     use super::*;
     use crate::gpu::SOURCES;
 
-    /// The type set of planned launches: a K-quant GEMV reads its weights and activations and
-    /// writes f32; a copy converts f16 to bf16; the comm kernels take pointers only.
+    /// The comm kernels take pointers only: no types. (Planned launches: `tessera_gpu::plan`'s
+    /// tests.)
     #[test]
-    fn type_sets_of_planned_launches() {
-        use tessera_core::{Context, DType};
-        let mut ctx = Context::new();
-        let w = ctx.new_tensor(DType::Q4_K, [256, 8]).unwrap();
-        let x = ctx.new_tensor(DType::F16, [256, 1]).unwrap();
-        let y = ctx.mul_mat(w, x).unwrap();
-        let h = ctx.new_tensor(DType::F16, [16, 3]).unwrap();
-        let b = ctx.cast(h, DType::BF16).unwrap();
-        let ts = ctx.tensors();
-        let ptrs = vec![0x1000; ts.len()];
-        let mem = crate::gpu::plan::StreamMem {
-            status: 0x40,
-            ..Default::default()
+    fn type_sets_of_launches() {
+        let t = |code: i32| {
+            let mut b = [0u8; 80];
+            b[72..76].copy_from_slice(&code.to_ne_bytes());
+            Arg::Tensor(b)
         };
-        let l = crate::gpu::plan::plan(ts, &ptrs, mem, y).launches.remove(0);
-        assert_eq!(l.kernel, "k_mul_mat_vec_q");
-        assert_eq!(TypeSet::of_launch(&l).to_string(), "f32,f16,q4_K");
-        let u = Unit::launch(&l).unwrap();
+        let gemv = Launch {
+            kernel: "k_mul_mat_vec_q",
+            grid: (1, 1, 1),
+            block: 128,
+            args: vec![t(0), t(14), t(1), Arg::I64(3)],
+        };
+        assert_eq!(TypeSet::of_launch(&gemv).to_string(), "f32,f16,q4_K");
+        let u = Unit::launch(&gemv).unwrap();
         assert_eq!(u.label(), "matmul.cu:k_mul_mat_vec_q[f32,f16,q4_K]");
-        let l = crate::gpu::plan::plan(ts, &ptrs, mem, b).launches.remove(0);
-        assert_eq!(TypeSet::of_launch(&l).to_string(), "f16,bf16");
         let comm = Launch {
             kernel: "k_add_f32",
             grid: (1, 1, 1),
@@ -217,7 +211,7 @@ mod tests {
     fn type_names_match_the_plan_codes() {
         let mut seen = TypeSet::EMPTY;
         for d in tessera_core::DType::ALL {
-            let code = crate::gpu::plan::type_code(d);
+            let code = crate::gpu::codes::type_code(d);
             if code < 0 {
                 continue;
             }
