@@ -119,6 +119,25 @@ impl Driver for HipDriver {
     fn load_module(&self, gpu: &Arc<Gpu>, unit: &Unit) -> Result<Module> {
         compile::load_module(gpu, unit.file)
     }
+    // Replay through hipGraph, as CUDA's through CUDA graphs (the runtime's capture API mirrors
+    // CUDA's); a runtime without it launches node by node.
+    fn record_begin(stream: &Stream) -> Result<bool> {
+        if !stream.can_record() {
+            return Ok(false);
+        }
+        stream.begin_capture().map(|()| true)
+    }
+    fn record_end(stream: &Stream) -> Result<Box<dyn std::any::Any + Send + Sync>> {
+        Ok(Box::new(stream.end_capture()?))
+    }
+    fn replay(stream: &Stream, recorded: &(dyn std::any::Any + Send + Sync)) -> Result<()> {
+        match recorded.downcast_ref::<crate::sys::GraphExec>() {
+            Some(g) => stream.launch_graph(g),
+            None => Err(tessera_core::Error::InvalidArgument(
+                "hip: a recording of another backend".into(),
+            )),
+        }
+    }
 }
 
 impl RegistryDriver for HipDriver {

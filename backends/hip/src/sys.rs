@@ -87,9 +87,25 @@ struct Runtime {
     ) -> Status,
 }
 
+/// Stream capture into graphs (hip_runtime_api.h, HIP 4.3 and later), for replaying programs.
+struct GraphApi {
+    begin_capture: unsafe extern "C" fn(Raw, c_int) -> Status,
+    end_capture: unsafe extern "C" fn(Raw, *mut Raw) -> Status,
+    instantiate: unsafe extern "C" fn(*mut Raw, Raw, *mut Raw, *mut c_char, usize) -> Status,
+    launch: unsafe extern "C" fn(Raw, Raw) -> Status,
+    exec_destroy: unsafe extern "C" fn(Raw) -> Status,
+    destroy: unsafe extern "C" fn(Raw) -> Status,
+}
+
+/// `hipStreamCaptureModeThreadLocal`: another thread's unrelated calls neither join nor break a
+/// recording.
+const CAPTURE_THREAD_LOCAL: c_int = 1;
+
 /// The loaded HIP runtime (and hipRTC, when found).
 pub struct Hip {
     rt: Runtime,
+    /// Stream capture and graphs, or why the runtime has none (programs then launch node by node).
+    graph: std::result::Result<GraphApi, String>,
     rtc: std::result::Result<Rtc, String>,
     /// hipRTC of ROCm 5.2 crashes when two programs compile at once: one compile at a time.
     rtc_lock: std::sync::Mutex<()>,
@@ -124,6 +140,17 @@ macro_rules! sym {
         *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }
             .map_err(|e| format!("{}: missing {}: {e}", $path.display(), $name))?
     };
+}
+
+fn load_graph_api(lib: &libloading::Library, path: &Path) -> std::result::Result<GraphApi, String> {
+    Ok(GraphApi {
+        begin_capture: sym!(lib, path, "hipStreamBeginCapture"),
+        end_capture: sym!(lib, path, "hipStreamEndCapture"),
+        instantiate: sym!(lib, path, "hipGraphInstantiate"),
+        launch: sym!(lib, path, "hipGraphLaunch"),
+        exec_destroy: sym!(lib, path, "hipGraphExecDestroy"),
+        destroy: sym!(lib, path, "hipGraphDestroy"),
+    })
 }
 
 fn load_runtime(lib: &libloading::Library, path: &Path) -> std::result::Result<Runtime, String> {
@@ -172,6 +199,7 @@ impl Hip {
         let (lib, path) = tessera_gpu::loader::open_first(&candidates(AMDHIP_PATH_ENV, &names))
             .map_err(|e| format!("HIP runtime not found (set {AMDHIP_PATH_ENV}): {e}"))?;
         let rt = load_runtime(&lib, &path)?;
+        let graph = load_graph_api(&lib, &path);
         // ROCm 5 has hipRTC inside the runtime library (opened again: one more reference);
         // ROCm 6 ships it as its own library.
         let load_rtc = |(lib, path)| {
@@ -193,6 +221,7 @@ impl Hip {
         tracing::debug!(path = %path.display(), hiprtc = rtc.is_ok(), "HIP runtime loaded");
         Ok(Hip {
             rt,
+            graph,
             rtc,
             rtc_lock: std::sync::Mutex::new(()),
             path,
@@ -203,6 +232,15 @@ impl Hip {
     /// The file the runtime was loaded from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether streams can record their work into graphs and replay them (the runtime exports
+    /// hipStreamBeginCapture, hipGraphInstantiate and the rest), or the reason they cannot.
+    ///
+    /// # Errors
+    /// The missing entry point.
+    pub fn graphs(&self) -> std::result::Result<(), &str> {
+        self.graph.as_ref().map(|_| ()).map_err(String::as_str)
     }
 
     fn check(&self, call: &str, rc: Status) -> Result<()> {
@@ -668,6 +706,103 @@ impl Stream {
             )
         };
         self.gpu.hip.check("hipModuleLaunchKernel", rc)
+    }
+}
+
+impl Stream {
+    fn graph_api(&self) -> Result<&'static GraphApi> {
+        self.gpu
+            .hip
+            .graph
+            .as_ref()
+            .map_err(|e| unavailable(e.clone()))
+    }
+
+    /// Whether this stream's runtime records graphs.
+    pub(crate) fn can_record(&self) -> bool {
+        self.gpu.hip.graph.is_ok()
+    }
+
+    /// Starts recording this stream's work into a graph (nothing queued while recording runs
+    /// until the graph is launched).
+    pub(crate) fn begin_capture(&self) -> Result<()> {
+        let api = self.graph_api()?;
+        self.gpu.bind()?;
+        // SAFETY: live stream; the mode is a hipStreamCaptureMode value.
+        self.gpu.hip.check("hipStreamBeginCapture", unsafe {
+            (api.begin_capture)(self.raw, CAPTURE_THREAD_LOCAL)
+        })
+    }
+
+    /// Ends the recording and instantiates it.
+    pub(crate) fn end_capture(&self) -> Result<GraphExec> {
+        let api = self.graph_api()?;
+        // End the capture even if binding fails: a stream left capturing would record, not run,
+        // what comes next.
+        let bound = self.gpu.bind();
+        let mut graph: Raw = std::ptr::null_mut();
+        // SAFETY: live stream, recording (begin_capture succeeded); valid out-pointer.
+        self.gpu.hip.check("hipStreamEndCapture", unsafe {
+            (api.end_capture)(self.raw, &mut graph)
+        })?;
+        bound?;
+        let mut exec: Raw = std::ptr::null_mut();
+        // SAFETY: `graph` was just made by the runtime; valid out-pointer; no error node or log.
+        let rc = unsafe {
+            (api.instantiate)(
+                &mut exec,
+                graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        if let Err(e) = self.gpu.hip.check("hipGraphInstantiate", rc) {
+            // SAFETY: made above, destroyed once.
+            let _ = unsafe { (api.destroy)(graph) };
+            return Err(e);
+        }
+        Ok(GraphExec {
+            gpu: self.gpu.clone(),
+            graph,
+            exec,
+        })
+    }
+
+    /// Queues a recorded graph.
+    pub(crate) fn launch_graph(&self, g: &GraphExec) -> Result<()> {
+        let api = self.graph_api()?;
+        self.gpu.bind()?;
+        // SAFETY: stream and graph are alive; the graph's kernels were checked when recorded.
+        self.gpu
+            .hip
+            .check("hipGraphLaunch", unsafe { (api.launch)(g.exec, self.raw) })
+    }
+}
+
+/// A recorded and instantiated HIP graph, destroyed on drop.
+#[derive(Debug)]
+pub struct GraphExec {
+    gpu: Arc<Gpu>,
+    graph: Raw,
+    exec: Raw,
+}
+
+// SAFETY: an executable graph may be launched from any thread; launches are serialized by the
+// streams they go to.
+unsafe impl Send for GraphExec {}
+// SAFETY: as for Send.
+unsafe impl Sync for GraphExec {}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        if let (Ok(api), Ok(())) = (self.gpu.hip.graph.as_ref(), self.gpu.bind()) {
+            // SAFETY: made by end_capture, destroyed once; launched work still completes.
+            unsafe {
+                let _ = (api.exec_destroy)(self.exec);
+                let _ = (api.destroy)(self.graph);
+            }
+        }
     }
 }
 

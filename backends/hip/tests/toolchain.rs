@@ -7,7 +7,8 @@
 //! - compiled code objects are cached on disk (cold and cached timings are printed);
 //! - the bundles embedded at build time by `hipcc --genco` (when hipcc was present) hold a code
 //!   object per target with every kernel;
-//! - RCCL, when absent (Debian 12 has none), is an error naming it, not a panic.
+//! - RCCL, when absent (Debian 12 has none), is an error naming it, not a panic;
+//! - the runtime exports the stream-capture and graph entry points programs replay through.
 //!
 //! gfx1100 is never compiled on ROCm 5.2 (its hipRTC aborts the process): the backend refuses it
 //! before calling hipRTC, which a trial checks.
@@ -241,6 +242,11 @@ fn main() {
                 hip.path().display()
             );
             trials.push(no_device_trial(hip));
+            // Programs replay through hipGraph: every runtime CI or users have (4.3 and later)
+            // exports its capture API, and a missing entry point would silently turn replay off.
+            trials.push(Trial::test("hip/graph_capture_api", move || {
+                hip.graphs().map_err(|e| Failed::from(e.to_string()))
+            }));
             match hip.rtc_version() {
                 Ok(_) => {
                     trials.extend(names().map(|(f, a)| compile_trial(hip, f, a)));
@@ -256,6 +262,7 @@ fn main() {
         }
         Err(reason) => {
             trials.push(missing("hip/device_count_or_reason".into(), &reason));
+            trials.push(missing("hip/graph_capture_api".into(), &reason));
             trials.extend(names().map(|(f, a)| missing(format!("hiprtc/{f}/{a}"), &reason)));
             // Without ROCm the registry must still answer, with a reason.
             trials.push(Trial::test("hip/no_runtime_reason", || {
