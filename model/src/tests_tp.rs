@@ -298,11 +298,11 @@ fn sycl_devices_match_single_cpu_device() {
     }
 }
 
-/// 32 tokens one at a time from position 0 on `spec` (one `KV_PAD` span), each token's logits
-/// against one CPU device (NMSE 1e-6); returns what the device's GPU stream (`S`) did with the
-/// step graph, which the session must have planned once.
-#[cfg(any(feature = "sycl", feature = "cuda"))]
-fn gpu_decode_loop<S: std::any::Any, R>(spec: &str, stats: impl Fn(&S) -> R) -> R {
+/// `tokens` tokens (at most 256) one at a time from position 0 on `spec` (one `KV_PAD` span),
+/// each token's logits against one CPU device (NMSE 1e-6); returns what the device's GPU stream
+/// (`S`) did with the step graph, which the session must have planned once.
+#[cfg(any(feature = "sycl", feature = "cuda", feature = "vulkan"))]
+fn gpu_decode_loop<S: std::any::Any, R>(spec: &str, tokens: i32, stats: impl Fn(&S) -> R) -> R {
     let model = LlamaModel::new(config(DType::F32), SEED).unwrap();
     let open = |spec: &str| {
         let devs = registry().select(spec).unwrap();
@@ -310,7 +310,7 @@ fn gpu_decode_loop<S: std::any::Any, R>(spec: &str, stats: impl Fn(&S) -> R) -> 
         Session::on_devices(&model, &devs, &ld, SchedOptions::default()).unwrap()
     };
     let (mut gpu, mut cpu) = (open(spec), open("cpu:1"));
-    for i in 0..32 {
+    for i in 0..tokens {
         let tok = [(i * 7 + 3) % model.config().n_vocab as i32];
         let (g, c) = (gpu.eval(&tok).unwrap(), cpu.eval(&tok).unwrap());
         let e = nmse(&g, &c);
@@ -335,7 +335,7 @@ fn sycl_decode_loop_plans_its_program_once() {
     if !sycl_present() {
         return;
     }
-    let st = gpu_decode_loop("SYCL0", tessera::sycl::SyclBackend::program_stats);
+    let st = gpu_decode_loop("SYCL0", 32, tessera::sycl::SyclBackend::program_stats);
     assert_eq!((st.planned, st.reused), (1, 31), "{st:?}");
     // SYCL cannot record: every token launched its nodes (CUDA replays them instead).
     assert_eq!((st.recorded, st.replayed), (0, 0), "{st:?}");
@@ -354,10 +354,31 @@ fn cuda_decode_loop_records_and_replays_its_program() {
         eprintln!("skipped: no CUDA devices: {why}");
         return;
     }
-    let st = gpu_decode_loop("CUDA0", tessera::cuda::CudaBackend::program_stats);
+    let st = gpu_decode_loop("CUDA0", 32, tessera::cuda::CudaBackend::program_stats);
     assert_eq!((st.planned, st.reused), (1, 31), "{st:?}");
     // Run 1 launches each node, run 2 records and replays, runs 3 to 32 replay.
     assert_eq!((st.recorded, st.replayed), (1, 31), "{st:?}");
+}
+
+/// Vulkan records a program's launches into a command buffer of their own on its second run
+/// and resubmits that buffer for the rest; every token's logits still match the CPU's (the
+/// per-token inputs are buffer contents the recorded kernels read when they run). Without a
+/// Vulkan device it prints why and returns, unless `TESSERA_REQUIRE=vulkan` (CI) makes that a
+/// failure.
+#[cfg(feature = "vulkan")]
+#[test]
+fn vulkan_decode_loop_records_and_replays_its_program() {
+    if let Some(why) = tessera::vulkan::VulkanRegistry::new().reason() {
+        let required = std::env::var("TESSERA_REQUIRE")
+            .is_ok_and(|v| v.split(',').any(|b| b.trim() == "vulkan"));
+        assert!(!required, "TESSERA_REQUIRE=vulkan: {why}");
+        eprintln!("skipped: no Vulkan devices: {why}");
+        return;
+    }
+    // Five tokens: lavapipe is slow, and the third run on is all replays.
+    let st = gpu_decode_loop("VK0", 5, tessera::vulkan::VulkanBackend::program_stats);
+    assert_eq!((st.planned, st.reused), (1, 4), "{st:?}");
+    assert_eq!((st.recorded, st.replayed), (1, 4), "{st:?}");
 }
 
 #[test]

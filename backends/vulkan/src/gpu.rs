@@ -513,6 +513,22 @@ impl Driver for Vulkan {
         // SAFETY: the caller's contract (`Driver::launch`) is `StreamShared::launch`'s.
         unsafe { s.s.launch(k, launch) }
     }
+    // A program's launches recorded once into a command buffer of their own, resubmitted by
+    // every replay: no argument packing, pipeline lookup or command recording per run.
+    fn record_begin(s: &VkStream) -> Result<bool> {
+        s.s.record_begin().map(|()| true)
+    }
+    fn record_end(s: &VkStream) -> Result<Box<dyn std::any::Any + Send + Sync>> {
+        Ok(Box::new(s.s.record_end()?))
+    }
+    fn replay(s: &VkStream, recorded: &(dyn std::any::Any + Send + Sync)) -> Result<()> {
+        match recorded.downcast_ref::<crate::sys::Recorded>() {
+            Some(r) => s.s.replay(r),
+            None => Err(tessera_core::Error::InvalidArgument(
+                "vulkan: a recording of another backend".into(),
+            )),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -830,6 +830,37 @@ impl VkEvent {
 pub(crate) enum Keep {
     Buf(RawBuf),
     Kernel(Arc<Kernel>),
+    /// A recording being replayed: its command buffer, argument blocks and kernels.
+    Recorded(Arc<RecordedInner>),
+}
+
+/// A program's launches recorded once into a command buffer of their own (between
+/// `record_begin` and `record_end`) and submitted again by each replay. It owns the argument
+/// blocks and kernels its commands use; each submit holds it until the submit completes.
+#[derive(Debug)]
+pub struct Recorded(Arc<RecordedInner>);
+
+#[derive(Debug)]
+pub(crate) struct RecordedInner {
+    cb: vk::CommandBuffer,
+    _keep: Vec<Keep>,
+    _chunks: Vec<RawBuf>,
+    /// The recording stream's command buffers to recycle: this one goes back there on drop.
+    orphans: Arc<Mutex<Vec<vk::CommandBuffer>>>,
+}
+
+// SAFETY: the command buffer is only submitted (under the recording stream's lock) and handed
+// back to that stream on drop; the pool it belongs to is only touched under that lock.
+unsafe impl Send for RecordedInner {}
+// SAFETY: as for Send.
+unsafe impl Sync for RecordedInner {}
+
+impl Drop for RecordedInner {
+    fn drop(&mut self) {
+        // No submit of it is pending (each holds an Arc until it completes). The stream resets
+        // and reuses it under its own lock (this may run while that lock is held).
+        self.orphans.lock().push(self.cb);
+    }
 }
 
 /// A command buffer being recorded or in flight, and what its commands use.
@@ -853,6 +884,8 @@ struct StreamState {
     running: VecDeque<(u64, Batch)>,
     free_cbs: Vec<vk::CommandBuffer>,
     free_chunks: Vec<RawBuf>,
+    /// The launches being recorded (`record_begin`), apart from the open batch.
+    recording: Option<Batch>,
 }
 
 /// A stream: work recorded into command buffers, submitted to the device's queue in order, each
@@ -863,6 +896,8 @@ pub(crate) struct StreamShared {
     pub(crate) device: String,
     pub(crate) tl: Arc<Timeline>,
     st: Mutex<StreamState>,
+    /// Command buffers of dropped recordings, to reset and reuse.
+    orphans: Arc<Mutex<Vec<vk::CommandBuffer>>>,
 }
 
 // SAFETY: the command pool and its buffers are only touched under `st`'s mutex.
@@ -880,6 +915,7 @@ impl Drop for StreamShared {
         let st = self.st.get_mut();
         st.running.clear();
         st.open = None;
+        st.recording = None;
         // SAFETY: every submit of the pool's command buffers has completed (waited above, or the
         // device is lost and nothing runs); destroying the pool frees them.
         unsafe { self.dev.raw.destroy_command_pool(st.pool, None) };
@@ -938,7 +974,9 @@ impl StreamShared {
                 running: VecDeque::new(),
                 free_cbs: Vec::new(),
                 free_chunks: Vec::new(),
+                recording: None,
             }),
+            orphans: Arc::new(Mutex::new(Vec::new())),
         });
         if register {
             let mut all = dev.streams.lock();
@@ -958,40 +996,66 @@ impl StreamShared {
             let Some((_, b)) = st.running.pop_front() else {
                 break;
             };
-            // SAFETY: the submit that used `b.cb` has completed; the pool allows resets.
-            unsafe {
-                self.dev
-                    .raw
-                    .reset_command_buffer(b.cb, vk::CommandBufferResetFlags::empty())
+            // A replay's entry has no command buffer of its own (its recording keeps one).
+            if b.cb != vk::CommandBuffer::null() {
+                // SAFETY: the submit that used `b.cb` has completed; the pool allows resets.
+                unsafe {
+                    self.dev
+                        .raw
+                        .reset_command_buffer(b.cb, vk::CommandBufferResetFlags::empty())
+                }
+                .map_err(|e| vk_err("vkResetCommandBuffer", e))?;
+                st.free_cbs.push(b.cb);
             }
-            .map_err(|e| vk_err("vkResetCommandBuffer", e))?;
-            st.free_cbs.push(b.cb);
             st.free_chunks.extend(b.chunks);
         }
         Ok(())
+    }
+
+    /// A command buffer in the initial state, begun with `flags`: a free one, a dropped
+    /// recording's (reset here), or a new one.
+    fn begin_cb(
+        &self,
+        st: &mut StreamState,
+        flags: vk::CommandBufferUsageFlags,
+    ) -> Result<vk::CommandBuffer> {
+        let orphan = self.orphans.lock().pop();
+        let cb = match (orphan, st.free_cbs.pop()) {
+            (Some(cb), free) => {
+                st.free_cbs.extend(free);
+                // SAFETY: a dropped recording's buffer, of this stream's pool (under its lock),
+                // with no pending submit; the pool allows resets.
+                unsafe {
+                    self.dev
+                        .raw
+                        .reset_command_buffer(cb, vk::CommandBufferResetFlags::empty())
+                }
+                .map_err(|e| vk_err("vkResetCommandBuffer", e))?;
+                cb
+            }
+            (None, Some(cb)) => cb,
+            (None, None) => {
+                let ai = vk::CommandBufferAllocateInfo::default()
+                    .command_pool(st.pool)
+                    .level(vk::CommandBufferLevel::PRIMARY)
+                    .command_buffer_count(1);
+                // SAFETY: the pool is ours, under the stream lock.
+                unsafe { self.dev.raw.allocate_command_buffers(&ai) }
+                    .map_err(|e| vk_err("vkAllocateCommandBuffers", e))?[0]
+            }
+        };
+        let bi = vk::CommandBufferBeginInfo::default().flags(flags);
+        // SAFETY: `cb` is in the initial state (fresh or reset).
+        unsafe { self.dev.raw.begin_command_buffer(cb, &bi) }
+            .map_err(|e| vk_err("vkBeginCommandBuffer", e))?;
+        Ok(cb)
     }
 
     /// The open batch, beginning one if none is, with a barrier after the previous command.
     fn batch<'a>(&self, st: &'a mut StreamState) -> Result<&'a mut Batch> {
         if st.open.is_none() {
             self.recycle(st)?;
-            let cb = match st.free_cbs.pop() {
-                Some(cb) => cb,
-                None => {
-                    let ai = vk::CommandBufferAllocateInfo::default()
-                        .command_pool(st.pool)
-                        .level(vk::CommandBufferLevel::PRIMARY)
-                        .command_buffer_count(1);
-                    // SAFETY: the pool is ours, under the stream lock.
-                    unsafe { self.dev.raw.allocate_command_buffers(&ai) }
-                        .map_err(|e| vk_err("vkAllocateCommandBuffers", e))?[0]
-                }
-            };
-            let bi = vk::CommandBufferBeginInfo::default()
-                .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
-            // SAFETY: `cb` is in the initial state (fresh or reset).
-            unsafe { self.dev.raw.begin_command_buffer(cb, &bi) }
-                .map_err(|e| vk_err("vkBeginCommandBuffer", e))?;
+            let cb = self.begin_cb(st, vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT)?;
             st.open = Some(Batch {
                 cb,
                 keep: Vec::new(),
@@ -1024,6 +1088,13 @@ impl StreamShared {
             st.free_chunks.extend(b.chunks);
             return Err(vk_err("vkEndCommandBuffer", e));
         }
+        let cb = b.cb;
+        self.submit(st, cb, b)
+    }
+
+    /// Submits `cb` after the pending waits, signalling the next timeline value; `b` (what the
+    /// submit uses) is kept until that value is reached. Returns the value.
+    fn submit(&self, st: &mut StreamState, cb: vk::CommandBuffer, b: Batch) -> Result<u64> {
         let value = st.last + 1;
         let waits = std::mem::take(&mut st.waits);
         let wait_sems: Vec<vk::Semaphore> = waits.iter().map(|(t, _)| t.sem).collect();
@@ -1031,7 +1102,7 @@ impl StreamShared {
         let stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; waits.len()];
         let signal = [self.tl.sem];
         let signal_vals = [value];
-        let cbs = [b.cb];
+        let cbs = [cb];
         let mut tsi = vk::TimelineSemaphoreSubmitInfo::default()
             .wait_semaphore_values(&wait_vals)
             .signal_semaphore_values(&signal_vals);
@@ -1041,10 +1112,78 @@ impl StreamShared {
             .command_buffers(&cbs)
             .signal_semaphores(&signal)
             .push_next(&mut tsi);
-        self.dev.submit(&si)?;
+        if let Err(e) = self.dev.submit(&si) {
+            // Not submitted: the waits still apply to what comes next.
+            st.waits = waits;
+            st.free_chunks.extend(b.chunks);
+            return Err(e);
+        }
         st.last = value;
         st.running.push_back((value, b));
         Ok(value)
+    }
+
+    /// Starts recording this stream's launches into a command buffer of their own (until
+    /// [`StreamShared::record_end`]); copies and fills still go to the stream's open batch.
+    pub(crate) fn record_begin(&self) -> Result<()> {
+        let mut st = self.st.lock();
+        if st.recording.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: a recording is already under way on this stream",
+                self.device
+            )));
+        }
+        self.recycle(&mut st)?;
+        // Replays may be queued again before the last one ran.
+        let cb = self.begin_cb(&mut st, vk::CommandBufferUsageFlags::SIMULTANEOUS_USE)?;
+        st.recording = Some(Batch {
+            cb,
+            keep: Vec::new(),
+            chunks: Vec::new(),
+            chunk_used: CHUNK,
+            commands: 0,
+        });
+        Ok(())
+    }
+
+    /// Ends the recording [`StreamShared::record_begin`] started, ready to replay.
+    pub(crate) fn record_end(&self) -> Result<Recorded> {
+        let mut st = self.st.lock();
+        let b = st.recording.take().ok_or_else(|| {
+            Error::InvalidArgument(format!("{}: no recording under way", self.device))
+        })?;
+        barrier(&self.dev.raw, b.cb, vk::PipelineStageFlags::HOST);
+        // SAFETY: `b.cb` is recording.
+        let ended = unsafe { self.dev.raw.end_command_buffer(b.cb) };
+        // From here the recording owns the buffer: it comes back through `orphans` on drop.
+        let rec = Recorded(Arc::new(RecordedInner {
+            cb: b.cb,
+            _keep: b.keep,
+            _chunks: b.chunks,
+            orphans: self.orphans.clone(),
+        }));
+        ended.map_err(|e| vk_err("vkEndCommandBuffer", e))?;
+        Ok(rec)
+    }
+
+    /// Submits a recording of this stream after what the stream queued before it.
+    pub(crate) fn replay(&self, rec: &Recorded) -> Result<()> {
+        if !Arc::ptr_eq(&rec.0.orphans, &self.orphans) {
+            return Err(Error::InvalidArgument(format!(
+                "{}: a recording of another stream",
+                self.device
+            )));
+        }
+        let mut st = self.st.lock();
+        self.flush(&mut st)?;
+        let hold = Batch {
+            cb: vk::CommandBuffer::null(),
+            keep: vec![Keep::Recorded(rec.0.clone())],
+            chunks: Vec::new(),
+            chunk_used: CHUNK,
+            commands: 0,
+        };
+        self.submit(&mut st, rec.0.cb, hold).map(|_| ())
     }
 
     /// Submits what is recorded; the value that marks it.
@@ -1229,8 +1368,19 @@ impl StreamShared {
         let args = pack_args(&launch.args);
         let mut st = self.st.lock();
         let st = &mut *st;
-        self.batch(st)?;
-        let b = st.open.as_mut().expect("opened by batch");
+        let recording = st.recording.is_some();
+        let b = match st.recording.as_mut() {
+            Some(b) => {
+                // As `batch` does: after everything before it, in this buffer and earlier submits.
+                barrier(&self.dev.raw, b.cb, vk::PipelineStageFlags::ALL_COMMANDS);
+                b.commands += 1;
+                b
+            }
+            None => {
+                self.batch(st)?;
+                st.open.as_mut().expect("opened by batch")
+            }
+        };
         // Argument block: 16-byte aligned in the current chunk, or a new chunk.
         let at = b.chunk_used.next_multiple_of(16);
         let need = args.len().max(16);
@@ -1287,6 +1437,9 @@ impl StreamShared {
             }
         }
         b.keep.push(Keep::Kernel(k.clone()));
+        if recording {
+            return Ok(());
+        }
         self.after_command(st)
     }
 }
