@@ -42,7 +42,8 @@ pub enum Setting {
     CpuDevices,
     /// Slice size in bytes from which the CPU all-reduce writes with streaming stores.
     CpuCommStreamFrom,
-    /// `0` turns off replay of recorded GPU programs (CUDA graphs).
+    /// `0` turns off replay of recorded GPU programs (CUDA graphs, Vulkan command buffers,
+    /// hipGraph).
     GpuReplay,
     /// `0` turns off the GPU plan's fused launches.
     GpuFuse,
@@ -56,6 +57,9 @@ pub enum Setting {
     CudaAllReduce,
     /// HIP all-reduce: `rccl` (default) or `none` (the generic path).
     HipAllReduce,
+    /// `1` records HIP programs with hipGraph and replays them (off by default: not yet run on
+    /// an AMD GPU).
+    HipGraphs,
     /// SYCL all-reduce: `ring` (default) or `none` (the generic path).
     SyclAllReduce,
     /// Vulkan all-reduce through the host: `f32` (default), `bf16` (half the bytes) or `none`.
@@ -113,6 +117,7 @@ impl Setting {
         Setting::GpuG8Rows,
         Setting::CudaAllReduce,
         Setting::HipAllReduce,
+        Setting::HipGraphs,
         Setting::SyclAllReduce,
         Setting::VulkanAllReduce,
         Setting::VulkanInt8,
@@ -161,6 +166,7 @@ impl Setting {
                 Choice(&["rccl", "none"]),
                 Creation,
             ),
+            Setting::HipGraphs => ("hip.graphs", "TESSERA_HIP_GRAPHS", Switch, Creation),
             Setting::SyclAllReduce => (
                 "sycl.all-reduce",
                 "TESSERA_SYCL_ALLREDUCE",

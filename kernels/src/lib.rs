@@ -7,9 +7,11 @@
 //! runtime.
 //!
 //! The [`gpu`] module embeds the GPU kernel sources every GPU backend shares (written once in
-//! the CUDA C dialect, compiled at run time) and the launch plans of the backends that run them:
-//! CUDA compiles them with NVRTC, [`hip`] for AMD GPUs, and [`sycl`] turns them into SYCL
-//! kernels. (Vulkan's GLSL ports live in `kernels/vulkan/` and follow the same plans.)
+//! the CUDA C dialect, compiled at run time), their launch ABI and the codes host and kernels
+//! share; the planner that turns graph nodes into launches is the GPU runtime's
+//! (`tessera_gpu::plan`). CUDA compiles the sources with NVRTC, [`hip`] for AMD GPUs, and
+//! [`sycl`] turns them into SYCL kernels. (Vulkan's GLSL ports live in `kernels/vulkan/` and take
+//! the same launches.)
 
 #![deny(unsafe_code)]
 

@@ -262,7 +262,8 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     /// Whether `event` completed (an error counts as completed: [`Driver::event_sync`] reports it).
     fn event_query(event: &Self::Event) -> bool;
     /// Optional. Starts recording the work queued on `stream` into one replayable program
-    /// (CUDA graphs): nothing queued until [`Driver::record_end`] runs. Default `Ok(false)`: the
+    /// (CUDA graphs, Vulkan command buffers, hipGraph): nothing queued until
+    /// [`Driver::record_end`] runs. Default `Ok(false)`: the
     /// driver cannot record, and streams launch every node of every graph.
     ///
     /// # Errors

@@ -12,7 +12,7 @@
 //!   the plans of [`plan`], in-flight batches, status words, async, peer and
 //!   staged copies) and events with cross-stream waits. A stream keeps what it planned for a
 //!   graph as a [`program`] and reuses it (recorded and replayed where the driver records:
-//!   CUDA graphs); [`profile`] times where its work goes (`TESSERA_GPU_PROFILE=1`).
+//!   CUDA graphs, Vulkan command buffers, hipGraph on request); [`profile`] times where its work goes (`TESSERA_GPU_PROFILE=1`).
 //! - [`GpuRegistry`]: devices `PREFIX0..` or the reason there are none, and the comm trio
 //!   ([`comm`]) over an NCCL-API library ([`nccl`]); [`comm_host`] is the host-staged trio for
 //!   drivers with no collective library (Vulkan).

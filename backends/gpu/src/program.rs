@@ -1,8 +1,9 @@
 //! Programs: what a GPU stream planned for a graph (each node's kernel, grid, block and
 //! arguments), kept and reused while the same graph runs on the same memory, so a decode step
 //! whose graph and buffers did not change costs no support check, planning or kernel lookup.
-//! Where the driver can record launches ([`Driver::record_begin`]: CUDA graphs), a program that
-//! runs a second time is recorded and from then on replayed as one launch.
+//! Where the driver can record launches ([`Driver::record_begin`]: CUDA graphs, Vulkan command
+//! buffers, hipGraph), a program that runs a second time is recorded and from then on replayed
+//! as one submission.
 //!
 //! A program is valid for a graph while it is the very same graph ([`Graph::is_same`]:
 //! descriptors never change once built) and every tensor has the same device address in the

@@ -27,6 +27,9 @@ pub fn load_rccl() -> Result<Nccl> {
 
 /// Environment variable forcing the gfx target of every GPU (e.g. `gfx90a`).
 pub const ARCH_ENV: &str = "TESSERA_HIP_ARCH";
+/// Set to `1` to record programs with hipGraph and replay them. Off by default until it has run
+/// on an AMD GPU (none has been at hand): CI only checks that the runtime exports the calls.
+pub const GRAPHS_ENV: &str = "TESSERA_HIP_GRAPHS";
 
 /// The gfx target of HIP device `ordinal`: [`ARCH_ENV`], else the `gfx_target_version` of the
 /// ordinal-th GPU node of the KFD topology in sysfs (honouring `HIP_VISIBLE_DEVICES` /
@@ -120,9 +123,10 @@ impl Driver for HipDriver {
         compile::load_module(gpu, unit.file)
     }
     // Replay through hipGraph, as CUDA's through CUDA graphs (the runtime's capture API mirrors
-    // CUDA's); a runtime without it launches node by node.
+    // CUDA's), when asked for (GRAPHS_ENV); a runtime without it launches node by node.
     fn record_begin(stream: &Stream) -> Result<bool> {
-        if !stream.can_record() {
+        let wanted = tessera_core::settings::var(GRAPHS_ENV).is_some_and(|v| v.trim() == "1");
+        if !wanted || !stream.can_record() {
             return Ok(false);
         }
         stream.begin_capture().map(|()| true)

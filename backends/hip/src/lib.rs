@@ -27,7 +27,9 @@ pub mod compile;
 mod gpu;
 pub mod sys;
 
-pub use gpu::{ALLREDUCE_ENV, ARCH_ENV, HipDriver, RCCL_PATH_ENV, arch_of, gfx_name, load_rccl};
+pub use gpu::{
+    ALLREDUCE_ENV, ARCH_ENV, GRAPHS_ENV, HipDriver, RCCL_PATH_ENV, arch_of, gfx_name, load_rccl,
+};
 
 use std::sync::Arc;
 use tessera_core::Registry;

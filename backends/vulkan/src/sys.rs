@@ -1046,8 +1046,11 @@ impl StreamShared {
         };
         let bi = vk::CommandBufferBeginInfo::default().flags(flags);
         // SAFETY: `cb` is in the initial state (fresh or reset).
-        unsafe { self.dev.raw.begin_command_buffer(cb, &bi) }
-            .map_err(|e| vk_err("vkBeginCommandBuffer", e))?;
+        if let Err(e) = unsafe { self.dev.raw.begin_command_buffer(cb, &bi) } {
+            // Still in the initial state: free for the next batch.
+            st.free_cbs.push(cb);
+            return Err(vk_err("vkBeginCommandBuffer", e));
+        }
         Ok(cb)
     }
 

@@ -13,7 +13,7 @@
 //!   instead of summing the activations again (ggml does the same, so results match its bytes).
 
 use super::kquant::{check_lengths, f16_at, put_f16};
-use super::quant::{q8_simd, quantize_q8_block};
+use super::quant::{Q8Simd, quantize_q8_block};
 
 /// Elements per Q4_1 block.
 pub const QK4_1: usize = 32;
@@ -188,7 +188,7 @@ pub fn quantize_row_q8_1(src: &[f32], dst: &mut [u8]) {
         QK8_1,
         BLOCK_Q8_1_BYTES,
     );
-    let simd = q8_simd();
+    let simd = Q8Simd::detect();
     for (x, y) in src
         .chunks_exact(QK8_1)
         .zip(dst.chunks_exact_mut(BLOCK_Q8_1_BYTES))

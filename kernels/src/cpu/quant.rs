@@ -44,7 +44,7 @@ pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) {
         src.len() / QK8_0 * BLOCK_Q8_0_BYTES,
         "quantize_row_q8_0: dst length"
     );
-    let simd = q8_simd();
+    let simd = Q8Simd::detect();
     for (x, y) in src
         .chunks_exact(QK8_0)
         .zip(dst.chunks_exact_mut(BLOCK_Q8_0_BYTES))
@@ -54,17 +54,39 @@ pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// Whether the SIMD block quantizer may run: made only by [`Q8Simd::detect`], so that safe code
+/// cannot ask for AVX2 on a CPU without it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Q8Simd(bool);
+
+impl Q8Simd {
+    /// The quantizer this CPU (and `TESSERA_CPU_ISA`) allows.
+    pub(crate) fn detect() -> Q8Simd {
+        #[cfg(target_arch = "x86_64")]
+        {
+            Q8Simd(super::features::active_isa() >= super::features::Isa::Avx2)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Q8Simd(false)
+    }
+    /// Whether the SIMD path is on.
+    pub(crate) fn on(self) -> bool {
+        self.0
+    }
+}
+
 /// The scale and quants of one Q8_0 / Q8_1 block, as ggml's reference quantizers compute them:
 /// writes the 32 quants to `qs` and returns the (f32, not yet f16-rounded) scale `d` and the sum
-/// of the quants. `simd`: the AVX2 quantizer may be used (the caller checked the CPU has it).
-pub(crate) fn quantize_q8_block(x: &[f32], qs: &mut [u8], simd: bool) -> (f32, i32) {
+/// of the quants, through the AVX2 quantizer where `simd` allows it.
+pub(crate) fn quantize_q8_block(x: &[f32], qs: &mut [u8], simd: Q8Simd) -> (f32, i32) {
     assert!(
         x.len() == QK8_0 && qs.len() == QK8_0,
         "quantize_q8_block: not one block"
     );
     #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: AVX2 is available (caller); 32 values in and 32 bytes out (asserted above).
+    if simd.on() {
+        // SAFETY: AVX2 is available (`Q8Simd::detect`); 32 values in and 32 bytes out (asserted
+        // above).
         #[allow(unsafe_code)]
         if let Some(r) = unsafe { quantize_q8_block_avx2(x.as_ptr(), qs.as_mut_ptr()) } {
             return r;
@@ -141,13 +163,15 @@ unsafe fn quantize_q8_block_avx2(x: *const f32, qs: *mut u8) -> Option<(f32, i32
     let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     let m = _mm_max_ss(m, _mm_movehdup_ps(m));
     let amax = _mm_cvtss_f32(m);
-    if amax.is_infinite() {
-        // The scalar loop's 0 × inf is NaN, which its cast turns into 0; the truncation here
-        // would give -128.
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    if !id.is_finite() || amax.is_infinite() {
+        // Scaled values of ±inf or NaN (an infinite block; or a largest magnitude under about
+        // 3.7e-37, whose scale's inverse overflows): the scalar loop's saturating cast makes
+        // them 127, -128 or 0, where the truncation here gives -128 for all.
         return None;
     }
-    let d = amax / 127.0;
-    let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+    let id = _mm256_set1_ps(id);
     let half = _mm256_set1_ps(0.49999997);
     let q = v.map(|a| {
         let t = _mm256_mul_ps(a, id);
@@ -169,16 +193,6 @@ unsafe fn quantize_q8_block_avx2(x: *const f32, qs: *mut u8) -> Option<(f32, i32
     // SAFETY: 32 bytes writable (caller).
     unsafe { _mm256_storeu_si256(qs as *mut __m256i, b) };
     Some((d, _mm_cvtsi128_si32(s)))
-}
-
-/// Whether [`quantize_q8_block`] may take its SIMD path on this CPU.
-pub(crate) fn q8_simd() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::features::active_isa() >= super::features::Isa::Avx2
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// Dequantizes a Q8_0 row.
@@ -287,7 +301,8 @@ mod tests {
     /// and blocks with a NaN or an infinity (where the SIMD path must hand over to the loop).
     #[test]
     fn q8_block_simd_matches_the_reference_loop() {
-        if !q8_simd() {
+        let simd = Q8Simd::detect();
+        if !simd.on() {
             println!("skipped: this CPU (or TESSERA_CPU_ISA) has no SIMD quantizer");
             return;
         }
@@ -299,7 +314,10 @@ mod tests {
             seed
         };
         let mut blocks: Vec<[f32; 32]> = Vec::new();
-        for scale in [1e-30f32, 1e-6, 0.01, 1.0, 3.7, 100.0, 1e6, 1e30] {
+        // 1e-38 and 1e-41: largest magnitudes whose scale's inverse overflows.
+        for scale in [
+            1e-41f32, 1e-38, 1e-36, 1e-30, 1e-6, 0.01, 1.0, 3.7, 100.0, 1e6, 1e30,
+        ] {
             for _ in 0..200 {
                 blocks.push(std::array::from_fn(|_| {
                     (next() as f32 / u32::MAX as f32 - 0.5) * scale
@@ -324,7 +342,7 @@ mod tests {
         for b in &blocks {
             let (mut want, mut got) = ([0u8; 32], [0u8; 32]);
             let w = quantize_q8_block_scalar(b, &mut want);
-            let g = quantize_q8_block(b, &mut got, true);
+            let g = quantize_q8_block(b, &mut got, simd);
             assert_eq!(want, got, "quants of {b:?}");
             assert_eq!(w.0.to_bits(), g.0.to_bits(), "scale of {b:?}");
             assert_eq!(w.1, g.1, "sum of {b:?}");

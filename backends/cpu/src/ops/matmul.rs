@@ -1,6 +1,8 @@
-//! MUL_MAT: activations are converted once per node into the form the weight type wants (f32,
-//! Q8_0 blocks, Q8_1 blocks for Q4_1 / Q5_1, or Q8_K super-blocks for the K-quants) in shared scratch; then threads take (plane × row-block × column-block) chunks
-//! from a shared counter and run the kernels crate's tile function on each.
+//! MUL_MAT: activations are converted into the form the weight type wants (f32, Q8_0 blocks,
+//! Q8_1 blocks for Q4_1 / Q5_1, or Q8_K super-blocks for the K-quants) in shared scratch, once
+//! per node or, where the product before it left the same ones there, not at all (`schedule`);
+//! then threads take (plane × row-block × column-block) chunks from the step's counter and run
+//! the kernels crate's tile function on each.
 
 use super::{Exec, ThreadScratch, row_index, split_range};
 use crate::tview::TView;
