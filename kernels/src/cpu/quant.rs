@@ -92,7 +92,7 @@ pub(crate) fn quantize_q8_block(x: &[f32], qs: &mut [u8], simd: Q8Simd) -> (f32,
             return r;
         }
     }
-    let _ = simd;
+    let _ = simd.on();
     quantize_q8_block_scalar(x, qs)
 }
 
