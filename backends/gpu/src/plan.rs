@@ -155,26 +155,11 @@ impl Args {
 const FA_MAX_D: usize = 512;
 /// Longest row ARGSORT takes (`ARGSORT_MAX` in moe.cu: the row's keys sit in shared memory).
 const ARGSORT_MAX: usize = 4096;
-/// Weight types of MUL_MAT_ID: those `ld` in common.cuh dequantises, which k_mul_mat_id reads
-/// its weights with.
-const MUL_MAT_ID_WEIGHTS: [DType; 16] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_1,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::IQ4_NL,
-    DType::IQ4_XS,
-    DType::MXFP4,
-    DType::Q5_0,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-];
+/// Whether MUL_MAT_ID takes weights of `d`: every type `ld` in common.cuh dequantises (every
+/// kernel type code but I32), which k_mul_mat_id reads its weights with.
+fn mul_mat_id_weight(d: DType) -> bool {
+    d != DType::I32 && type_code(d) >= 0
+}
 /// Threads per block of the grid-stride kernels.
 const BLOCK: u32 = 256;
 /// Upper bound of blocks for grid-stride kernels (they loop past it).
@@ -248,7 +233,7 @@ pub fn supports(tensors: &[TensorDesc], node: TensorId) -> Support {
             }
         }
         OpKind::MulMatId => match src(0) {
-            Some(w) if MUL_MAT_ID_WEIGHTS.contains(&w.dtype()) => Support::Yes,
+            Some(w) if mul_mat_id_weight(w.dtype()) => Support::Yes,
             Some(w) => Support::No(format!(
                 "MUL_MAT_ID has no kernel for {} weights",
                 w.dtype()

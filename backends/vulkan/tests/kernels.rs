@@ -306,21 +306,11 @@ fn dequantizers_exact() -> TrialResult {
         .take(n)
         .map(f64::from)
         .collect();
-    for dtype in [
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_1,
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::IQ4_NL,
-        DType::IQ4_XS,
-        DType::MXFP4,
-        DType::Q5_0,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-    ] {
+    // Every quantized type the kernels decode.
+    for dtype in tessera_kernels::gpu::codes::TYPES
+        .into_iter()
+        .filter(|d| d.is_quantized())
+    {
         let q = rr(encode(dtype, &vals))?;
         let want = rr(decode(dtype, &q, n))?;
         let (s, d) = (Buf::new(&q)?, Buf::zeros(4 * n)?);
