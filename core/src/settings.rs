@@ -49,6 +49,8 @@ pub enum Setting {
     GpuFuse,
     /// `0` turns off the GPU GEMVs on 8-bit activations.
     GpuGemv8,
+    /// `0` turns off the GPU GEMM on integer tensor-core tiles for quantized weights.
+    GpuMmq,
     /// Keys per block of the GPU split decode attention (rounded up to a multiple of 32).
     GpuFaChunk,
     /// Weight rows per block of the GPU GEMVs on 8-bit activations.
@@ -113,6 +115,7 @@ impl Setting {
         Setting::GpuReplay,
         Setting::GpuFuse,
         Setting::GpuGemv8,
+        Setting::GpuMmq,
         Setting::GpuFaChunk,
         Setting::GpuG8Rows,
         Setting::CudaAllReduce,
@@ -147,6 +150,7 @@ impl Setting {
             Setting::GpuReplay => ("gpu.replay", "TESSERA_GPU_REPLAY", Switch, Creation),
             Setting::GpuFuse => ("gpu.fuse", "TESSERA_GPU_FUSE", Switch, Once),
             Setting::GpuGemv8 => ("gpu.gemv8", "TESSERA_GPU_GEMV8", Switch, Once),
+            Setting::GpuMmq => ("gpu.mmq", "TESSERA_GPU_MMQ", Switch, Once),
             Setting::GpuFaChunk => (
                 "gpu.fa-chunk",
                 "TESSERA_GPU_FA_CHUNK",

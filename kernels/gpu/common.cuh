@@ -10,6 +10,8 @@
 // Warp size the kernels are written for, and a full-warp xor shuffle (width 32 on every target).
 #define TESSERA_WARP 32
 #define TSHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), 32)
+// Lane `src`'s v (0..31), every lane of the warp taking part.
+#define TSHFL(v, src) __shfl_sync(0xffffffffu, (v), (src), 32)
 #define TSYNCWARP() __syncwarp()
 // A block-shared array: TSHARED(float, buf, [4][64]) declares `buf` shared by the block.
 #define TSHARED(type, name, dims) __shared__ type name dims

@@ -4,6 +4,7 @@
 // Q5_0, Q4_K, Q5_K, Q6_K;
 // activations: any float type and strides.
 #include "common.cuh"
+#include "mma.cuh"
 
 // Plane bookkeeping shared by the kernels.
 __device__ __forceinline__ void plane_of(i64 plane, const Tensor& dst, i64 r2, i64 r3, i64* i2, i64* i3,
@@ -360,20 +361,6 @@ __device__ __forceinline__ float gv_dot(int T, const char* row, i64 s, int lane,
 #define GV_INT8 1
 #endif
 
-// a · b over four signed bytes, plus c.
-__device__ __forceinline__ int gv_dp4a(int a, int b, int c) {
-#if defined(TESSERA_CUDA) && !defined(TESSERA_COMPAT)
-    int d;
-    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-#else
-    for (int i = 0; i < 4; i++) {
-        c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
-    }
-    return c;
-#endif
-}
-
 // The lane's 8 activations rounded to 8 bits (packed four per int in xq) with the scale of their
 // 32-element block, whose four lanes (4 (lane / 4) .. + 3, in the Q8_0 and Q4_0 orders of gv_x)
 // share the maximum through two shuffles; returns the scale as f16 would hold it. Every lane of
@@ -407,14 +394,14 @@ __device__ __forceinline__ float gv_dot_int(int T, const char* row, i64 s, int l
     if (T == T_Q8_0) {
         blk = (const u8*)row + (s * 8 + lane / 4) * Q8_0_BYTES;
         const u8* q = blk + 2 + 8 * (lane % 4);
-        isum = gv_dp4a((int)gv_u32_from_u16(q), xq[0], gv_dp4a((int)gv_u32_from_u16(q + 4), xq[1], 0));
+        isum = dot4_s8((int)gv_u32_from_u16(q), xq[0], dot4_s8((int)gv_u32_from_u16(q + 4), xq[1], 0));
     } else {
         blk = (const u8*)row + (s * 8 + lane / 4) * Q4_0_BYTES;
         u32 q = gv_u32_from_u16(blk + 2 + 4 * (lane % 4));
         int lo = (int)(q & 0x0f0f0f0fu), hi = (int)((q >> 4) & 0x0f0f0f0fu);
         // Levels are nibble - 8: subtract 8 times the activations' sum.
-        int xsum = gv_dp4a(0x01010101, xq[0], gv_dp4a(0x01010101, xq[1], 0));
-        isum = gv_dp4a(lo, xq[0], gv_dp4a(hi, xq[1], 0)) - 8 * xsum;
+        int xsum = dot4_s8(0x01010101, xq[0], dot4_s8(0x01010101, xq[1], 0));
+        isum = dot4_s8(lo, xq[0], dot4_s8(hi, xq[1], 0)) - 8 * xsum;
     }
     return (float)isum * block_scale((const char*)blk) * dx;
 }
@@ -611,7 +598,7 @@ __device__ __forceinline__ float g8_chunk(int T, const char* row, int c, const c
         const u8* blk = (const u8*)row + b * Q8_0_BYTES;
         const u8* q = blk + 2 + 8 * p;
         g8_i2 xv = *(const g8_i2*)(xq + 32 * b + 8 * p);
-        int isum = gv_dp4a((int)gv_u32_from_u16(q), xv.x, gv_dp4a((int)gv_u32_from_u16(q + 4), xv.y, 0));
+        int isum = dot4_s8((int)gv_u32_from_u16(q), xv.x, dot4_s8((int)gv_u32_from_u16(q + 4), xv.y, 0));
         return (float)isum * block_scale((const char*)blk) * xd[b];
     } else if (T == T_Q4_0) {
         int b = c / 2, h = c % 2;
@@ -619,10 +606,10 @@ __device__ __forceinline__ float g8_chunk(int T, const char* row, int c, const c
         u32 q0 = gv_u32_from_u16(blk + 2 + 8 * h), q1 = gv_u32_from_u16(blk + 6 + 8 * h);
         g8_i2 lo = *(const g8_i2*)(xq + 32 * b + 8 * h);
         g8_i2 hi = *(const g8_i2*)(xq + 32 * b + 16 + 8 * h);
-        int isum = gv_dp4a((int)(q0 & 0x0f0f0f0fu), lo.x, gv_dp4a((int)(q1 & 0x0f0f0f0fu), lo.y, 0));
-        isum = gv_dp4a((int)((q0 >> 4) & 0x0f0f0f0fu), hi.x, gv_dp4a((int)((q1 >> 4) & 0x0f0f0f0fu), hi.y, isum));
+        int isum = dot4_s8((int)(q0 & 0x0f0f0f0fu), lo.x, dot4_s8((int)(q1 & 0x0f0f0f0fu), lo.y, 0));
+        isum = dot4_s8((int)((q0 >> 4) & 0x0f0f0f0fu), hi.x, dot4_s8((int)((q1 >> 4) & 0x0f0f0f0fu), hi.y, isum));
         // Levels are nibble - 8: subtract 8 times the activations' sum.
-        int xsum = gv_dp4a(ones, lo.x, gv_dp4a(ones, lo.y, gv_dp4a(ones, hi.x, gv_dp4a(ones, hi.y, 0))));
+        int xsum = dot4_s8(ones, lo.x, dot4_s8(ones, lo.y, dot4_s8(ones, hi.x, dot4_s8(ones, hi.y, 0))));
         return (float)(isum - 8 * xsum) * block_scale((const char*)blk) * xd[b];
     } else if (T == T_Q4_K) {
         // Sub-block pair i, part p: qs bytes 32 i + 8 p .. + 7, whose low nibbles are elements
@@ -634,10 +621,10 @@ __device__ __forceinline__ float g8_chunk(int T, const char* row, int c, const c
         const char* xb = xq + 256 * sb + 64 * i + 8 * p;
         g8_i2 lo = *(const g8_i2*)xb;
         g8_i2 hi = *(const g8_i2*)(xb + 32);
-        int dot0 = gv_dp4a((int)(q0 & 0x0f0f0f0fu), lo.x, gv_dp4a((int)(q1 & 0x0f0f0f0fu), lo.y, 0));
-        int dot1 = gv_dp4a((int)((q0 >> 4) & 0x0f0f0f0fu), hi.x, gv_dp4a((int)((q1 >> 4) & 0x0f0f0f0fu), hi.y, 0));
-        int s0 = gv_dp4a(ones, lo.x, gv_dp4a(ones, lo.y, 0));
-        int s1 = gv_dp4a(ones, hi.x, gv_dp4a(ones, hi.y, 0));
+        int dot0 = dot4_s8((int)(q0 & 0x0f0f0f0fu), lo.x, dot4_s8((int)(q1 & 0x0f0f0f0fu), lo.y, 0));
+        int dot1 = dot4_s8((int)((q0 >> 4) & 0x0f0f0f0fu), hi.x, dot4_s8((int)((q1 >> 4) & 0x0f0f0f0fu), hi.y, 0));
+        int s0 = dot4_s8(ones, lo.x, dot4_s8(ones, lo.y, 0));
+        int s1 = dot4_s8(ones, hi.x, dot4_s8(ones, hi.y, 0));
         int sc0, m0, sc1, m1;
         scale_min_k4(2 * i, blk + 4, &sc0, &m0);
         scale_min_k4(2 * i + 1, blk + 4, &sc1, &m1);
@@ -665,7 +652,7 @@ __device__ __forceinline__ float g8_chunk(int T, const char* row, int c, const c
         for (int t = 0; t < 4; t++) {
             int xv = *(const int*)(xb + 32 * t);
             // Levels are q - 32.
-            int dot = gv_dp4a((int)q[t], xv, 0) - 32 * gv_dp4a(ones, xv, 0);
+            int dot = dot4_s8((int)q[t], xv, 0) - 32 * dot4_s8(ones, xv, 0);
             acc += db[t] * (float)((int)sc[2 * t] * dot);
         }
         return acc * block_scale((const char*)blk + 208);
@@ -737,4 +724,188 @@ extern "C" __global__ void k_gemv8_q4_k(Tensor dst, Tensor w, Tensor x, i64 r2, 
 extern "C" __global__ void k_gemv8_q6_k(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3, const char* xq,
                                         const float* xd, int rows) {
     g8_kernel(T_Q6_K, dst, w, x, xq, xd, r2, r3, rows);
+}
+
+// ----- GEMM on integer tensor-core tiles for quantized weights (more than 8 columns) -----
+//
+// k_mmq_* multiplies Q8_0, Q4_0 and Q4_K weights with the activations k_quantize_x8 rounded into
+// scratch (as k_gemv8_* takes them: levels xq, one scale per 32 in xd), on mma_i8 tiles
+// (mma.cuh): a block of MQ_THREADS threads (4 warps) owns MQ_M weight rows by MQ_N columns of one
+// plane. Per stage of MQ_K elements the block stages the weights' int8 levels (Q4_0 as
+// nibble - 8, Q4_K's unsigned nibbles) with one scale per 32 (Q4_K: d·scale and dmin·min of the
+// sub-block) and the columns' levels and scales in shared memory; warp w then multiplies rows
+// 16 w .. 16 w + 15 by every 8-column tile, one mma_i8 per 32-element block, and applies the
+// block's two scales to the integer products in f32 (Q4_K also subtracts dmin·min times the
+// block's activation sum). grid = (ceil(m / MQ_M), ceil(n / MQ_N), planes).
+#define MQ_M 64
+#define MQ_N 64
+#define MQ_K 256
+#define MQ_THREADS 128
+// Staged rows are MQ_K + 16 bytes apart: the eight rows (g) and four k offsets (t) of one
+// fragment load then fall in 32 different banks.
+#define MQ_ROW_INTS ((MQ_K + 16) / 4)
+#define MQ_BLOCKS (MQ_K / 32)
+
+// Stage this block's weights for k0 .. k0 + MQ_K (nblk blocks of 32 in range, the rest zero):
+// levels as int8 in wq, scales in wd, Q4_K's mins in wm.
+__device__ __forceinline__ void mq_stage_w(int T, const Tensor& w, i64 m0, i64 w2, i64 w3, i64 k0, int nblk,
+                                           int (*wq)[MQ_ROW_INTS], float (*wd)[MQ_BLOCKS],
+                                           float (*wm)[MQ_BLOCKS]) {
+    i64 m = w.ne[1];
+    for (int i = threadIdx.x; i < MQ_M * MQ_BLOCKS; i += MQ_THREADS) {
+        int r = i / MQ_BLOCKS, b = i % MQ_BLOCKS;
+        int* q = wq[r] + 8 * b;
+        // Rows past the end read the last row and are never stored.
+        const u8* row = (const u8*)row_ptr(w, m0 + r < m ? m0 + r : m - 1, w2, w3);
+        if (b >= nblk) {
+            for (int j = 0; j < 8; j++) {
+                q[j] = 0;
+            }
+            wd[r][b] = 0.0f;
+            wm[r][b] = 0.0f;
+        } else if (T == T_Q8_0) {
+            const u8* blk = row + (k0 / 32 + b) * Q8_0_BYTES;
+            for (int j = 0; j < 8; j++) {
+                q[j] = (int)gv_u32_from_u16(blk + 2 + 4 * j);
+            }
+            wd[r][b] = block_scale((const char*)blk);
+        } else if (T == T_Q4_0) {
+            // Byte j's low nibble is element j, its high nibble element 16 + j; each becomes the
+            // signed level nibble - 8 ((n + 0x78) ^ 0x80 per byte, which never carries).
+            const u8* blk = row + (k0 / 32 + b) * Q4_0_BYTES;
+            for (int j = 0; j < 4; j++) {
+                u32 v = gv_u32_from_u16(blk + 2 + 4 * j);
+                q[j] = (int)(((v & 0x0f0f0f0fu) + 0x78787878u) ^ 0x80808080u);
+                q[4 + j] = (int)((((v >> 4) & 0x0f0f0f0fu) + 0x78787878u) ^ 0x80808080u);
+            }
+            wd[r][b] = block_scale((const char*)blk);
+        } else {
+            // Q4_K: sub-block b of the super-block at k0 takes the low (b even) or high nibbles of
+            // qs[32 (b / 2) ..].
+            const u8* blk = row + (k0 / QK_K) * Q4_K_BYTES;
+            const u32* qs = (const u32*)(blk + 16 + 32 * (b / 2));
+            int shift = 4 * (b & 1);
+            for (int j = 0; j < 8; j++) {
+                q[j] = (int)((qs[j] >> shift) & 0x0f0f0f0fu);
+            }
+            int sc, mn;
+            scale_min_k4(b, blk + 4, &sc, &mn);
+            wd[r][b] = block_scale((const char*)blk) * (float)sc;
+            wm[r][b] = block_scale((const char*)blk + 2) * (float)mn;
+        }
+    }
+}
+
+__device__ __forceinline__ void mq_kernel(int T, const Tensor& dst, const Tensor& w, const Tensor& x, const char* xq,
+                                          const float* xd, i64 r2, i64 r3) {
+    TSHARED(int, wq, [MQ_M][MQ_ROW_INTS]);
+    TSHARED(int, xs, [MQ_N][MQ_ROW_INTS]);
+    TSHARED(float, wd, [MQ_M][MQ_BLOCKS]);
+    TSHARED(float, wm, [MQ_M][MQ_BLOCKS]);
+    TSHARED(float, xds, [MQ_N][MQ_BLOCKS]);
+    TSHARED(float, xsum, [MQ_N][MQ_BLOCKS]);
+    i64 m = w.ne[1], n = x.ne[1], kdim = w.ne[0];
+    i64 m0 = (i64)blockIdx.x * MQ_M, n0 = (i64)blockIdx.y * MQ_N;
+    i64 i2, i3, w2, w3;
+    plane_of(blockIdx.z, dst, r2, r3, &i2, &i3, &w2, &w3);
+    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    int g = lane / 4, t = lane % 4;
+    // Column c's rounded row, in k_quantize_x8's order (column fastest, then the planes).
+    i64 xrow0 = x.ne[1] * (i2 + x.ne[2] * i3);
+    float acc[MQ_N / 8][4];
+    for (int j = 0; j < MQ_N / 8; j++) {
+        for (int e = 0; e < 4; e++) {
+            acc[j][e] = 0.0f;
+        }
+    }
+    for (i64 k0 = 0; k0 < kdim; k0 += MQ_K) {
+        i64 left = (kdim - k0) / 32;
+        int nblk = left < MQ_BLOCKS ? (int)left : MQ_BLOCKS;
+        mq_stage_w(T, w, m0, w2, w3, k0, nblk, wq, wd, wm);
+        // Columns: 16 bytes per thread and step; columns past the end read the last one.
+        for (int i = tid; i < MQ_N * (MQ_K / 16); i += MQ_THREADS) {
+            int c = i / (MQ_K / 16), p = i % (MQ_K / 16);
+            i64 xr = xrow0 + (n0 + c < n ? n0 + c : n - 1);
+            gv_u4 v = {0u, 0u, 0u, 0u};
+            if (p < 2 * nblk) {
+                v = *(const gv_u4*)(xq + xr * kdim + k0 + 16 * p);
+            }
+            int* o = xs[c] + 4 * p;
+            o[0] = (int)v.x;
+            o[1] = (int)v.y;
+            o[2] = (int)v.z;
+            o[3] = (int)v.w;
+        }
+        for (int i = tid; i < MQ_N * MQ_BLOCKS; i += MQ_THREADS) {
+            int c = i / MQ_BLOCKS, b = i % MQ_BLOCKS;
+            i64 xr = xrow0 + (n0 + c < n ? n0 + c : n - 1);
+            xds[c][b] = b < nblk ? xd[xr * (kdim / 32) + k0 / 32 + b] : 0.0f;
+        }
+        __syncthreads();
+        if (T == T_Q4_K) {
+            // The activation sum of each block, for the weights' mins.
+            for (int i = tid; i < MQ_N * MQ_BLOCKS; i += MQ_THREADS) {
+                int c = i / MQ_BLOCKS, b = i % MQ_BLOCKS;
+                int s = 0;
+                for (int j = 0; j < 8; j++) {
+                    s = dot4_s8(0x01010101, xs[c][8 * b + j], s);
+                }
+                xsum[c][b] = xds[c][b] * (float)s;
+            }
+            __syncthreads();
+        }
+        int r0 = 16 * warp + g;
+        TLOOP_ROLLED
+        for (int b = 0; b < nblk; b++) {
+            mma_a8 a;
+            a.x[0] = wq[r0][8 * b + t];
+            a.x[1] = wq[r0 + 8][8 * b + t];
+            a.x[2] = wq[r0][8 * b + 4 + t];
+            a.x[3] = wq[r0 + 8][8 * b + 4 + t];
+            float d0 = wd[r0][b], d1 = wd[r0 + 8][b];
+            for (int j = 0; j < MQ_N / 8; j++) {
+                mma_b8 bf;
+                bf.x[0] = xs[8 * j + g][8 * b + t];
+                bf.x[1] = xs[8 * j + g][8 * b + 4 + t];
+                mma_c32 c = {{0, 0, 0, 0}};
+                mma_i8(c, a, bf);
+                int c0 = 8 * j + 2 * t;
+                float e0 = xds[c0][b], e1 = xds[c0 + 1][b];
+                acc[j][0] += d0 * e0 * (float)c.x[0];
+                acc[j][1] += d0 * e1 * (float)c.x[1];
+                acc[j][2] += d1 * e0 * (float)c.x[2];
+                acc[j][3] += d1 * e1 * (float)c.x[3];
+                if (T == T_Q4_K) {
+                    float n0s = xsum[c0][b], n1s = xsum[c0 + 1][b];
+                    float mn0 = wm[r0][b], mn1 = wm[r0 + 8][b];
+                    acc[j][0] -= mn0 * n0s;
+                    acc[j][1] -= mn0 * n1s;
+                    acc[j][2] -= mn1 * n0s;
+                    acc[j][3] -= mn1 * n1s;
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int j = 0; j < MQ_N / 8; j++) {
+        for (int e = 0; e < 4; e++) {
+            i64 row = m0 + 16 * warp + g + 8 * (e / 2), col = n0 + 8 * j + 2 * t + (e % 2);
+            if (row < m && col < n) {
+                st(dst, row, col, i2, i3, acc[j][e]);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void k_mmq_q8_0(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3, const char* xq,
+                                      const float* xd) {
+    mq_kernel(T_Q8_0, dst, w, x, xq, xd, r2, r3);
+}
+extern "C" __global__ void k_mmq_q4_0(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3, const char* xq,
+                                      const float* xd) {
+    mq_kernel(T_Q4_0, dst, w, x, xq, xd, r2, r3);
+}
+extern "C" __global__ void k_mmq_q4_k(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3, const char* xq,
+                                      const float* xd) {
+    mq_kernel(T_Q4_K, dst, w, x, xq, xd, r2, r3);
 }

@@ -19,6 +19,7 @@
 #define TESSERA_HW_WAVE 32
 #endif
 #define TSHFL_XOR(v, m) __shfl_xor((v), (m), 32)
+#define TSHFL(v, src) __shfl((v), (src), 32)
 // Lanes of a wavefront run in lock step; the fence orders their shared-memory accesses and the
 // wave barrier keeps the compiler from moving them across this point.
 #define TSYNCWARP()                                                                                \

@@ -71,6 +71,7 @@ inline int atomic_cas(int* p, int expected, int desired) {
 #define __syncthreads() sycl::group_barrier(tessera_sycl::item().get_group())
 #define TSYNCWARP() sycl::group_barrier(tessera_sycl::item().get_sub_group())
 #define TSHFL_XOR(v, m) sycl::permute_group_by_xor(tessera_sycl::item().get_sub_group(), (v), (m))
+#define TSHFL(v, src) sycl::select_from_group(tessera_sycl::item().get_sub_group(), (v), (src))
 #define TSHARED(type, name, dims)                                                           \
     static syclexp::work_group_static<type dims> name##_wgs;                                 \
     type(&name) dims = name##_wgs

@@ -1134,6 +1134,15 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
             // in turns; k = 17 super-blocks is 2.1 turns of 16-weight chunks (4.25 of Q8_0's 8).
             all.push((7, 1, 4352, [1, 1], [1, 1], Layout::Contiguous));
         }
+        if matches!(type_a, DType::Q8_0 | DType::Q4_0 | DType::Q4_K) {
+            // The GPUs' GEMM on integer tiles (9 or more columns): blocks of 64 rows by 64
+            // columns, k in stages of 256. Partial row and column blocks, a last stage of one
+            // 32-element block (k = 288), broadcast batches and permuted activations.
+            let k = if type_a == DType::Q4_K { 512 } else { 288 };
+            all.push((70, 65, k, [1, 1], [1, 1], Layout::Contiguous));
+            all.push((40, 12, k, [2, 1], [2, 2], Layout::Contiguous));
+            all.push((24, 9, k, [1, 1], [3, 1], Layout::Permuted));
+        }
         if !type_a.is_quantized() {
             // k not a multiple of the block size, and a single output row.
             all.push((16, 3, 67, [1, 1], [1, 1], Layout::Contiguous));
@@ -1157,11 +1166,13 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
         }
     }
     // Activations rounded as llama.cpp rounds them (rounding=llama): the GEMV over more than one
-    // 256-element step and a part of one, a batch of GEMVs, and the GEMM.
-    let rounded: [MulMatShape; 3] = [
+    // 256-element step and a part of one, a batch of GEMVs, the GEMM, and the GEMM on integer
+    // tiles.
+    let rounded: [MulMatShape; 4] = [
         (19, 1, 288, [1, 1], [1, 1], Layout::Contiguous),
         (16, 1, 96, [2, 1], [1, 2], Layout::Contiguous),
         (32, 7, 256, [1, 1], [1, 1], Layout::Contiguous),
+        (70, 65, 288, [1, 1], [1, 1], Layout::Contiguous),
     ];
     for type_a in types.into_iter().filter(|&t| rounds_activations_to_q8(t)) {
         for (m, n, k, bs, nr, layout) in rounded {

@@ -14,6 +14,9 @@ use tessera_cuda::nvrtc::{Nvrtc, Target};
 use tessera_kernels::gpu::unit::{TypeSet, Unit};
 use tessera_kernels::gpu::{HEADERS, KERNELS, SOURCES};
 
+/// The integer tile product `mma.cuh` issues on sm_80 and later.
+const MMA_I8: &str = "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32";
+
 /// Architectures every kernel must compile for.
 const ARCHS: [u32; 2] = [80, 90];
 
@@ -47,6 +50,11 @@ fn compile_trial(
                 let text = String::from_utf8_lossy(&out.image);
                 if !text.contains(&format!(".target sm_{a}")) {
                     return Err(Failed::from(format!("PTX lacks `.target sm_{a}`")));
+                }
+                // The quantized GEMM multiplies on tensor cores from sm_80 on, not through
+                // mma.cuh's portable tile product.
+                if file == "matmul.cu" && !text.contains(MMA_I8) {
+                    return Err(Failed::from(format!("PTX lacks `{MMA_I8}`")));
                 }
             }
             Target::Cubin(_) => {

@@ -93,10 +93,10 @@ pub fn rounds_activations(l: &Launch) -> bool {
     l.kernel == "k_quantize_x8"
 }
 
-/// Whether `l` is a GEMV on 8-bit activations: it reads the rounded activations and its
+/// Whether `l` is a product on 8-bit activations (GEMV or GEMM): it reads the rounded activations and its
 /// weights and writes only its output tensor.
 pub fn reads_rounded_activations(l: &Launch) -> bool {
-    l.kernel.starts_with("k_gemv8_")
+    l.kernel.starts_with("k_gemv8_") || l.kernel.starts_with("k_mmq_")
 }
 
 /// The device bytes tensor `t` at `ptr` may touch (a bound: it covers every element whatever
@@ -394,6 +394,20 @@ fn gemv8_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| tessera_core::settings::var_once(GEMV8_ENV).is_none_or(|v| v.trim() != "0"))
 }
+
+/// The environment variable that turns the GEMM on integer tensor-core tiles (`k_mmq_*`) off
+/// (`0`), for comparisons: products of more than 8 columns then take `k_mul_mat_tiled`.
+pub const MMQ_ENV: &str = "TESSERA_GPU_MMQ";
+
+fn mmq_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| tessera_core::settings::var_once(MMQ_ENV).is_none_or(|v| v.trim() != "0"))
+}
+
+/// Fewest activation columns the GEMM on integer tiles takes: products of up to 8 columns are
+/// the decode issue's (GEMVs and small batches), as in llama.cpp's split between its MMVQ and
+/// MMQ kernels.
+pub const MMQ_MIN_COLS: usize = 9;
 
 /// The environment variable that sets how many keys one block of the split decode attention
 /// takes (`k_flash_attn_split`; a multiple of 32, default at most 256), for tuning.
@@ -829,7 +843,7 @@ impl Planner<'_> {
     /// widest load needs: 4 bytes for Q4_K, 2 for the others) and f32 activations contiguous
     /// along k in 16-byte aligned rows. `args` holds the GEMV's tensors and broadcast factors.
     fn gemv8(&self, node: TensorId, w: TensorId, x: TensorId, args: &mut Args) -> Option<NodePlan> {
-        let (t, tw, tx) = (self.desc(node), self.desc(w), self.desc(x));
+        let (t, tw) = (self.desc(node), self.desc(w));
         let (kernel, align) = match tw.dtype() {
             DType::Q8_0 => ("k_gemv8_q8_0", 2),
             DType::Q4_0 => ("k_gemv8_q4_0", 2),
@@ -837,22 +851,45 @@ impl Planner<'_> {
             DType::Q6_K => ("k_gemv8_q6_k", 2),
             _ => return None,
         };
-        let k = tw.ne()[0];
-        let fits = gemv8_on()
-            && (self.has)(kernel)
+        if !gemv8_on() || !self.fits_x8(node, w, x, kernel, align) {
+            return None;
+        }
+        let (quantize, xq, xd, scratch) = self.quantize_x8(x);
+        // One block of 128 threads per `rows` weight rows of a plane.
+        let rows = g8_rows();
+        let blocks = tw.ne()[1].div_ceil(rows) * t.ne()[2] * t.ne()[3];
+        args.ptr(xq).ptr(xd).i32(rows as i32);
+        let gemv = launch(kernel, (blocks as u32, 1, 1), 128, args);
+        Some(NodePlan {
+            launches: vec![quantize, gemv],
+            scratch,
+        })
+    }
+
+    /// Whether the device has `kernel` and `k_quantize_x8`, and MUL_MAT `node` of weights `w`
+    /// and activations `x` fits a product on 8-bit activations: f32 output, weight rows packed
+    /// and aligned to `align` bytes (the widest weight load), k a multiple of 32, and f32
+    /// activations contiguous along k in 16-byte aligned rows.
+    fn fits_x8(&self, node: TensorId, w: TensorId, x: TensorId, kernel: &str, align: u64) -> bool {
+        let (t, tw, tx) = (self.desc(node), self.desc(w), self.desc(x));
+        (self.has)(kernel)
             && (self.has)("k_quantize_x8")
             && t.dtype() == DType::F32
             && tx.dtype() == DType::F32
             && tx.nb()[0] == 4
             && tw.nb()[0] == tw.dtype().type_size()
-            && k.is_multiple_of(32)
+            && tw.ne()[0].is_multiple_of(32)
             && self.rows_aligned(w, align)
-            && self.rows_aligned(x, 16);
-        if !fits {
-            return None;
-        }
-        // Scratch: the rounded levels (k bytes per activation row), then one f32 scale per 32.
-        let rows = tx.nrows();
+            && self.rows_aligned(x, 16)
+    }
+
+    /// `k_quantize_x8` rounding every row of activations `x` (f32, contiguous along k, a
+    /// multiple of 32) into scratch, as `(launch, levels, scales, scratch bytes)`: the levels
+    /// (k bytes per row), then one f32 scale per 32. Every product on 8-bit activations asks
+    /// for the same launch, so the stream can leave out a rounding already in scratch.
+    fn quantize_x8(&self, x: TensorId) -> (Launch, u64, u64, usize) {
+        let tx = self.desc(x);
+        let (rows, k) = (tx.nrows(), tx.ne()[0]);
         let levels = (rows * k).next_multiple_of(SCRATCH_ALIGN);
         let scales = rows * (k / 32) * 4;
         let (xq, xd) = (self.scratch, self.scratch + levels as u64);
@@ -864,14 +901,38 @@ impl Planner<'_> {
             .ptr(xd)
             .i64(groups as i64);
         let quantize = launch("k_quantize_x8", grid_1d(groups), BLOCK, &mut qargs);
-        // One block of 128 threads per `rows` weight rows of a plane.
-        let rows = g8_rows();
-        let blocks = tw.ne()[1].div_ceil(rows) * t.ne()[2] * t.ne()[3];
-        args.ptr(xq).ptr(xd).i32(rows as i32);
-        let gemv = launch(kernel, (blocks as u32, 1, 1), 128, args);
+        (quantize, xq, xd, levels + scales)
+    }
+
+    /// The GEMM on integer tensor-core tiles (`k_mmq_*`, matmul.cu) for MUL_MAT `node` of more
+    /// than [`MMQ_MIN_COLS`]` - 1` columns, if the device has it and the node fits it: the
+    /// activations rounded once into scratch as for [`Planner::gemv8`] (same weight types,
+    /// alignment and activation layout), then blocks of 128 threads over 64 weight rows by 64
+    /// columns. `args` holds the product's tensors and broadcast factors.
+    fn mmq(&self, node: TensorId, w: TensorId, x: TensorId, args: &mut Args) -> Option<NodePlan> {
+        let (t, tw, tx) = (self.desc(node), self.desc(w), self.desc(x));
+        let (kernel, align) = match tw.dtype() {
+            DType::Q8_0 => ("k_mmq_q8_0", 2),
+            DType::Q4_0 => ("k_mmq_q4_0", 2),
+            DType::Q4_K => ("k_mmq_q4_k", 4),
+            _ => return None,
+        };
+        let fits =
+            mmq_on() && tx.ne()[1] >= MMQ_MIN_COLS && self.fits_x8(node, w, x, kernel, align);
+        if !fits {
+            return None;
+        }
+        let (quantize, xq, xd, scratch) = self.quantize_x8(x);
+        args.ptr(xq).ptr(xd);
+        let grid = (
+            tw.ne()[1].div_ceil(64) as u32,
+            tx.ne()[1].div_ceil(64) as u32,
+            (t.ne()[2] * t.ne()[3]) as u32,
+        );
+        let gemm = launch(kernel, grid, 128, args);
         Some(NodePlan {
-            launches: vec![quantize, gemv],
-            scratch: levels + scales,
+            launches: vec![quantize, gemm],
+            scratch,
         })
     }
 
@@ -892,6 +953,9 @@ impl Planner<'_> {
         if ncols == 1
             && let Some(p) = self.gemv8(node, w, x, &mut args)
         {
+            return p;
+        }
+        if let Some(p) = self.mmq(node, w, x, &mut args) {
             return p;
         }
         let fast = if ncols == 1 {
@@ -950,6 +1014,49 @@ mod tests {
         assert_eq!(u.label(), "matmul.cu:k_mul_mat_vec_q[f32,f16,q4_K]");
         let l = plan(ts, &ptrs, mem, b).launches.remove(0);
         assert_eq!(TypeSet::of_launch(&l).to_string(), "f16,bf16");
+    }
+
+    /// Products of 9 or more columns with Q8_0, Q4_0 or Q4_K weights round their activations
+    /// and take the integer-tile GEMM, whose rounding launch is the GEMV's for the same input
+    /// (so the stream can share it); 8 columns and other weight types take the tiled GEMM.
+    #[test]
+    fn wide_quantized_products_take_the_tile_gemm() {
+        let mut ctx = tessera_core::Context::new();
+        let w = ctx.new_tensor(DType::Q4_0, [288, 70]).unwrap();
+        let w6 = ctx.new_tensor(DType::Q6_K, [256, 70]).unwrap();
+        let x = ctx.new_tensor(DType::F32, [288, 9]).unwrap();
+        let x8 = ctx.new_tensor(DType::F32, [288, 8]).unwrap();
+        let x6 = ctx.new_tensor(DType::F32, [256, 9]).unwrap();
+        let y = ctx.mul_mat(w, x).unwrap();
+        let y8 = ctx.mul_mat(w, x8).unwrap();
+        let y6 = ctx.mul_mat(w6, x6).unwrap();
+        let ts = ctx.tensors();
+        let ptrs = vec![0x1000u64; ts.len()];
+        let mem = StreamMem {
+            status: 0x40,
+            scratch: 0x10000,
+            scratch_len: 1 << 20,
+        };
+        let p = plan(ts, &ptrs, mem, y);
+        let kernels: Vec<&str> = p.launches.iter().map(|l| l.kernel).collect();
+        assert_eq!(kernels, ["k_quantize_x8", "k_mmq_q4_0"]);
+        // 9 rows of 288 levels (to 256 bytes), then 9 × 9 scales.
+        assert_eq!(p.scratch, 2816 + 9 * 9 * 4);
+        let gemm = &p.launches[1];
+        assert_eq!((gemm.grid, gemm.block), ((2, 1, 1), 128));
+        assert_eq!(
+            gemm.args[5..],
+            [Arg::Ptr(0x10000), Arg::Ptr(0x10000 + 2816)]
+        );
+        assert!(rounds_activations(&p.launches[0]) && reads_rounded_activations(gemm));
+        assert_eq!(
+            plan(ts, &ptrs, mem, y8).launches[0].kernel,
+            "k_mul_mat_tiled"
+        );
+        assert_eq!(
+            plan(ts, &ptrs, mem, y6).launches[0].kernel,
+            "k_mul_mat_tiled"
+        );
     }
 
     /// MUL_MAT_ID takes the listed weight types only, ARGSORT rows up to ARGSORT_MAX, and the

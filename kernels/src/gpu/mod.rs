@@ -14,10 +14,12 @@ pub mod launch;
 pub mod unit;
 
 /// Headers the sources include, as `(include name, text)`.
-/// `codes.cuh` comes first: `common.cuh` includes it, and [`assemble`] inlines them in this order.
+/// `codes.cuh` comes first: `common.cuh` includes it (and `mma.cuh` includes `common.cuh`), and
+/// [`assemble`] inlines them in this order.
 pub const HEADERS: &[(&str, &str)] = &[
     ("codes.cuh", include_str!("../../gpu/codes.cuh")),
     ("common.cuh", include_str!("../../gpu/common.cuh")),
+    ("mma.cuh", include_str!("../../gpu/mma.cuh")),
 ];
 
 /// Translation units, as `(file name, text)`.
@@ -70,6 +72,9 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("matmul.cu", "k_gemv8_q4_0"),
     ("matmul.cu", "k_gemv8_q4_k"),
     ("matmul.cu", "k_gemv8_q6_k"),
+    ("matmul.cu", "k_mmq_q8_0"),
+    ("matmul.cu", "k_mmq_q4_0"),
+    ("matmul.cu", "k_mmq_q4_k"),
     ("moe.cu", "k_mul_mat_id"),
     ("moe.cu", "k_add_id"),
     ("moe.cu", "k_argsort"),
