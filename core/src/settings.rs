@@ -49,8 +49,9 @@ pub enum Setting {
     GpuFuse,
     /// `0` turns off the GPU GEMVs on 8-bit activations.
     GpuGemv8,
-    /// `0` turns off the GPU GEMM on integer tensor-core tiles for quantized weights.
-    GpuMmq,
+    /// `0` turns off the GPU kernels on tensor-core tiles (the quantized GEMM, prompt
+    /// attention).
+    GpuMma,
     /// Keys per block of the GPU split decode attention (rounded up to a multiple of 32).
     GpuFaChunk,
     /// Weight rows per block of the GPU GEMVs on 8-bit activations.
@@ -115,7 +116,7 @@ impl Setting {
         Setting::GpuReplay,
         Setting::GpuFuse,
         Setting::GpuGemv8,
-        Setting::GpuMmq,
+        Setting::GpuMma,
         Setting::GpuFaChunk,
         Setting::GpuG8Rows,
         Setting::CudaAllReduce,
@@ -150,7 +151,7 @@ impl Setting {
             Setting::GpuReplay => ("gpu.replay", "TESSERA_GPU_REPLAY", Switch, Creation),
             Setting::GpuFuse => ("gpu.fuse", "TESSERA_GPU_FUSE", Switch, Once),
             Setting::GpuGemv8 => ("gpu.gemv8", "TESSERA_GPU_GEMV8", Switch, Once),
-            Setting::GpuMmq => ("gpu.mmq", "TESSERA_GPU_MMQ", Switch, Once),
+            Setting::GpuMma => ("gpu.mma", "TESSERA_GPU_MMA", Switch, Once),
             Setting::GpuFaChunk => (
                 "gpu.fa-chunk",
                 "TESSERA_GPU_FA_CHUNK",

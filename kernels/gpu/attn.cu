@@ -3,6 +3,7 @@
 // optional mask [n_kv, >=n_q]; optional sinks f32 [h] (one more logit per head in the softmax
 // denominator, as is, with no value); dst [dv, h, n_q, b] f32. d and dv are at most FA_MAX_D.
 #include "common.cuh"
+#include "mma.cuh"
 
 #define FA_WARPS 4
 #define FA_MAX_D 512
@@ -440,6 +441,26 @@ FS_UNROLL(unroll 8)
 // accumulates columns c, c + 32, ... of P·V. A key tile that the mask hides from every query of
 // the block (a causal mask's upper triangle) is skipped whole. d == dv, a multiple of 32 up to
 // FT_MAX_D; the planner sends other shapes and decoding (few queries) to k_flash_attn_ext.
+// Whether any pair of queries q0 .. q0 + nq - 1 and keys j0 .. j0 + nk - 1 (those below n_q and
+// n_kv) survives the mask, through the block-shared flag `live`; every thread of the block calls
+// it, and it first waits for the block's readers of the previous tile.
+__device__ __forceinline__ bool fa_tile_live(const Tensor& mask, int has_mask, i64 q0, int nq, i64 n_q, i64 j0,
+                                             int nk, i64 n_kv, int* live) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        live[0] = 0;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < nq * nk; e += blockDim.x) {
+        i64 iq = q0 + e / nk, j = j0 + e % nk;
+        if (iq < n_q && j < n_kv && (!has_mask || ld(mask, j, iq, 0, 0) != NEG_INF)) {
+            live[0] = 1;
+        }
+    }
+    __syncthreads();
+    return live[0] != 0;
+}
+
 #define FT_WARPS 4
 #define FT_QW 4
 #define FT_Q (FT_WARPS * FT_QW)
@@ -482,20 +503,7 @@ extern "C" __global__ void k_flash_attn_tiled(Tensor dst, Tensor q, Tensor k, Te
         }
     }
     for (i64 j0 = 0; j0 < n_kv; j0 += FT_KT) {
-        __syncthreads(); // the previous tile's readers are done
-        if (threadIdx.x == 0) {
-            live[0] = 0;
-        }
-        __syncthreads();
-        // Does any (query, key) pair of the tile survive the mask?
-        for (int e = threadIdx.x; e < FT_Q * FT_KT; e += FT_WARPS * 32) {
-            i64 iq = q0 + e / FT_KT, j = j0 + e % FT_KT;
-            if (iq < n_q && j < n_kv && (!has_mask || ld(mask, j, iq, 0, 0) != NEG_INF)) {
-                live[0] = 1;
-            }
-        }
-        __syncthreads();
-        if (live[0] == 0) {
+        if (!fa_tile_live(mask, has_mask, q0, FT_Q, n_q, j0, FT_KT, n_kv, live)) {
             continue;
         }
         for (int e = threadIdx.x; e < FT_KT * d; e += FT_WARPS * 32) {
@@ -584,6 +592,222 @@ extern "C" __global__ void k_flash_attn_tiled(Tensor dst, Tensor q, Tensor k, Te
         for (int t = 0; t < FT_MAX_D / 32; t++) {
             if (t < nt) {
                 st(dst, lane + 32 * t, h, iq, b, acc[i][t] * inv);
+            }
+        }
+    }
+}
+
+// ----- prompts on tensor cores: f16 tiles of queries, keys and values -----
+//
+// k_flash_attn_mma: a block of FM_WARPS warps takes FM_Q rows, each a (query, head) pair:
+// FM_Q / gq queries of gq query heads that share one KV head (gq a power of two dividing the
+// group, at most 16), so every staged key and value serves all of them. Warp w owns rows
+// 16 w .. 16 w + 15 (row r: query q0 + r / gq, head h0 + r % gq), its queries held in registers
+// as f16 A fragments (mma.cuh). Keys and values go through shared memory as f16 in tiles of
+// FM_KT (values transposed, so that a B fragment's two keys of one column are one word); a tile
+// the mask hides from every row of the block is skipped whole (a causal mask's upper triangle).
+// Scores S = Q · Kᵀ with mma_f16 into f32, then scale, softcap, ALiBi and mask per element and
+// an online softmax per row (a row's 32 keys are spread over the 4 lanes of its group); the f32
+// scores become, packed to f16, the A fragments of P · V, accumulated in f32. d == dv, a
+// multiple of 16 up to FM_MAX_D; K and V of any type the decoders read (the planner sends F16 and
+// BF16 caches: f16 products of llama.cpp-rounded queries with 8-bit keys would not be llama.cpp's).
+// grid = (ceil(n_q / (FM_Q / gq)), n_head / gq, batch).
+#define FM_WARPS 4
+// Loops over fragments unrolled on CUDA, so that they stay in registers; hipRTC's clang warns
+// that it cannot unroll the ones holding tile products (and warnings fail the toolchain test),
+// and the SYCL compiler is left to its own choice.
+#if defined(TESSERA_CUDA) && !defined(TESSERA_COMPAT)
+#define FM_UNROLL _Pragma("unroll")
+#else
+#define FM_UNROLL
+#endif
+#define FM_Q (16 * FM_WARPS)
+#define FM_KT 32
+#define FM_MAX_D 128
+// Words (f16 pairs) per staged key row and per transposed value row: padded so that the eight
+// rows and four words of one B fragment fall in 32 different banks.
+#define FM_K_WORDS (FM_MAX_D / 2 + 4)
+#define FM_V_WORDS (FM_KT / 2 + 4)
+
+// Element (i0, i1, i2, i3) of t as f16 bits (F16 as stored).
+__device__ __forceinline__ u16 fm_ld_h(const Tensor& t, i64 i0, i64 i1, i64 i2, i64 i3) {
+    if (IS_T(t.type, T_F16)) {
+        return *(const u16*)(row_ptr(t, i1, i2, i3) + i0 * t.nb[0]);
+    }
+    return f2h(ld(t, i0, i1, i2, i3));
+}
+
+extern "C" __global__ void k_flash_attn_mma(Tensor dst, Tensor q, Tensor k, Tensor v, Tensor mask, int has_mask,
+                                            float scale, float softcap, int alibi, float m0, float m1,
+                                            int n_head_log2, Tensor sinks, int has_sinks, int gq) {
+    TSHARED(u32, ks, [FM_KT][FM_K_WORDS]);
+    TSHARED(u32, vt, [FM_MAX_D][FM_V_WORDS]);
+    TSHARED(int, live, [1]);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int g = lane / 4, t = lane % 4;
+    i64 n_q = q.ne[1], n_kv = k.ne[1];
+    int qpb = FM_Q / gq;
+    i64 q0 = (i64)blockIdx.x * qpb;
+    i64 h0 = (i64)blockIdx.y * gq;
+    i64 b = blockIdx.z;
+    i64 hk = h0 / (q.ne[2] / k.ne[2]);
+    int d = (int)q.ne[0];
+    int nks = d / 16;
+    // This lane's two rows: 16 warp + g and that + 8.
+    i64 iq[2], hr[2];
+    float slope[2];
+    for (int e = 0; e < 2; e++) {
+        int r = 16 * warp + g + 8 * e;
+        iq[e] = q0 + r / gq;
+        hr[e] = h0 + r % gq;
+        slope[e] = fa_slope(hr[e], alibi, m0, m1, n_head_log2);
+    }
+    // Queries as f16 A fragments (rows past n_q are zero), rounded to bf16 first for BF16 keys
+    // as llama.cpp's CPU rounds them.
+    mma_a16 qa[FM_MAX_D / 16];
+FM_UNROLL
+    for (int s = 0; s < FM_MAX_D / 16; s++) {
+        for (int w = 0; w < 4; w++) {
+            int e = w % 2;
+            int c = 16 * s + 2 * t + 8 * (w / 2);
+            float x0 = 0.0f, x1 = 0.0f;
+            if (s < nks && iq[e] < n_q) {
+                x0 = ld(q, c, iq[e], hr[e], b);
+                x1 = ld(q, c + 1, iq[e], hr[e], b);
+                if (IS_T(k.type, T_BF16)) {
+                    x0 = bf2f(f2bf(x0));
+                    x1 = bf2f(f2bf(x1));
+                }
+            }
+            qa[s].x[w] = pack_h2(f2h(x0), f2h(x1));
+        }
+    }
+    mma_c32f o[FM_MAX_D / 8];
+FM_UNROLL
+    for (int n = 0; n < FM_MAX_D / 8; n++) {
+        for (int e = 0; e < 4; e++) {
+            o[n].x[e] = 0.0f;
+        }
+    }
+    // Per row: the running maximum, and this lane's share of the sum (its columns only; the
+    // group's four shares are added at the end).
+    float mmax[2] = {NEG_INF, NEG_INF}, lsum[2] = {0.0f, 0.0f};
+    for (i64 j0 = 0; j0 < n_kv; j0 += FM_KT) {
+        if (!fa_tile_live(mask, has_mask, q0, qpb, n_q, j0, FM_KT, n_kv, live)) {
+            continue;
+        }
+        TLOOP_ROLLED
+        for (int e = threadIdx.x; e < FM_KT * (d / 2); e += FM_WARPS * 32) {
+            int jj = e / (d / 2), c = 2 * (e % (d / 2));
+            i64 j = j0 + jj;
+            u16 a = j < n_kv ? fm_ld_h(k, c, j, hk, b) : (u16)0;
+            u16 a1 = j < n_kv ? fm_ld_h(k, c + 1, j, hk, b) : (u16)0;
+            ks[jj][c / 2] = pack_h2(a, a1);
+        }
+        TLOOP_ROLLED
+        for (int e = threadIdx.x; e < (FM_KT / 2) * d; e += FM_WARPS * 32) {
+            int c = e % d, jp = e / d;
+            i64 j = j0 + 2 * jp;
+            u16 a = j < n_kv ? fm_ld_h(v, c, j, hk, b) : (u16)0;
+            u16 a1 = j + 1 < n_kv ? fm_ld_h(v, c, j + 1, hk, b) : (u16)0;
+            vt[c][jp] = pack_h2(a, a1);
+        }
+        __syncthreads();
+        // Scores of the warp's 16 rows with the tile's keys, 8 keys per C tile.
+        mma_c32f sc[FM_KT / 8];
+FM_UNROLL
+        for (int n = 0; n < FM_KT / 8; n++) {
+            for (int e = 0; e < 4; e++) {
+                sc[n].x[e] = 0.0f;
+            }
+FM_UNROLL
+            for (int s = 0; s < FM_MAX_D / 16; s++) {
+                if (s < nks) {
+                    mma_b16 kb;
+                    kb.x[0] = ks[8 * n + g][8 * s + t];
+                    kb.x[1] = ks[8 * n + g][8 * s + 4 + t];
+                    mma_f16(sc[n], qa[s], kb);
+                }
+            }
+        }
+        float tmax[2] = {NEG_INF, NEG_INF};
+FM_UNROLL
+        for (int n = 0; n < FM_KT / 8; n++) {
+            for (int e = 0; e < 4; e++) {
+                int r = e / 2;
+                i64 j = j0 + 8 * n + 2 * t + (e % 2);
+                float x = sc[n].x[e] * scale;
+                if (softcap != 0.0f) {
+                    x = softcap * tanhf(x);
+                }
+                float mv = 0.0f;
+                if (j >= n_kv || iq[r] >= n_q) {
+                    mv = NEG_INF;
+                } else if (has_mask) {
+                    mv = slope[r] * ld(mask, j, iq[r], 0, 0);
+                }
+                x = mv == NEG_INF ? NEG_INF : x + mv;
+                sc[n].x[e] = x;
+                tmax[r] = fmaxf(tmax[r], x);
+            }
+        }
+        float corr[2];
+        for (int r = 0; r < 2; r++) {
+            // The row's maximum over its group of four lanes.
+            tmax[r] = fmaxf(tmax[r], TSHFL_XOR(tmax[r], 1));
+            tmax[r] = fmaxf(tmax[r], TSHFL_XOR(tmax[r], 2));
+            float newmax = fmaxf(mmax[r], tmax[r]);
+            corr[r] = mmax[r] == NEG_INF ? 0.0f : expf(mmax[r] - newmax);
+            mmax[r] = newmax;
+            lsum[r] *= corr[r];
+        }
+FM_UNROLL
+        for (int n = 0; n < FM_KT / 8; n++) {
+            for (int e = 0; e < 4; e++) {
+                int r = e / 2;
+                float p = mmax[r] == NEG_INF ? 0.0f : expf(sc[n].x[e] - mmax[r]);
+                sc[n].x[e] = p;
+                lsum[r] += p;
+            }
+        }
+FM_UNROLL
+        for (int n = 0; n < FM_MAX_D / 8; n++) {
+            o[n].x[0] *= corr[0];
+            o[n].x[1] *= corr[0];
+            o[n].x[2] *= corr[1];
+            o[n].x[3] *= corr[1];
+        }
+        // P · V: the probabilities of keys 16 s .. 16 s + 15 are the A fragment of step s.
+FM_UNROLL
+        for (int s = 0; s < FM_KT / 16; s++) {
+            mma_a16 pa;
+            pa.x[0] = pack_h2(f2h(sc[2 * s].x[0]), f2h(sc[2 * s].x[1]));
+            pa.x[1] = pack_h2(f2h(sc[2 * s].x[2]), f2h(sc[2 * s].x[3]));
+            pa.x[2] = pack_h2(f2h(sc[2 * s + 1].x[0]), f2h(sc[2 * s + 1].x[1]));
+            pa.x[3] = pack_h2(f2h(sc[2 * s + 1].x[2]), f2h(sc[2 * s + 1].x[3]));
+FM_UNROLL
+            for (int n = 0; n < FM_MAX_D / 8; n++) {
+                if (n < d / 8) {
+                    mma_b16 vb;
+                    vb.x[0] = vt[8 * n + g][8 * s + t];
+                    vb.x[1] = vt[8 * n + g][8 * s + 4 + t];
+                    mma_f16(o[n], pa, vb);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        float total = lsum[r];
+        total += TSHFL_XOR(total, 1);
+        total += TSHFL_XOR(total, 2);
+        if (iq[r] >= n_q) {
+            continue;
+        }
+        float inv = fa_out_factor(mmax[r], total, has_sinks, sinks, hr[r]);
+        for (int n = 0; n < FM_MAX_D / 8; n++) {
+            if (n < d / 8) {
+                st(dst, 8 * n + 2 * t, hr[r], iq[r], b, o[n].x[2 * r] * inv);
+                st(dst, 8 * n + 2 * t + 1, hr[r], iq[r], b, o[n].x[2 * r + 1] * inv);
             }
         }
     }

@@ -1580,6 +1580,30 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
             ..prompt
         }));
     }
+    // Prompts on the GPUs' tensor-core tiles (F16 and BF16 caches): 64 (query, head) rows per
+    // block, the heads of a KV group sharing it. Groups of 8 (8 queries a block) and 3 (one
+    // head a block), head size 80 (five 16-wide steps), a causal mask over a cached past, a
+    // window, 65 queries of one head (a second block). (BF16: the rounding=llama cases.)
+    for (kv, d, h, h_kv, n_q, n_kv, causal, window) in [
+        (DType::F16, 64, 16, 2, 70, 100, true, 0),
+        (DType::F16, 80, 6, 2, 37, 37, true, 0),
+        (DType::F16, 128, 8, 2, 70, 133, true, 0),
+        (DType::F16, 64, 4, 4, 65, 90, false, 20),
+    ] {
+        v.push(flash_attn_case(Fa {
+            d,
+            dv: d,
+            h,
+            h_kv,
+            n_q,
+            n_kv,
+            mask: Some(DType::F16),
+            causal,
+            window,
+            kv,
+            ..base
+        }));
+    }
     for kv in [DType::F16, DType::F32] {
         // One query (token generation), no GQA.
         v.push(flash_attn_case(Fa {

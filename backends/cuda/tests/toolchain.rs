@@ -14,8 +14,17 @@ use tessera_cuda::nvrtc::{Nvrtc, Target};
 use tessera_kernels::gpu::unit::{TypeSet, Unit};
 use tessera_kernels::gpu::{HEADERS, KERNELS, SOURCES};
 
-/// The integer tile product `mma.cuh` issues on sm_80 and later.
-const MMA_I8: &str = "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32";
+/// The tile products `mma.cuh` issues on sm_80 and later, and a source that must use each.
+const MMA: [(&str, &str); 2] = [
+    (
+        "matmul.cu",
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
+    ),
+    (
+        "attn.cu",
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+    ),
+];
 
 /// Architectures every kernel must compile for.
 const ARCHS: [u32; 2] = [80, 90];
@@ -51,10 +60,12 @@ fn compile_trial(
                 if !text.contains(&format!(".target sm_{a}")) {
                     return Err(Failed::from(format!("PTX lacks `.target sm_{a}`")));
                 }
-                // The quantized GEMM multiplies on tensor cores from sm_80 on, not through
-                // mma.cuh's portable tile product.
-                if file == "matmul.cu" && !text.contains(MMA_I8) {
-                    return Err(Failed::from(format!("PTX lacks `{MMA_I8}`")));
+                // The quantized GEMM and prompt attention multiply on tensor cores from sm_80
+                // on, not through mma.cuh's portable tile products.
+                for (source, instruction) in MMA {
+                    if file == source && !text.contains(instruction) {
+                        return Err(Failed::from(format!("PTX lacks `{instruction}`")));
+                    }
                 }
             }
             Target::Cubin(_) => {

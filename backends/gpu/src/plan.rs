@@ -395,13 +395,14 @@ fn gemv8_on() -> bool {
     *ON.get_or_init(|| tessera_core::settings::var_once(GEMV8_ENV).is_none_or(|v| v.trim() != "0"))
 }
 
-/// The environment variable that turns the GEMM on integer tensor-core tiles (`k_mmq_*`) off
-/// (`0`), for comparisons: products of more than 8 columns then take `k_mul_mat_tiled`.
-pub const MMQ_ENV: &str = "TESSERA_GPU_MMQ";
+/// The environment variable that turns the kernels on tensor-core tiles off (`0`), for
+/// comparisons: quantized products of more than 8 columns then take `k_mul_mat_tiled` instead
+/// of `k_mmq_*`, prompt attention `k_flash_attn_tiled` instead of `k_flash_attn_mma`.
+pub const MMA_ENV: &str = "TESSERA_GPU_MMA";
 
-fn mmq_on() -> bool {
+fn mma_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| tessera_core::settings::var_once(MMQ_ENV).is_none_or(|v| v.trim() != "0"))
+    *ON.get_or_init(|| tessera_core::settings::var_once(MMA_ENV).is_none_or(|v| v.trim() != "0"))
 }
 
 /// Fewest activation columns the GEMM on integer tiles takes: products of up to 8 columns are
@@ -431,6 +432,14 @@ fn fa_chunk(n_kv: usize) -> usize {
             .map(|c| c.next_multiple_of(32).max(32))
     });
     forced.unwrap_or_else(|| (n_kv / 2).next_multiple_of(32).clamp(32, FA_CHUNK))
+}
+
+/// Query heads per block of `k_flash_attn_mma` for `group` query heads per KV head: the
+/// largest power of two dividing it, at most 16 (a block's 64 rows are 64 / that queries of
+/// that many heads, which share each staged key and value).
+fn fa_heads_per_block(group: usize) -> usize {
+    let pow2 = 1usize << group.max(1).trailing_zeros();
+    pow2.min(16)
 }
 
 /// The environment variable that sets the weight rows per block of the GEMV on 8-bit
@@ -690,6 +699,28 @@ impl Planner<'_> {
                 // Prompts: FT_Q (16) queries per block of one head, keys through shared memory
                 // (attn.cu); d == dv, a multiple of 32 up to 128.
                 let (d, dv) = (tq.ne()[0], self.desc(v).ne()[0]);
+                // On tensor-core tiles: F16 or BF16 caches, d == dv a multiple of 16 up to
+                // 128; 64 (query, head) rows per block, `gq` heads of one KV group each.
+                let half = |id: TensorId| matches!(self.desc(id).dtype(), DType::F16 | DType::BF16);
+                let on_mma = mma_on()
+                    && tq.ne()[1] >= 8
+                    && d == dv
+                    && d.is_multiple_of(16)
+                    && d <= 128
+                    && half(k)
+                    && half(v)
+                    && (self.has)("k_flash_attn_mma");
+                if on_mma {
+                    let group = tq.ne()[2] / self.desc(k).ne()[2].max(1);
+                    let gq = fa_heads_per_block(group);
+                    let grid = (
+                        tq.ne()[1].div_ceil(64 / gq) as u32,
+                        (tq.ne()[2] / gq) as u32,
+                        tq.ne()[3] as u32,
+                    );
+                    args.i32(gq as i32);
+                    return self.go("k_flash_attn_mma", grid, 128, &mut args);
+                }
                 let tiled = tq.ne()[1] >= 8
                     && d == dv
                     && d.is_multiple_of(32)
@@ -918,7 +949,7 @@ impl Planner<'_> {
             _ => return None,
         };
         let fits =
-            mmq_on() && tx.ne()[1] >= MMQ_MIN_COLS && self.fits_x8(node, w, x, kernel, align);
+            mma_on() && tx.ne()[1] >= MMQ_MIN_COLS && self.fits_x8(node, w, x, kernel, align);
         if !fits {
             return None;
         }
@@ -1056,6 +1087,54 @@ mod tests {
         assert_eq!(
             plan(ts, &ptrs, mem, y6).launches[0].kernel,
             "k_mul_mat_tiled"
+        );
+    }
+
+    /// Prompt attention over F16/BF16 caches takes the tensor-core kernel, a block holding the
+    /// largest power-of-two share of each KV group's heads (at most 16); quantized caches and
+    /// decoding take the other kernels.
+    #[test]
+    fn prompt_attention_takes_the_tile_kernel() {
+        let heads: Vec<usize> = [1, 2, 3, 4, 6, 8, 12, 32]
+            .into_iter()
+            .map(fa_heads_per_block)
+            .collect();
+        assert_eq!(heads, [1, 2, 1, 4, 2, 8, 4, 16]);
+        let mut ctx = tessera_core::Context::new();
+        let q = ctx.new_tensor(DType::F32, [128, 70, 32, 2]).unwrap();
+        let q1 = ctx.new_tensor(DType::F32, [128, 1, 32, 2]).unwrap();
+        let k = ctx.new_tensor(DType::F16, [128, 256, 8, 2]).unwrap();
+        let v = ctx.new_tensor(DType::BF16, [128, 256, 8, 2]).unwrap();
+        let k8 = ctx.new_tensor(DType::Q8_0, [128, 256, 8, 2]).unwrap();
+        let m = ctx.new_tensor(DType::F16, [256, 80]).unwrap();
+        let y = ctx.flash_attn_ext(q, k, v, Some(m), 0.1, 0.0, 0.0).unwrap();
+        let y8 = ctx
+            .flash_attn_ext(q, k8, v, Some(m), 0.1, 0.0, 0.0)
+            .unwrap();
+        let y1 = ctx
+            .flash_attn_ext(q1, k, v, Some(m), 0.1, 0.0, 0.0)
+            .unwrap();
+        let ts = ctx.tensors();
+        let ptrs = vec![0x1000u64; ts.len()];
+        let mem = StreamMem {
+            status: 0x40,
+            scratch: 0x10000,
+            scratch_len: 1 << 20,
+        };
+        let l = plan(ts, &ptrs, mem, y).launches.remove(0);
+        // Groups of 4 heads: 16 queries of 4 heads per block.
+        assert_eq!(
+            (l.kernel, l.grid, l.block),
+            ("k_flash_attn_mma", (5, 8, 2), 128)
+        );
+        assert_eq!(l.args.last(), Some(&Arg::I32(4)));
+        assert_eq!(
+            plan(ts, &ptrs, mem, y8).launches[0].kernel,
+            "k_flash_attn_tiled"
+        );
+        assert_ne!(
+            plan(ts, &ptrs, mem, y1).launches[0].kernel,
+            "k_flash_attn_mma"
         );
     }
 

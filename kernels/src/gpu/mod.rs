@@ -38,6 +38,7 @@ pub const SOURCES: &[(&str, &str)] = &[
 pub const KERNELS: &[(&str, &str)] = &[
     ("attn.cu", "k_flash_attn_ext"),
     ("attn.cu", "k_flash_attn_tiled"),
+    ("attn.cu", "k_flash_attn_mma"),
     ("attn.cu", "k_flash_attn_split"),
     ("attn.cu", "k_flash_attn_split128"),
     ("attn.cu", "k_flash_attn_merge"),
