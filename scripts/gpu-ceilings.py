@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The GPU's own ceilings through torch, for scripts/gpu-perf.sh: device-to-device copy bandwidth
-(bytes read plus written per second), bf16 matrix products at the GEMM shapes bench-ops runs and
+(bytes read plus written per second), bf16 matrix products at the GEMM shapes bench-ops runs (n =
+16, 64, 512, 2048) and
 at 8192^3, a bf16 GEMV at the GEMV shape, and causal scaled_dot_product_attention at the
 attention shape. Times are CUDA-event medians after warm-up, on random data, with inputs rotated
 past L2 where one input set would fit in it. Writes one JSON object to the file named by argv[1].
@@ -38,6 +39,8 @@ def main():
         "l2_bytes": getattr(props, "L2_cache_size", 0),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "gemm_m": m,
+        "gemm_k": k,
     }
     # Copy: 2 GiB source, bytes read + bytes written.
     n = 1 << 29
@@ -46,18 +49,20 @@ def main():
     ms = median_ms(lambda: dst.copy_(src))
     res["copy_bytes_per_s"] = 2 * src.numel() * 4 / (ms * 1e-3)
     del src, dst
-    # bf16 matmul: the bench-ops GEMM shape (m x k weights, n = 512 columns) and 8192^3.
+    # bf16 matmul: the bench-ops GEMM shapes (m x k weights, n = 16, 64, 512 and 2048 columns)
+    # and 8192^3.
     sets = 4
     ws = [torch.randn(m, k, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
-    x = torch.randn(k, 512, device=dev, dtype=torch.bfloat16)
     i = [0]
+    for n in (16, 64, 512, 2048):
+        x = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
 
-    def mm():
-        i[0] += 1
-        return ws[i[0] % sets] @ x
+        def mm():
+            i[0] += 1
+            return ws[i[0] % sets] @ x
 
-    ms = median_ms(mm)
-    res["bf16_gemm_n512_flops"] = 2 * m * 512 * k / (ms * 1e-3)
+        ms = median_ms(mm)
+        res[f"bf16_gemm_n{n}_flops"] = 2 * m * n * k / (ms * 1e-3)
     xv = torch.randn(k, 1, device=dev, dtype=torch.bfloat16)
 
     def mv():

@@ -60,6 +60,10 @@ def main():
     mm_big = ceil.get("bf16_gemm_8192_flops")
     sdpa = ceil.get("sdpa_causal_2048_ms")
     res = []
+    # The GEMM shape of the ceilings (gpu-perf.sh's M x K), and Tessera's GEMM figures by
+    # (type, m, n, k, device) for the comparison with llama.cpp's own.
+    main_shape = f"{ceil.get('gemm_m', 14336)}x{ceil.get('gemm_k', 4096)}"
+    ours_gemm = {}
 
     def add(what, dev, value, unit, ceiling, ratio, target):
         res.append({"what": what, "device": dev, "value": value, "unit": unit,
@@ -72,25 +76,30 @@ def main():
                     add(r[0], r[1], None, "error", None, None, None)
                 continue
             label, dev = r[0], r[1]
-            variant = re.search(r"ops-(?:gv-(.+)|overhead-(norep))\.log$", log)
+            variant = re.search(r"ops-(?:gv-(.+)|overhead-(norep)|(mma-off|gemv8-off|gemv8-unroll4))\.log$", log)
             if variant:
-                dev = f"{dev} {variant.group(1) or 'no replay'}"
+                dev = f"{dev} {variant.group(1) or variant.group(3) or 'no replay'}"
             us, us_node, gflops, gbs = num(r[4]), num(r[5]), num(r[6]), num(r[7])
             vk = dev.startswith("VK")
             m = re.match(r"MUL_MAT\(type_a=(\w+),type_b=f32,m=(\d+),n=(\d+),k=(\d+)\)", label)
             if m:
                 t, n = m.group(1), int(m.group(3))
+                shape = f"{m.group(2)}x{m.group(4)}"
                 if n == 1:
                     ratio = gbs * 1e9 / copy if copy else None
-                    add(f"GEMV {t} {m.group(2)}x{m.group(4)}", dev, gbs, "GB/s",
+                    add(f"GEMV {t} {shape}", dev, gbs, "GB/s",
                         copy and copy / 1e9, ratio, 0.4 if vk else 0.6)
                 else:
-                    ratio = gflops * 1e9 / mm if mm else None
-                    add(f"GEMM {t} n={n}", dev, gflops / 1e3, "TFLOP/s", mm and mm / 1e12, ratio,
-                        0.3 if t in QUANT else 0.5)
-            elif label.startswith("FLASH_ATTN_EXT") and "nb=2048" in label:
+                    ours_gemm[(t, int(m.group(2)), n, int(m.group(4)), dev)] = gflops
+                    # Against torch's bf16 product on the same shape (the ceilings' shape only).
+                    torch_mm = ceil.get(f"bf16_gemm_n{n}_flops") if shape == main_shape else None
+                    ratio = gflops * 1e9 / torch_mm if torch_mm else None
+                    target = None if t in QUANT else (0.8 if n == 512 and not vk else None)
+                    add(f"GEMM {t} {shape} n={n}", dev, gflops / 1e3, "TFLOP/s",
+                        torch_mm and torch_mm / 1e12, ratio, target)
+            elif label.startswith("FLASH_ATTN_EXT") and "nb=2048" in label and "mask=causal" in label:
                 add("attention 2048 causal (ms)", dev, us / 1e3, "ms", sdpa,
-                    sdpa / (us / 1e3) if sdpa else None, 0.3)
+                    sdpa / (us / 1e3) if sdpa else None, 0.5)
             elif label.startswith("FLASH_ATTN_EXT"):
                 add(label.split("(")[1].rstrip(")"), dev, gflops / 1e3, "TFLOP/s", None, None, None)
             elif label.startswith("OVERHEAD"):
@@ -163,6 +172,12 @@ def main():
                     t, mm_, n, k = m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5))
                     add(f"llama.cpp {t} m={mm_} n={n} k={k}", "CUDA0 (llama.cpp)", v / 1e3, "TFLOP/s",
                         None, None, None)
+                    # Tessera on the same shape and type (ops-cuda-peer-shape), as a ratio.
+                    mine = ours_gemm.get((t, mm_, n, k, "CUDA0"))
+                    if mine is not None and n > 1:
+                        add(f"GEMM {t} m={mm_} n={n} k={k}: Tessera / llama.cpp", "CUDA0", mine / 1e3,
+                            "TFLOP/s", v / 1e3, mine / v if v else None,
+                            1.0 if t in QUANT and n == 512 else None)
     except OSError:
         pass
 

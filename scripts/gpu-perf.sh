@@ -15,14 +15,19 @@ budget (default 420 s), each step logged to OUT (default $OUT, else target/gpu-p
   files       synthetic llamas written as GGUF files into FILES (default /dev/shm/tessera-perf),
               in the background while the ceilings run: synthetic-1b (1.1B) and synthetic-8b
               (Llama 3 8B's dimensions), each with Q4_0, Q8_0 and Q4_K weights (--quick: Q4_0)
-  ceilings    torch: device-to-device copy, bf16 matmul (the GEMM shape and 8192^3), a bf16
-              GEMV, causal scaled_dot_product_attention (d 128, 32/8 heads, 2048 positions)
+  ceilings    torch: device-to-device copy, bf16 matmul (the GEMM shape at n = 16, 64, 512,
+              2048, and 8192^3), a bf16 GEMV, causal scaled_dot_product_attention (d 128,
+              32/8 heads, 2048 positions)
   ops-cuda    bench-ops on CUDA0: MUL_MAT 14336x4096 for F16 BF16 Q8_0 Q4_0 Q4_K Q6_K at
-              n = 1 and 512 with 4 weight copies read in turn (past L2), FLASH_ATTN_EXT,
-              RMS_NORM (--no-ops: left out)
+              n = 1, 16, 64, 512 and 2048 with 4 weight copies read in turn (past L2),
+              FLASH_ATTN_EXT with causal masks, RMS_NORM (--no-ops: left out)
+  ops-cuda-peer-shape  MUL_MAT at llama.cpp's test-backend-ops perf shape (m 4096, k 14336,
+              n 512) for the same types, beside peer-ops' figures (--no-ops: left out)
   ops-overhead OVERHEAD (64 chained nodes: the per-node cost) on CUDA0, with recorded
               programs and with TESSERA_GPU_REPLAY=0
   ops-vulkan  the same on VK0 through NVIDIA's Vulkan driver
+  ops-mma-off (--sweep) the GEMMs at n = 512 and the attention again with TESSERA_GPU_MMA=0
+              (k_mul_mat_tiled and k_flash_attn_tiled instead of the tensor-core kernels)
   ops-gemv8-off (--sweep) the quantized GEMVs again with TESSERA_GPU_GEMV8=0 (the k_gemv_*
               kernels, which round activations per warp, instead of k_gemv8_* on activations
               rounded once per product), and with G8_UNROLL=4
@@ -133,11 +138,19 @@ step ceilings 90 python3 "$ROOT/scripts/gpu-ceilings.py" "$OUTDIR/ceilings.json"
 OPS=()
 for t in f16 bf16 q8_0 q4_0 q4_K q6_K; do OPS+=(-o "MUL_MAT(type_a=$t,"); done
 OPS+=(-o FLASH_ATTN_EXT -o RMS_NORM)
-[ "$RUN_OPS" = 1 ] && step ops-cuda 100 "$BIN" bench-ops --devices CUDA0 -m "$M" -k "$K" --rotate 4 --min-time 0.1 "${OPS[@]}"
+[ "$RUN_OPS" = 1 ] && step ops-cuda 150 "$BIN" bench-ops --devices CUDA0 -m "$M" -k "$K" -n 1,16,64,512,2048 \
+  --rotate 4 --min-time 0.1 "${OPS[@]}"
+PEER_SHAPE=()
+for t in f16 bf16 q8_0 q4_0 q4_K q6_K; do PEER_SHAPE+=(-o "MUL_MAT(type_a=$t,"); done
+[ "$RUN_OPS" = 1 ] && step ops-cuda-peer-shape 60 "$BIN" bench-ops --devices CUDA0 -m 4096 -k 14336 -n 512 \
+  --rotate 4 --min-time 0.1 "${PEER_SHAPE[@]}"
 # The per-node cost with recorded programs and without (OVERHEAD: 64 chained element-wise nodes).
 step ops-overhead 40 "$BIN" bench-ops --devices CUDA0 --min-time 0.2 -o OVERHEAD
 step ops-overhead-norep 40 env TESSERA_GPU_REPLAY=0 "$BIN" bench-ops --devices CUDA0 --min-time 0.2 -o OVERHEAD
 if [ "$SWEEP" = 1 ]; then
+  step ops-mma-off 100 env TESSERA_GPU_MMA=0 "$BIN" bench-ops --devices CUDA0 -m "$M" -k "$K" -n 512 \
+    --rotate 4 --min-time 0.1 -o "MUL_MAT(type_a=q8_0," -o "MUL_MAT(type_a=q4_0," -o "MUL_MAT(type_a=q4_K," \
+    -o "FLASH_ATTN_EXT(hs=128,nh=32,nh_kv=8,kv=2048,nb=2048"
   GEMV=()
   for t in q8_0 q4_0 q4_K q6_K; do GEMV+=(-o "MUL_MAT(type_a=$t,type_b=f32,m=$M,n=1,"); done
   step ops-gemv8-off 60 env TESSERA_GPU_GEMV8=0 "$BIN" bench-ops --devices CUDA0 -m "$M" \

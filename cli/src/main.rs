@@ -164,6 +164,9 @@ enum Command {
         /// Reduction length k of the MUL_MAT shapes.
         #[arg(short = 'k', long, default_value_t = 4096, value_parser = commands::args::reduction)]
         k: usize,
+        /// Columns n of the MUL_MAT shapes, comma-separated.
+        #[arg(short = 'n', long, default_value = "1,512")]
+        cols: String,
         /// Copies of each MUL_MAT weight, read in turn (a working set past the GPU's L2 cache).
         #[arg(long, default_value_t = 1, value_parser = commands::args::count)]
         rotate: usize,
@@ -403,9 +406,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             threads,
             m,
             k,
+            cols,
             rotate,
             min_time,
         } => {
+            let cols = commands::parse_list(&cols).map_err(|e| anyhow::anyhow!("--cols: {e}"))?;
             let devs = commands::select_devices(devices.as_deref(), backend.as_deref())?;
             if devs.is_empty() {
                 anyhow::bail!("no device selected");
@@ -423,6 +428,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     threads,
                     m,
                     k,
+                    cols,
                     rotate,
                     min_time,
                 },

@@ -23,7 +23,11 @@ struct BenchCase {
     bytes: f64,
 }
 
-fn cases(m: usize, k: usize) -> Vec<BenchCase> {
+/// Name of the attention benchmarks' mask, which [`time_case`] fills causally (0 up to the
+/// query's own position, −∞ above it) instead of with random values.
+const CAUSAL_MASK: &str = "bench-ops causal mask";
+
+fn cases(m: usize, k: usize, cols: &[usize]) -> Vec<BenchCase> {
     let mut v = Vec::new();
     for dtype in [
         DType::F32,
@@ -47,7 +51,7 @@ fn cases(m: usize, k: usize) -> Vec<BenchCase> {
         let Some(row) = dtype.row_size(k) else {
             continue;
         };
-        for n in [1usize, 512] {
+        for &n in cols {
             let wbytes = (row * m) as f64;
             v.push(BenchCase {
                 op: "MUL_MAT",
@@ -139,19 +143,22 @@ fn cases(m: usize, k: usize) -> Vec<BenchCase> {
         bytes: 8.0 * (hd * heads * toks) as f64,
     });
     // Decode and prompt over a 4096-long cache, and a 2048-token prompt attending to itself (the
-    // shape gpu-perf.sh compares with torch's causal scaled_dot_product_attention).
+    // shape gpu-perf.sh compares with torch's causal scaled_dot_product_attention), each with a
+    // causal mask (a prompt's queries are the cache's last positions). FLOPs count every
+    // (query, key) pair, as if nothing were masked.
     for (n_q, nkv) in [(1usize, 256usize), (1, 4096), (512, 4096), (2048, 2048)] {
         let (d, h, hkv) = (128usize, 32usize, 8usize);
         v.push(BenchCase {
             op: "FLASH_ATTN_EXT",
             label: format!(
-                "FLASH_ATTN_EXT(hs={d},nh={h},nh_kv={hkv},kv={nkv},nb={n_q},type_KV=f16,mask=f16)"
+                "FLASH_ATTN_EXT(hs={d},nh={h},nh_kv={hkv},kv={nkv},nb={n_q},type_KV=f16,mask=causal)"
             ),
             build: Box::new(move |c| {
                 let q = c.new_tensor(DType::F32, [d, n_q, h])?;
                 let kk = c.new_tensor(DType::F16, [d, nkv, hkv])?;
                 let vv = c.new_tensor(DType::F16, [d, nkv, hkv])?;
                 let mask = c.new_tensor(DType::F16, [nkv, n_q])?;
+                c.set_name(mask, CAUSAL_MASK)?;
                 c.flash_attn_ext(q, kk, vv, Some(mask), 1.0 / (d as f32).sqrt(), 0.0, 0.0)
             }),
             flops: 4.0 * (d * nkv * h * n_q) as f64,
@@ -197,6 +204,8 @@ pub struct Options {
     pub m: usize,
     /// Reduction length of the MUL_MAT shapes.
     pub k: usize,
+    /// Columns n of the MUL_MAT shapes.
+    pub cols: Vec<usize>,
     /// Copies of each MUL_MAT(_ID) weight the runs take in turn, so that a working set larger
     /// than the GPU's L2 cache is read from memory rather than the cache.
     pub rotate: usize,
@@ -239,8 +248,11 @@ fn time_case(
         .alloc_tensors_where(&ctx, |t| !is_weight(t))?;
     let mut rng = Rng::new(0x7e55e7a);
     for &leaf in graph.leafs() {
-        if !weights.contains(&leaf) {
-            fill(&buf, ctx.tensor(leaf)?, leaf, &mut rng, 100)?;
+        let desc = ctx.tensor(leaf)?;
+        if desc.name() == CAUSAL_MASK {
+            buf.set(leaf, &causal_mask(desc)?)?;
+        } else if !weights.contains(&leaf) {
+            fill(&buf, desc, leaf, &mut rng, 100)?;
         }
     }
     // Every copy of the weights holds the same bytes (encoded once): what defeats the cache is
@@ -300,10 +312,29 @@ fn time_case(
     Ok((runs, start.elapsed().as_secs_f64() / runs as f64, nodes))
 }
 
+/// A causal mask of `desc`'s shape [n_kv, n_q] and type: query i is the cache's position
+/// n_kv - n_q + i and sees the keys up to it.
+fn causal_mask(desc: &tessera::TensorDesc) -> Result<Vec<u8>> {
+    let (n_kv, n_q) = (desc.ne()[0], desc.ne()[1]);
+    let past = n_kv.saturating_sub(n_q);
+    let v: Vec<f32> = (0..n_q)
+        .flat_map(|i| {
+            (0..n_kv).map(move |j| {
+                if j <= past + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    tessera::encode_f32(desc.dtype(), &v)
+}
+
 /// Runs the benchmarks on `devices` and prints one table row per case, device and thread count:
 /// the time per run (graph computed and synchronized) and per node of the graph.
 pub fn run(devices: &[std::sync::Arc<dyn Device>], opts: &Options) -> anyhow::Result<()> {
-    let all = cases(opts.m, opts.k);
+    let all = cases(opts.m, opts.k, &opts.cols);
     let cache = EncodedWeights::default();
     let selected: Vec<&BenchCase> = all
         .iter()
@@ -358,4 +389,45 @@ pub fn run(devices: &[std::sync::Arc<dyn Device>], opts: &Options) -> anyhow::Re
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three queries at the end of a five-key cache see the two cached keys and themselves.
+    #[test]
+    fn causal_mask_hides_the_future() {
+        let mut ctx = Context::new();
+        let m = ctx.new_tensor(DType::F32, [5, 3]).unwrap();
+        let bytes = causal_mask(ctx.tensor(m).unwrap()).unwrap();
+        let seen: Vec<usize> = bytes
+            .chunks(4 * 5)
+            .map(|row| {
+                row.chunks(4)
+                    .filter(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]) == 0.0)
+                    .count()
+            })
+            .collect();
+        assert_eq!(seen, [3, 4, 5]);
+        let masked = f32::from_ne_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
+        assert_eq!(masked, f32::NEG_INFINITY);
+    }
+
+    /// The MUL_MAT shapes take the columns asked for.
+    #[test]
+    fn mul_mat_cases_take_the_columns() {
+        let labels: Vec<String> = cases(64, 256, &[16, 2048])
+            .into_iter()
+            .filter(|c| c.label.starts_with("MUL_MAT(type_a=q4_0"))
+            .map(|c| c.label)
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                "MUL_MAT(type_a=q4_0,type_b=f32,m=64,n=16,k=256)",
+                "MUL_MAT(type_a=q4_0,type_b=f32,m=64,n=2048,k=256)"
+            ]
+        );
+    }
 }
