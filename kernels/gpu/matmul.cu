@@ -728,14 +728,15 @@ extern "C" __global__ void k_gemv8_q6_k(Tensor dst, Tensor w, Tensor x, i64 r2, 
 
 // ----- GEMM on integer tensor-core tiles for quantized weights (more than 8 columns) -----
 //
-// k_mmq_* multiplies Q8_0, Q4_0 and Q4_K weights with the activations k_quantize_x8 rounded into
-// scratch (as k_gemv8_* takes them: levels xq, one scale per 32 in xd), on mma_i8 tiles
-// (mma.cuh): a block of MQ_THREADS threads (4 warps) owns MQ_M weight rows by MQ_N columns of one
-// plane. Per stage of MQ_K elements the block stages the weights' int8 levels (Q4_0 as
-// nibble - 8, Q4_K's unsigned nibbles) with one scale per 32 (Q4_K: d·scale and dmin·min of the
-// sub-block) and the columns' levels and scales in shared memory; warp w then multiplies rows
-// 16 w .. 16 w + 15 by every 8-column tile, one mma_i8 per 32-element block, and applies the
-// block's two scales to the integer products in f32 (Q4_K also subtracts dmin·min times the
+// k_mmq_* multiplies Q8_0, Q4_0, Q5_0, Q4_K and Q6_K weights with the activations k_quantize_x8
+// rounded into scratch (as k_gemv8_* takes them: levels xq, one scale per 32 in xd), on mma_i8
+// tiles (mma.cuh): a block of MQ_THREADS threads (4 warps) owns MQ_M weight rows by MQ_N columns
+// of one plane. Per stage of MQ_K elements the block stages the weights' int8 levels (Q4_0 as
+// nibble - 8, Q5_0 as its 5-bit level - 16, Q4_K's unsigned nibbles, Q6_K's 6-bit level - 32)
+// with their scales (one per 32; Q4_K: d·scale and dmin·min of the sub-block; Q6_K: one per 16)
+// and the columns' levels and scales in shared memory; warp w then multiplies rows 16 w ..
+// 16 w + 15 by every 8-column tile, one mma_i8 per 32-element block (Q6_K: one per half), and
+// applies the scales to the integer products in f32 (Q4_K also subtracts dmin·min times the
 // block's activation sum). grid = (ceil(m / MQ_M), ceil(n / MQ_N), planes).
 #define MQ_M 64
 #define MQ_N 64
@@ -745,6 +746,11 @@ extern "C" __global__ void k_gemv8_q6_k(Tensor dst, Tensor w, Tensor x, i64 r2, 
 // fragment load then fall in 32 different banks.
 #define MQ_ROW_INTS ((MQ_K + 16) / 4)
 #define MQ_BLOCKS (MQ_K / 32)
+
+// Bits 0..3 of v as bit 4 of bytes 0..3.
+__device__ __forceinline__ u32 mq_bits_to_bytes(u32 v) {
+    return ((v & 1u) << 4) | ((v & 2u) << 11) | ((v & 4u) << 18) | ((v & 8u) << 25);
+}
 
 // Stage this block's weights for k0 .. k0 + MQ_K (nblk blocks of 32 in range, the rest zero):
 // levels as int8 in wq, scales in wd, Q4_K's mins in wm.
@@ -779,6 +785,37 @@ __device__ __forceinline__ void mq_stage_w(int T, const Tensor& w, i64 m0, i64 w
                 q[4 + j] = (int)((((v >> 4) & 0x0f0f0f0fu) + 0x78787878u) ^ 0x80808080u);
             }
             wd[r][b] = block_scale((const char*)blk);
+        } else if (T == T_Q5_0) {
+            // As Q4_0 with a fifth bit per element from qh (bit j: element j): levels
+            // (nibble | bit << 4) - 16, as (q + 0x70) ^ 0x80 per byte.
+            const u8* blk = row + (k0 / 32 + b) * Q5_0_BYTES;
+            u32 qh = gv_u32_from_u16(blk + 2);
+            for (int j = 0; j < 4; j++) {
+                u32 v = gv_u32_from_u16(blk + 6 + 4 * j);
+                u32 lo = (v & 0x0f0f0f0fu) | mq_bits_to_bytes(qh >> (4 * j));
+                u32 hi = ((v >> 4) & 0x0f0f0f0fu) | mq_bits_to_bytes(qh >> (16 + 4 * j));
+                q[j] = (int)((lo + 0x70707070u) ^ 0x80808080u);
+                q[4 + j] = (int)((hi + 0x70707070u) ^ 0x80808080u);
+            }
+            wd[r][b] = block_scale((const char*)blk);
+        } else if (T == T_Q6_K) {
+            // Sub-block b = 4 h + t of the super-block at k0: ql[64 h + 32 (t & 1) ..] (low
+            // nibbles for t < 2, else high), two bits of qh[32 h ..] at 2 t; levels q - 32, as
+            // (q + 0x60) ^ 0x80 per byte. Its two 16-element halves have their own scales: wd
+            // holds the first's, wm the second's.
+            const u8* blk = row + (k0 / QK_K) * Q6_K_BYTES;
+            int h = b / 4, t = b % 4;
+            const u8* ql = blk + 64 * h + 32 * (t & 1);
+            const u8* qh = blk + 128 + 32 * h;
+            for (int j = 0; j < 8; j++) {
+                u32 lo = (gv_u32_from_u16(ql + 4 * j) >> (4 * (t >> 1))) & 0x0f0f0f0fu;
+                u32 hi = ((gv_u32_from_u16(qh + 4 * j) >> (2 * t)) & 0x03030303u) << 4;
+                q[j] = (int)(((lo | hi) + 0x60606060u) ^ 0x80808080u);
+            }
+            const signed char* sc = (const signed char*)(blk + 192 + 8 * h + 2 * t);
+            float d = block_scale((const char*)blk + 208);
+            wd[r][b] = d * (float)sc[0];
+            wm[r][b] = d * (float)sc[1];
         } else {
             // Q4_K: sub-block b of the super-block at k0 takes the low (b even) or high nibbles of
             // qs[32 (b / 2) ..].
@@ -863,6 +900,20 @@ __device__ __forceinline__ void mq_kernel(int T, const Tensor& dst, const Tensor
             a.x[2] = wq[r0][8 * b + 4 + t];
             a.x[3] = wq[r0 + 8][8 * b + 4 + t];
             float d0 = wd[r0][b], d1 = wd[r0 + 8][b];
+            // Q6_K: the block's halves (k 0..15 in a.x[0], a.x[1]; 16..31 in a.x[2], a.x[3])
+            // multiplied apart, each with its own scale.
+            mma_a8 ah;
+            float h0 = 0.0f, h1 = 0.0f;
+            if (T == T_Q6_K) {
+                ah.x[0] = 0;
+                ah.x[1] = 0;
+                ah.x[2] = a.x[2];
+                ah.x[3] = a.x[3];
+                a.x[2] = 0;
+                a.x[3] = 0;
+                h0 = wm[r0][b];
+                h1 = wm[r0 + 8][b];
+            }
             for (int j = 0; j < MQ_N / 8; j++) {
                 mma_b8 bf;
                 bf.x[0] = xs[8 * j + g][8 * b + t];
@@ -871,10 +922,19 @@ __device__ __forceinline__ void mq_kernel(int T, const Tensor& dst, const Tensor
                 mma_i8(c, a, bf);
                 int c0 = 8 * j + 2 * t;
                 float e0 = xds[c0][b], e1 = xds[c0 + 1][b];
-                acc[j][0] += d0 * e0 * (float)c.x[0];
-                acc[j][1] += d0 * e1 * (float)c.x[1];
-                acc[j][2] += d1 * e0 * (float)c.x[2];
-                acc[j][3] += d1 * e1 * (float)c.x[3];
+                float p[4] = {d0 * (float)c.x[0], d0 * (float)c.x[1], d1 * (float)c.x[2], d1 * (float)c.x[3]};
+                if (T == T_Q6_K) {
+                    mma_c32 ch = {{0, 0, 0, 0}};
+                    mma_i8(ch, ah, bf);
+                    p[0] += h0 * (float)ch.x[0];
+                    p[1] += h0 * (float)ch.x[1];
+                    p[2] += h1 * (float)ch.x[2];
+                    p[3] += h1 * (float)ch.x[3];
+                }
+                acc[j][0] += e0 * p[0];
+                acc[j][1] += e1 * p[1];
+                acc[j][2] += e0 * p[2];
+                acc[j][3] += e1 * p[3];
                 if (T == T_Q4_K) {
                     float n0s = xsum[c0][b], n1s = xsum[c0 + 1][b];
                     float mn0 = wm[r0][b], mn1 = wm[r0 + 8][b];
@@ -904,6 +964,14 @@ extern "C" __global__ void k_mmq_q8_0(Tensor dst, Tensor w, Tensor x, i64 r2, i6
 extern "C" __global__ void k_mmq_q4_0(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3, const char* xq,
                                       const float* xd) {
     mq_kernel(T_Q4_0, dst, w, x, xq, xd, r2, r3);
+}
+extern "C" __global__ void k_mmq_q5_0(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3, const char* xq,
+                                      const float* xd) {
+    mq_kernel(T_Q5_0, dst, w, x, xq, xd, r2, r3);
+}
+extern "C" __global__ void k_mmq_q6_k(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3, const char* xq,
+                                      const float* xd) {
+    mq_kernel(T_Q6_K, dst, w, x, xq, xd, r2, r3);
 }
 extern "C" __global__ void k_mmq_q4_k(Tensor dst, Tensor w, Tensor x, i64 r2, i64 r3, const char* xq,
                                       const float* xd) {

@@ -1134,11 +1134,18 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
             // in turns; k = 17 super-blocks is 2.1 turns of 16-weight chunks (4.25 of Q8_0's 8).
             all.push((7, 1, 4352, [1, 1], [1, 1], Layout::Contiguous));
         }
-        if matches!(type_a, DType::Q8_0 | DType::Q4_0 | DType::Q4_K) {
+        if matches!(
+            type_a,
+            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::Q4_K | DType::Q6_K
+        ) {
             // The GPUs' GEMM on integer tiles (9 or more columns): blocks of 64 rows by 64
             // columns, k in stages of 256. Partial row and column blocks, a last stage of one
             // 32-element block (k = 288), broadcast batches and permuted activations.
-            let k = if type_a == DType::Q4_K { 512 } else { 288 };
+            let k = if type_a.block_size() == DType::QK_K {
+                512
+            } else {
+                288
+            };
             all.push((70, 65, k, [1, 1], [1, 1], Layout::Contiguous));
             all.push((40, 12, k, [2, 1], [2, 2], Layout::Contiguous));
             all.push((24, 9, k, [1, 1], [3, 1], Layout::Permuted));

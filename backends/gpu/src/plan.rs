@@ -945,7 +945,9 @@ impl Planner<'_> {
         let (kernel, align) = match tw.dtype() {
             DType::Q8_0 => ("k_mmq_q8_0", 2),
             DType::Q4_0 => ("k_mmq_q4_0", 2),
+            DType::Q5_0 => ("k_mmq_q5_0", 2),
             DType::Q4_K => ("k_mmq_q4_k", 4),
+            DType::Q6_K => ("k_mmq_q6_k", 2),
             _ => return None,
         };
         let fits =
@@ -1047,14 +1049,14 @@ mod tests {
         assert_eq!(TypeSet::of_launch(&l).to_string(), "f16,bf16");
     }
 
-    /// Products of 9 or more columns with Q8_0, Q4_0 or Q4_K weights round their activations
+    /// Products of 9 or more columns with Q8_0, Q4_0, Q5_0, Q4_K or Q6_K weights round their activations
     /// and take the integer-tile GEMM, whose rounding launch is the GEMV's for the same input
     /// (so the stream can share it); 8 columns and other weight types take the tiled GEMM.
     #[test]
     fn wide_quantized_products_take_the_tile_gemm() {
         let mut ctx = tessera_core::Context::new();
         let w = ctx.new_tensor(DType::Q4_0, [288, 70]).unwrap();
-        let w6 = ctx.new_tensor(DType::Q6_K, [256, 70]).unwrap();
+        let w6 = ctx.new_tensor(DType::Q5_1, [256, 70]).unwrap();
         let x = ctx.new_tensor(DType::F32, [288, 9]).unwrap();
         let x8 = ctx.new_tensor(DType::F32, [288, 8]).unwrap();
         let x6 = ctx.new_tensor(DType::F32, [256, 9]).unwrap();
