@@ -25,8 +25,9 @@ budget (default 420 s), each step logged to OUT (default $OUT, else target/gpu-p
               n 512) for the same types, beside peer-ops' figures (--no-ops: left out)
   ops-overhead OVERHEAD (64 chained nodes: the per-node cost) on CUDA0, with recorded
               programs and with TESSERA_GPU_REPLAY=0
-  ops-vulkan  the same on VK0 through NVIDIA's Vulkan driver
-  ops-mma-off (--sweep) the GEMMs at n = 512 and the attention again with TESSERA_GPU_MMA=0
+  ops-vulkan  the same on VK0 through NVIDIA's Vulkan driver (MUL_MAT at n = 1 and 512)
+  ops-mma-off (--sweep) the Q8_0/Q4_0/Q4_K GEMMs at n = 512 and the 2048 attention again with
+              TESSERA_GPU_MMA=0
               (k_mul_mat_tiled and k_flash_attn_tiled instead of the tensor-core kernels)
   ops-gemv8-off (--sweep) the quantized GEMVs again with TESSERA_GPU_GEMV8=0 (the k_gemv_*
               kernels, which round activations per warp, instead of k_gemv8_* on activations

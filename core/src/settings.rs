@@ -49,8 +49,8 @@ pub enum Setting {
     GpuFuse,
     /// `0` turns off the GPU GEMVs on 8-bit activations.
     GpuGemv8,
-    /// `0` turns off the GPU kernels on tensor-core tiles (the quantized GEMM, prompt
-    /// attention).
+    /// Where the GPU kernels on tensor-core tiles (the quantized GEMM, prompt attention) run:
+    /// `0` nowhere, `1` also where they are emulated; by default on GPUs with the instructions.
     GpuMma,
     /// Keys per block of the GPU split decode attention (rounded up to a multiple of 32).
     GpuFaChunk,

@@ -431,16 +431,6 @@ FS_UNROLL(unroll 8)
     }
 }
 
-// ----- prompts: many queries per block, keys staged through shared memory -----
-//
-// k_flash_attn_tiled: a block of FT_WARPS warps takes FT_Q queries of one (head, batch), each warp
-// FT_QW of them; keys go in tiles of FT_KT through shared memory (as f32, rows padded by one
-// float so that lanes reading one column of different rows hit different banks), loaded once
-// per block and used by all its queries. Scores: lane j takes key j of the tile for the warp's
-// queries (q read as shared broadcasts); softmax over the tile with warp shuffles; then lane c
-// accumulates columns c, c + 32, ... of P·V. A key tile that the mask hides from every query of
-// the block (a causal mask's upper triangle) is skipped whole. d == dv, a multiple of 32 up to
-// FT_MAX_D; the planner sends other shapes and decoding (few queries) to k_flash_attn_ext.
 // Whether any pair of queries q0 .. q0 + nq - 1 and keys j0 .. j0 + nk - 1 (those below n_q and
 // n_kv) survives the mask, through the block-shared flag `live`; every thread of the block calls
 // it, and it first waits for the block's readers of the previous tile.
@@ -461,6 +451,16 @@ __device__ __forceinline__ bool fa_tile_live(const Tensor& mask, int has_mask, i
     return live[0] != 0;
 }
 
+// ----- prompts: many queries per block, keys staged through shared memory -----
+//
+// k_flash_attn_tiled: a block of FT_WARPS warps takes FT_Q queries of one (head, batch), each warp
+// FT_QW of them; keys go in tiles of FT_KT through shared memory (as f32, rows padded by one
+// float so that lanes reading one column of different rows hit different banks), loaded once
+// per block and used by all its queries. Scores: lane j takes key j of the tile for the warp's
+// queries (q read as shared broadcasts); softmax over the tile with warp shuffles; then lane c
+// accumulates columns c, c + 32, ... of P·V. A key tile that the mask hides from every query of
+// the block (a causal mask's upper triangle) is skipped whole. d == dv, a multiple of 32 up to
+// FT_MAX_D; the planner sends other shapes and decoding (few queries) to k_flash_attn_ext.
 #define FT_WARPS 4
 #define FT_QW 4
 #define FT_Q (FT_WARPS * FT_QW)
@@ -781,10 +781,10 @@ FM_UNROLL
 FM_UNROLL
         for (int s = 0; s < FM_KT / 16; s++) {
             mma_a16 pa;
-            pa.x[0] = pack_h2(f2h(sc[2 * s].x[0]), f2h(sc[2 * s].x[1]));
-            pa.x[1] = pack_h2(f2h(sc[2 * s].x[2]), f2h(sc[2 * s].x[3]));
-            pa.x[2] = pack_h2(f2h(sc[2 * s + 1].x[0]), f2h(sc[2 * s + 1].x[1]));
-            pa.x[3] = pack_h2(f2h(sc[2 * s + 1].x[2]), f2h(sc[2 * s + 1].x[3]));
+            pa.x[0] = pack_f2h2(sc[2 * s].x[0], sc[2 * s].x[1]);
+            pa.x[1] = pack_f2h2(sc[2 * s].x[2], sc[2 * s].x[3]);
+            pa.x[2] = pack_f2h2(sc[2 * s + 1].x[0], sc[2 * s + 1].x[1]);
+            pa.x[3] = pack_f2h2(sc[2 * s + 1].x[2], sc[2 * s + 1].x[3]);
 FM_UNROLL
             for (int n = 0; n < FM_MAX_D / 8; n++) {
                 if (n < d / 8) {

@@ -108,6 +108,18 @@ __device__ __forceinline__ u32 pack_h2(u16 a, u16 b) {
     return (u32)a | ((u32)b << 16);
 }
 
+// x and y rounded to f16 (to nearest even) and packed as pack_h2 does.
+__device__ __forceinline__ u32 pack_f2h2(float x, float y) {
+#ifdef TESSERA_MMA_F16
+    u32 r;
+    // The upper half from the first source.
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+    return r;
+#else
+    return pack_h2(f2h(x), f2h(y));
+#endif
+}
+
 #ifndef TESSERA_MMA_F16
 // c plus the products of two f16 pairs (each exact in f32, as the tensor core forms them).
 struct mma_dot_h2 {

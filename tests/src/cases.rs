@@ -1590,12 +1590,15 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
     // Prompts on the GPUs' tensor-core tiles (F16 and BF16 caches): 64 (query, head) rows per
     // block, the heads of a KV group sharing it. Groups of 8 (8 queries a block) and 3 (one
     // head a block), head size 80 (five 16-wide steps), a causal mask over a cached past, a
-    // window, 65 queries of one head (a second block). (BF16: the rounding=llama cases.)
-    for (kv, d, h, h_kv, n_q, n_kv, causal, window) in [
-        (DType::F16, 64, 16, 2, 70, 100, true, 0),
-        (DType::F16, 80, 6, 2, 37, 37, true, 0),
-        (DType::F16, 128, 8, 2, 70, 133, true, 0),
-        (DType::F16, 64, 4, 4, 65, 90, false, 20),
+    // window, 65 queries of one head (a second block), groups of 16 (4 queries a block), ALiBi
+    // over a group of 4. (BF16: the rounding=llama cases.)
+    for (kv, d, h, h_kv, n_q, n_kv, causal, window, max_bias) in [
+        (DType::F16, 64, 16, 2, 70, 100, true, 0, 0.0),
+        (DType::F16, 80, 6, 2, 37, 37, true, 0, 0.0),
+        (DType::F16, 128, 8, 2, 70, 133, true, 0, 0.0),
+        (DType::F16, 64, 4, 4, 65, 90, false, 20, 0.0),
+        (DType::F16, 32, 32, 2, 11, 40, true, 0, 0.0),
+        (DType::F16, 64, 8, 2, 21, 50, true, 0, 8.0),
     ] {
         v.push(flash_attn_case(Fa {
             d,
@@ -1607,6 +1610,7 @@ fn flash_attn_cases(v: &mut Vec<Case>) {
             mask: Some(DType::F16),
             causal,
             window,
+            max_bias,
             kv,
             ..base
         }));

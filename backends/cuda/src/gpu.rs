@@ -70,6 +70,9 @@ impl Driver for Cuda {
     fn can_access_peer(gpu: &Gpu, peer: &Gpu) -> bool {
         gpu.can_access_peer(peer)
     }
+    fn has_mma_tiles(gpu: &Gpu) -> bool {
+        gpu.compute_capability().0 >= 8
+    }
     fn enable_peer_access(gpu: &Gpu, peer: &Gpu) -> Result<()> {
         gpu.enable_peer_access(peer)
     }

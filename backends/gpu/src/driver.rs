@@ -335,6 +335,13 @@ pub trait Driver: Debug + Send + Sync + Sized + 'static {
     fn has_kernel(_gpu: &Self::Gpu, _name: &str) -> bool {
         true
     }
+    /// Optional. Whether `gpu` multiplies the tiles of `kernels/gpu/mma.cuh` in hardware
+    /// (NVIDIA tensor cores, sm_80 and later). Elsewhere the tile kernels (`k_mmq_*`,
+    /// `k_flash_attn_mma`) run mma.cuh's emulation, slower than the kernels they replace, so
+    /// they are planned only when `TESSERA_GPU_MMA=1` asks for them. Default `false`.
+    fn has_mma_tiles(_gpu: &Self::Gpu) -> bool {
+        false
+    }
     /// Queues `f` on `stream` as `launch` plans it (`grid` blocks of `block` threads, `args`).
     ///
     /// # Safety

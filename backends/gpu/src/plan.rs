@@ -395,14 +395,27 @@ fn gemv8_on() -> bool {
     *ON.get_or_init(|| tessera_core::settings::var_once(GEMV8_ENV).is_none_or(|v| v.trim() != "0"))
 }
 
-/// The environment variable that turns the kernels on tensor-core tiles off (`0`), for
-/// comparisons: quantized products of more than 8 columns then take `k_mul_mat_tiled` instead
-/// of `k_mmq_*`, prompt attention `k_flash_attn_tiled` instead of `k_flash_attn_mma`.
+/// The environment variable that chooses where the kernels on tensor-core tiles run: `0`
+/// nowhere (for comparisons: quantized products of more than 8 columns then take
+/// `k_mul_mat_tiled` instead of `k_mmq_*`, prompt attention `k_flash_attn_tiled` instead of
+/// `k_flash_attn_mma`), `1` everywhere (emulated where the device lacks the instructions: how
+/// CI runs them on SYCL's CPU device); unset, on devices that multiply tiles in hardware
+/// ([`crate::Driver::has_mma_tiles`]).
 pub const MMA_ENV: &str = "TESSERA_GPU_MMA";
 
-fn mma_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| tessera_core::settings::var_once(MMA_ENV).is_none_or(|v| v.trim() != "0"))
+/// Whether a device plans the tile kernels, given whether it multiplies tiles in `hardware`
+/// ([`MMA_ENV`]).
+pub fn mma_tiles(hardware: bool) -> bool {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let forced =
+        *FORCED.get_or_init(|| tessera_core::settings::var_once(MMA_ENV).map(|v| v.trim() != "0"));
+    forced.unwrap_or(hardware)
+}
+
+/// Whether `kernel` is one of the kernels on tensor-core tiles, which a device plans only
+/// where [`mma_tiles`] says so.
+pub fn is_tile_kernel(kernel: &str) -> bool {
+    kernel.starts_with("k_mmq_") || kernel == "k_flash_attn_mma"
 }
 
 /// Fewest activation columns the GEMM on integer tiles takes: products of up to 8 columns are
@@ -696,23 +709,23 @@ impl Planner<'_> {
                     .i32(nl2)
                     .push_bytes(&self.kt(sinks.unwrap_or(q)))
                     .i32(sinks.is_some() as i32);
-                // Prompts: FT_Q (16) queries per block of one head, keys through shared memory
-                // (attn.cu); d == dv, a multiple of 32 up to 128.
                 let (d, dv) = (tq.ne()[0], self.desc(v).ne()[0]);
-                // On tensor-core tiles: F16 or BF16 caches, d == dv a multiple of 16 up to
-                // 128; 64 (query, head) rows per block, `gq` heads of one KV group each.
+                // Prompts on tensor-core tiles: F16 or BF16 caches, d == dv a multiple of 16 up
+                // to 128; 64 (query, head) rows per block, `gq` heads of one KV group each, the
+                // head groups and batches on the grid's y and z axes.
                 let half = |id: TensorId| matches!(self.desc(id).dtype(), DType::F16 | DType::BF16);
-                let on_mma = mma_on()
-                    && tq.ne()[1] >= 8
+                let group = tq.ne()[2] / self.desc(k).ne()[2].max(1);
+                let gq = fa_heads_per_block(group);
+                let on_mma = tq.ne()[1] >= 8
                     && d == dv
                     && d.is_multiple_of(16)
                     && d <= 128
                     && half(k)
                     && half(v)
+                    && tq.ne()[2] / gq <= 65535
+                    && tq.ne()[3] <= 65535
                     && (self.has)("k_flash_attn_mma");
                 if on_mma {
-                    let group = tq.ne()[2] / self.desc(k).ne()[2].max(1);
-                    let gq = fa_heads_per_block(group);
                     let grid = (
                         tq.ne()[1].div_ceil(64 / gq) as u32,
                         (tq.ne()[2] / gq) as u32,
@@ -721,6 +734,8 @@ impl Planner<'_> {
                     args.i32(gq as i32);
                     return self.go("k_flash_attn_mma", grid, 128, &mut args);
                 }
+                // Prompts: FT_Q (16) queries per block of one head, keys through shared memory
+                // (attn.cu); d == dv, a multiple of 32 up to 128.
                 let tiled = tq.ne()[1] >= 8
                     && d == dv
                     && d.is_multiple_of(32)
@@ -950,8 +965,7 @@ impl Planner<'_> {
             DType::Q6_K => ("k_mmq_q6_k", 2),
             _ => return None,
         };
-        let fits =
-            mma_on() && tx.ne()[1] >= MMQ_MIN_COLS && self.fits_x8(node, w, x, kernel, align);
+        let fits = tx.ne()[1] >= MMQ_MIN_COLS && self.fits_x8(node, w, x, kernel, align);
         if !fits {
             return None;
         }

@@ -199,7 +199,10 @@ impl<D: Driver> GpuStream<D> {
         profile: &mut Option<Profile<D>>,
     ) -> Result<(Launches<D>, usize)> {
         let gpu = self.ctx.gpu();
-        let has = |k: &str| D::ALL_KERNELS || D::has_kernel(gpu, k);
+        let tiles = plan::mma_tiles(D::has_mma_tiles(gpu));
+        let has = |k: &str| {
+            (D::ALL_KERNELS || D::has_kernel(gpu, k)) && (tiles || !plan::is_tile_kernel(k))
+        };
         let tensors = graph.tensors();
         let mut launches: Launches<D> = Vec::with_capacity(graph.nodes().len());
         let mut scratch = 0;
