@@ -93,8 +93,8 @@ pub fn rounds_activations(l: &Launch) -> bool {
     l.kernel == "k_quantize_x8"
 }
 
-/// Whether `l` is a product on 8-bit activations (GEMV or GEMM): it reads the rounded activations and its
-/// weights and writes only its output tensor.
+/// Whether `l` is a product on 8-bit activations (GEMV or GEMM): it reads the rounded
+/// activations and its weights and writes only its output tensor.
 pub fn reads_rounded_activations(l: &Launch) -> bool {
     l.kernel.starts_with("k_gemv8_") || l.kernel.starts_with("k_mmq_")
 }
@@ -1063,9 +1063,10 @@ mod tests {
         assert_eq!(TypeSet::of_launch(&l).to_string(), "f16,bf16");
     }
 
-    /// Products of 9 or more columns with Q8_0, Q4_0, Q5_0, Q4_K or Q6_K weights round their activations
-    /// and take the integer-tile GEMM, whose rounding launch is the GEMV's for the same input
-    /// (so the stream can share it); 8 columns and other weight types take the tiled GEMM.
+    /// Products of 9 or more columns with Q8_0, Q4_0, Q5_0, Q4_K or Q6_K weights round their
+    /// activations and take the integer-tile GEMM, whose rounding launch is the GEMV's for the
+    /// same input (so the stream can share it); 8 columns and other weight types take the tiled
+    /// GEMM.
     #[test]
     fn wide_quantized_products_take_the_tile_gemm() {
         let mut ctx = tessera_core::Context::new();
