@@ -1063,6 +1063,18 @@ mod tests {
         assert_eq!(TypeSet::of_launch(&l).to_string(), "f16,bf16");
     }
 
+    /// [`plan`] of `node` with every tensor at an aligned address and 1 MiB of scratch at
+    /// 0x10000.
+    fn plan_aligned(ts: &[TensorDesc], node: TensorId) -> NodePlan {
+        let ptrs = vec![0x1000u64; ts.len()];
+        let mem = StreamMem {
+            status: 0x40,
+            scratch: 0x10000,
+            scratch_len: 1 << 20,
+        };
+        plan(ts, &ptrs, mem, node)
+    }
+
     /// Products of 9 or more columns with Q8_0, Q4_0, Q5_0, Q4_K or Q6_K weights round their
     /// activations and take the integer-tile GEMM, whose rounding launch is the GEMV's for the
     /// same input (so the stream can share it); 8 columns and other weight types take the tiled
@@ -1079,13 +1091,7 @@ mod tests {
         let y8 = ctx.mul_mat(w, x8).unwrap();
         let y6 = ctx.mul_mat(w6, x6).unwrap();
         let ts = ctx.tensors();
-        let ptrs = vec![0x1000u64; ts.len()];
-        let mem = StreamMem {
-            status: 0x40,
-            scratch: 0x10000,
-            scratch_len: 1 << 20,
-        };
-        let p = plan(ts, &ptrs, mem, y);
+        let p = plan_aligned(ts, y);
         let kernels: Vec<&str> = p.launches.iter().map(|l| l.kernel).collect();
         assert_eq!(kernels, ["k_quantize_x8", "k_mmq_q4_0"]);
         // 9 rows of 288 levels (to 256 bytes), then 9 × 9 scales.
@@ -1097,14 +1103,8 @@ mod tests {
             [Arg::Ptr(0x10000), Arg::Ptr(0x10000 + 2816)]
         );
         assert!(rounds_activations(&p.launches[0]) && reads_rounded_activations(gemm));
-        assert_eq!(
-            plan(ts, &ptrs, mem, y8).launches[0].kernel,
-            "k_mul_mat_tiled"
-        );
-        assert_eq!(
-            plan(ts, &ptrs, mem, y6).launches[0].kernel,
-            "k_mul_mat_tiled"
-        );
+        assert_eq!(plan_aligned(ts, y8).launches[0].kernel, "k_mul_mat_tiled");
+        assert_eq!(plan_aligned(ts, y6).launches[0].kernel, "k_mul_mat_tiled");
     }
 
     /// Prompt attention over F16/BF16 caches takes the tensor-core kernel, a block holding the
@@ -1132,13 +1132,7 @@ mod tests {
             .flash_attn_ext(q1, k, v, Some(m), 0.1, 0.0, 0.0)
             .unwrap();
         let ts = ctx.tensors();
-        let ptrs = vec![0x1000u64; ts.len()];
-        let mem = StreamMem {
-            status: 0x40,
-            scratch: 0x10000,
-            scratch_len: 1 << 20,
-        };
-        let l = plan(ts, &ptrs, mem, y).launches.remove(0);
+        let l = plan_aligned(ts, y).launches.remove(0);
         // Groups of 4 heads: 16 queries of 4 heads per block.
         assert_eq!(
             (l.kernel, l.grid, l.block),
@@ -1146,13 +1140,10 @@ mod tests {
         );
         assert_eq!(l.args.last(), Some(&Arg::I32(4)));
         assert_eq!(
-            plan(ts, &ptrs, mem, y8).launches[0].kernel,
+            plan_aligned(ts, y8).launches[0].kernel,
             "k_flash_attn_tiled"
         );
-        assert_ne!(
-            plan(ts, &ptrs, mem, y1).launches[0].kernel,
-            "k_flash_attn_mma"
-        );
+        assert_ne!(plan_aligned(ts, y1).launches[0].kernel, "k_flash_attn_mma");
     }
 
     /// MUL_MAT_ID takes the listed weight types only, ARGSORT rows up to ARGSORT_MAX, and the
