@@ -346,8 +346,8 @@ llama_run() {
 }
 
 # tessera_run FILE TEST MODE ARGS...: runs `tessera bench -m FILE ARGS...` once and reads the
-# row of test TEST (pp512, tg128) in split mode MODE from its markdown table
-# (| model | size | params | backend | devices | split mode | test | t/s |, t/s as "mean ± sd");
+# row of test TEST (pp512, tg128) in split mode MODE from its markdown table, its columns found
+# by the header's names ("split mode", "test", "t/s" as "mean ± sd"), wherever bench puts them;
 # sets T_TS, T_SD, T_RSS.
 tessera_run() {
   local file=$1 test=$2 mode=$3 row
@@ -355,8 +355,12 @@ tessera_run() {
   run_measured tessera "$TESSERA" bench -m "$file" "$@"
   row="$(awk -F'|' -v test="$test" -v mode="$mode" '
     function trim(s) { gsub(/^[ \t]+|[ \t]+$/, "", s); return s }
-    NF >= 10 && trim($(NF - 2)) == test && trim($(NF - 3)) == mode {
-      split($(NF - 1), v, "±"); print trim(v[1]), trim(v[2]); exit
+    !hdr && /\| *split mode *\|/ && /\| *test *\|/ {
+      for (i = 1; i <= NF; i++) at[trim($i)] = i
+      hdr = ("t/s" in at); next
+    }
+    hdr && trim($at["test"]) == test && trim($at["split mode"]) == mode {
+      split($at["t/s"], v, "±"); print trim(v[1]), trim(v[2]); exit
     }' "$WORK/tessera.out")"
   read -r T_TS T_SD <<<"$row" || true
   if ! is_number "${T_TS:-}" || ! is_number "${T_SD:-}"; then
