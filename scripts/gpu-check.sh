@@ -40,7 +40,7 @@ HIP), then, within the time budget (default 570 s, to fit 10 minutes on one H100
                 (TESSERA_REQUIRE=vulkan), test-tp over two logical Vulkan devices and over
                 VK0 with the vendor's device 0, bench-ops -b vulkan -o MUL_MAT; skipped without a driver
 --prebuilt DIR runs the binaries that scripts/gpu-bundle.sh DIR built on another machine (CUDA and
-Vulkan only), for a GPU machine with no network or toolchain: no rustup, pip or cargo; NVRTC and
+Vulkan only; DIR/bundle.tar.xz is unpacked into /tmp; --full bundles carry the Vulkan suites), for a GPU machine with no network or toolchain: no rustup, pip or cargo; NVRTC and
 NCCL come from the system (the CUDA toolkit or a Python environment's nvidia packages), and
 without TESSERA_GEMMA3_GGUF the model steps use `write-synthetic --model synthetic-100m`.
 Every step ends as ok, FAILED, TIMEOUT or skipped (with the reason) in the report, by default
@@ -68,7 +68,9 @@ done
 case "$VENDOR" in ""|cuda|hip) ;; *) echo "gpu-check: --vendor is cuda or hip" >&2; exit 2 ;; esac
 if [ -n "$PREBUILT" ]; then
   given="$PREBUILT"
-  PREBUILT="$(cd "$given" 2>/dev/null && pwd)" || { echo "gpu-check: no folder $given" >&2; exit 2; }
+  # shellcheck source=scripts/gpu-env.sh
+  . "$ROOT/scripts/gpu-env.sh"
+  PREBUILT="$(unpack_bundle "$given")" || { echo "gpu-check: no bundle in $given" >&2; exit 2; }
   [ -x "$PREBUILT/bin/tessera" ] || { echo "gpu-check: $PREBUILT/bin/tessera missing (run scripts/gpu-bundle.sh)" >&2; exit 2; }
 fi
 
@@ -344,7 +346,9 @@ fi
 # --- Vulkan on the same GPU (its vendor's Vulkan driver: NVIDIA's ICD, or RADV on AMD) --------
 if "$BIN" devices 2>/dev/null | grep -q '^vulkan.*: [1-9][0-9]* device'; then
   export TESSERA_REQUIRE=vulkan
-  if [ -n "$PREBUILT" ]; then
+  if [ -n "$PREBUILT" ] && ! ls "$PREBUILT"/bin/tessera-vulkan-* >/dev/null 2>&1; then
+    skip vulkan-conformance "the bundle has no Vulkan suites (scripts/gpu-bundle.sh --full DIR)"
+  elif [ -n "$PREBUILT" ]; then
     vk_suites() { local t rc=0; for t in "$PREBUILT"/bin/tessera-vulkan-*; do echo "== $t"; "$t" || rc=1; done; return $rc; }
     export -f vk_suites
     export PREBUILT

@@ -30,3 +30,35 @@ prebuilt_env() {
   [ -n "$nccl" ] && export TESSERA_NCCL_PATH="$nccl" LD_LIBRARY_PATH="$(dirname "$nccl"):$LD_LIBRARY_PATH"
   echo "system NVRTC $nvrtc; NCCL ${nccl:-not found (the vendor all-reduce declines)}"
 }
+
+# unpack_bundle DIR: the folder to use as PREBUILT. A bundle from scripts/gpu-bundle.sh is
+# DIR/bundle.tar.xz (compressed, for the carry); it is unpacked into /tmp/tessera-bundle (outside
+# the checkout, which the device copies back and forth). A folder with bin/tessera is used as it is.
+unpack_bundle() {
+  if [ -f "$1/bundle.tar.xz" ]; then
+    rm -rf /tmp/tessera-bundle && mkdir -p /tmp/tessera-bundle &&
+      tar -C /tmp/tessera-bundle -xJf "$1/bundle.tar.xz" || return 1
+    echo /tmp/tessera-bundle
+  else
+    (cd "$1" && pwd)
+  fi
+}
+
+# carry_check PATH...: what a device call carries (this checkout's tracked and untracked,
+# not ignored files, plus each PATH, which `carry` names) against CARRY_LIMIT_MIB (default 56 of
+# the device tool's 64 MiB, leaving room for the tree to grow). Prints each part; returns 1 over.
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
+carry_check() {
+  local limit="${CARRY_LIMIT_MIB:-56}" tree total p size
+  tree="$(git ls-files -z -co --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)"
+  total="$tree"
+  printf 'carry: %6s MiB  the working tree (tracked and untracked, not ignored)\n' "$(mib "$tree")"
+  for p in "$@"; do
+    [ -e "$p" ] || continue
+    size="$(du -cb "$p" | tail -n 1 | cut -f1)"
+    total=$((total + size))
+    printf 'carry: %6s MiB  %s\n' "$(mib "$size")" "$p"
+  done
+  printf 'carry: %6s MiB  in all, against %d MiB\n' "$(mib "$total")" "$limit"
+  [ "$total" -le $((limit * 1048576)) ] || { echo "carry: over $limit MiB: leave something out" >&2; return 1; }
+}

@@ -6,7 +6,7 @@
 # for scripts/gpu-perf.sh --peer DIR, which runs them beside Tessera in the same call.
 #
 # Usage: scripts/gpu-peer.sh [DIR]   (default .gpu)
-# Takes about 50 minutes on 2 cores (157 build steps, 144 of them nvcc); WORK (default
+# Installs what it needs from PyPI (the CUDA wheels, CMake, Ninja). Takes about 50 minutes on 2 cores (157 build steps, 144 of them nvcc); WORK (default
 # ~/.cache/tessera/gpu-peer) keeps the wheels, the sources and the build, so a second run only
 # packs. The binaries need libcudart.so.13 and libcublas(Lt).so.13 at run time: the GPU machine's
 # torch environment has them (gpu-perf.sh points LD_LIBRARY_PATH there), so they are not packed.
@@ -17,6 +17,7 @@ WORK="${WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/gpu-peer}"
 SDIST_VERSION=0.3.36
 CUDA_PINS=("nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-runtime==13.0.*" "nvidia-cublas==13.0.*"
   "nvidia-cuda-cccl==13.0.*" "nvidia-nvvm==13.0.*" "nvidia-cuda-crt==13.0.*")
+OLDPWD_ROOT="$PWD"
 mkdir -p "$WORK"
 cd "$WORK"
 
@@ -24,6 +25,8 @@ cd "$WORK"
 # emits sm_90 machine code only, so nothing is compiled from PTX there.
 [ -x cu13/bin/pip ] || python3 -m venv cu13
 cu13/bin/pip install -q --disable-pip-version-check "${CUDA_PINS[@]}"
+# CMake and Ninja from PyPI too (a fresh machine has neither): the build needs nothing from apt.
+cu13/bin/pip install -q --disable-pip-version-check "cmake>=3.28,<4" "ninja>=1.11"
 NV="$(echo "$WORK"/cu13/lib/python3*/site-packages/nvidia/cu13)"
 # The layout CMake's FindCUDAToolkit and nvcc.profile expect: unversioned library names, lib64,
 # and a libcuda.so to link against (the real one comes with the driver on the GPU machine).
@@ -40,7 +43,7 @@ if [ ! -f "$NV/lib/stubs/libcuda.so" ]; then
   gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$NV/lib/stubs/libcuda.so" "$NV/lib/stubs/cuda_stub.c"
 fi
 ln -sf libcuda.so "$NV/lib/stubs/libcuda.so.1"
-export PATH="$NV/bin:$PATH" CUDAToolkit_ROOT="$NV"
+export PATH="$NV/bin:$WORK/cu13/bin:$PATH" CUDAToolkit_ROOT="$NV"
 
 SRC="$WORK/llama_cpp_python-$SDIST_VERSION/vendor/llama.cpp"
 if [ ! -d "$SRC" ]; then
@@ -70,3 +73,7 @@ strip "$PACK"/peer/llama-bench "$PACK"/peer/test-backend-ops
 tar -C "$PACK" -cJf "$DIR/peer.tar.xz" peer
 rm -rf "$PACK"
 ls -l "$DIR/peer.tar.xz"
+cd "$OLDPWD_ROOT"
+# shellcheck source=scripts/gpu-env.sh
+. scripts/gpu-env.sh
+carry_check "$DIR"
