@@ -185,7 +185,8 @@ step() {
 
 # finish: the table, then OUT's two files: perf.md and the archive of everything in LOGS.
 finish() {
-  local strict=()
+  local strict=() p
+  for p in $(cat "$LOGS/files.pids" 2>/dev/null); do kill "$p" 2>/dev/null; done
   [ "$SELFTEST" = 1 ] && strict=(--strict --device "$DEV")
   python3 "$ROOT/scripts/gpu-perf-table.py" "$LOGS" "${strict[@]}"
   local rc=$?
@@ -222,6 +223,7 @@ write_files() {
     [ "${m%%-*}" = tiny ] && preset=tiny
     "$BIN" write-synthetic --model "$preset" --weight-type "${m#*-}" -o "$FILES/$m.gguf" &
     pids+=($!)
+    echo $! >>"$LOGS/files.pids"
   done
   local rc=0 p
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
@@ -229,7 +231,9 @@ write_files() {
 }
 T_FILES=$(date +%s)
 # Its exit status goes to a file: the conformance pool below waits for its own jobs only.
-{ write_files >"$LOGS/files.log" 2>&1; echo $? >"$LOGS/files.rc"; } &
+# It holds none of the script's output: a writer still running at the end (the budget spent)
+# must not keep the caller waiting on the pipe; `finish` ends it.
+{ write_files >"$LOGS/files.log" 2>&1; echo $? >"$LOGS/files.rc"; } >/dev/null 2>&1 </dev/null &
 
 # --- conformance, one process per op ---------------------------------------------------------
 # The ops of the suite, from its trial names (DEVICE/OP(params) or [skipped: ...] DEVICE/OP...).
@@ -287,8 +291,8 @@ else
   step ceilings 90 python3 "$ROOT/scripts/gpu-ceilings.py" "$LOGS/ceilings.json" "$M" "$K"
 fi
 
-while [ ! -s "$LOGS/files.rc" ]; do sleep 0.5; done
-files_rc="$(cat "$LOGS/files.rc")"
+while [ ! -s "$LOGS/files.rc" ] && [ "$(remaining)" -gt 15 ]; do sleep 0.5; done
+files_rc="$(cat "$LOGS/files.rc" 2>/dev/null || echo 124)"
 printf 'files\t%d\t%d\t0\n' "$files_rc" "$(( $(date +%s) - T_FILES ))" >>"$LOGS/steps.tsv"
 echo "gpu-perf: files exit $files_rc after $(( $(date +%s) - T_FILES )) s: $(ls "$FILES" | tr '\n' ' ')" >&2
 
