@@ -176,6 +176,10 @@ enum Command {
     },
     /// Time a synthetic llama model: prompt processing and generation, whole or split by layers.
     Bench(commands::bench::BenchArgs),
+    /// This machine's memory read bandwidth, read the way a decode reads its weights (each
+    /// thread its own contiguous share), with every read loop the CPU has; the best is the limit
+    /// `bench --read-bw` sets a decode's GB/s against.
+    BenchMem(commands::bench_mem::BenchMemArgs),
     /// Throughput of many sequences decoded together, as llama-batched-bench: prompts of B
     /// sequences, then B tokens per step (-npp, -ntg, -npl as llama.cpp spells them).
     BatchedBench(commands::batched_bench::BatchedBenchArgs),
@@ -217,6 +221,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Devices { load } => commands::devices::run(&load).map(|_| ExitCode::SUCCESS),
         Command::Bench(args) => commands::bench::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::BenchMem(args) => commands::bench_mem::run(&args).map(|_| ExitCode::SUCCESS),
         Command::BatchedBench(args) => {
             commands::batched_bench::run(&args).map(|_| ExitCode::SUCCESS)
         }

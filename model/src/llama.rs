@@ -748,6 +748,40 @@ impl LlamaModel {
             .sum()
     }
 
+    /// Bytes one decode step (one token of one sequence) reads from memory with `n_kv`
+    /// positions in the cache: `(weights, cache)`. Every weight is read once, except the token
+    /// embedding, of which one row is (all of it when it is also the output projection), and
+    /// the experts, of which the `n_expert_used` of `n_expert` a token is routed to are. The
+    /// cache part is the K and V rows of the positions each layer attends to (`n_kv`; a
+    /// sliding-window layer's window at most). What `tessera bench` divides by a token's time
+    /// for the bandwidth a decode reaches.
+    pub fn decode_bytes_per_token(&self, n_kv: usize) -> (u64, u64) {
+        let c = &self.config;
+        let (mut weights, mut cache) = (0u64, 0u64);
+        for &(id, init, place) in &self.params {
+            let t = &self.ctx.tensors()[id.index()];
+            let bytes = t.nbytes() as u64;
+            let ne = t.ne();
+            if init == Init::Zero {
+                // `[n_head_kv·head_dim, n_ctx]`: one row per position; a sliding-window layer
+                // attends to its window's.
+                let positions = ne[1].max(1);
+                let seen = match place {
+                    Placement::Layer(il) if c.n_swa > 0 && c.is_swa(il) => n_kv.min(c.n_swa),
+                    _ => n_kv,
+                };
+                cache += bytes / positions as u64 * seen.min(positions) as u64;
+            } else if id == self.tok_embd && self.output != self.tok_embd {
+                weights += bytes / ne[1].max(1) as u64;
+            } else if c.n_expert > 1 && ne[2] == c.n_expert {
+                weights += bytes / c.n_expert as u64 * c.n_expert_used.max(1) as u64;
+            } else {
+                weights += bytes;
+            }
+        }
+        (weights, cache)
+    }
+
     fn param_entry(&self, id: TensorId) -> Result<(&TensorDesc, Init, Placement)> {
         let &(_, init, place) = self
             .params

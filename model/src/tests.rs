@@ -314,3 +314,28 @@ fn session_options_choose_the_cache_and_report_its_bytes() {
         );
     }
 }
+
+#[test]
+fn decode_bytes_count_one_embedding_row_and_the_positions_in_view() {
+    // tiny: a 256 × 64 F32 token embedding, an untied output, two layers of F16 K and V
+    // caches with 2 × 16 values per position.
+    let model = LlamaModel::new(LlamaConfig::tiny(), SEED).unwrap();
+    let embd = 256 * 64 * 4;
+    let row = 64 * 4;
+    let per_position = 2 * 2 * (2 * 16) * 2; // layers × (K, V) × values × bytes
+    let (w, kv) = model.decode_bytes_per_token(10);
+    assert_eq!(w as usize, model.weight_bytes_total() - embd + row);
+    assert_eq!(kv as usize, 10 * per_position);
+    // Past the context, the cache holds n_ctx = 64 positions.
+    assert_eq!(
+        model.decode_bytes_per_token(100).1 as usize,
+        64 * per_position
+    );
+
+    // Gemma 3: the output is the embedding (read whole), and layer 0 attends through a window
+    // of 4 positions while layer 1 sees all 10.
+    let gemma = LlamaModel::new(LlamaConfig::tiny_arch(Arch::Gemma3), SEED).unwrap();
+    let (w, kv) = gemma.decode_bytes_per_token(10);
+    assert_eq!(w as usize, gemma.weight_bytes_total());
+    assert_eq!(kv as usize, (4 + 10) * 2 * (2 * 16) * 2);
+}

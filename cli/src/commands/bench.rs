@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// model.
     #[arg(short = 'm', long = "model-file")]
     pub model_file: Option<std::path::PathBuf>,
+    /// Measure this machine's read bandwidth first (`tessera bench-mem`'s best loop at the
+    /// bench's thread count) and print each tg row's GB/s as a fraction of it.
+    #[arg(long)]
+    pub read_bw: bool,
     #[command(flatten)]
     pub dist: super::dist::DistArgs,
 }
@@ -372,6 +376,19 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
         }
     };
     let model = model.with_cache_types(args.cache.types()?)?;
+    // The read bandwidth first, while nothing else runs: a 1 GiB buffer, every loop.
+    let read_bw = if args.read_bw && job.is_root() {
+        let threads = args
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let r =
+            super::bench_mem::measure(&[threads], 1 << 30, std::time::Duration::from_millis(500))?;
+        super::bench_mem::best_at(&r, threads)
+            .cloned()
+            .map(|b| (b, threads))
+    } else {
+        None
+    };
     let c = model.config();
     let mut rng = Rng::new(SEED);
     let mut tokens = |n: usize| -> Vec<i32> {
@@ -420,8 +437,13 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
     };
     let size = format!("{:.2} MiB", model.weight_bytes_total() as f64 / MIB);
     let params = format!("{:.2} M", params / 1e6);
+    // The bytes a generated token reads (weights, and the cache at the tg test's mean depth)
+    // and what that is per second: the columns after t/s, which parsers read by header.
+    let tg_kv = args.n_depth + args.n_gen.div_ceil(2).max(1);
+    let (w_bytes, kv_bytes) = model.decode_bytes_per_token(tg_kv);
+    let token_bytes = (w_bytes + kv_bytes) as f64;
     println!(
-        "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<24} | {:>6} | {:>6} | {:>12} | {:>20} |",
+        "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<24} | {:>6} | {:>6} | {:>12} | {:>20} | {:>9} | {:>8} |",
         "model",
         "size",
         "params",
@@ -431,11 +453,13 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
         "type_k",
         "type_v",
         "test",
-        "t/s"
+        "t/s",
+        "MiB/token",
+        "GB/s"
     );
     println!(
-        "| {:-<26} | {:->10} | {:->9} | {:-<7} | {:-<16} | {:-<24} | {:->6} | {:->6} | {:->12} | {:->20} |",
-        "", "", "", "", "", "", "", "", "", ""
+        "| {:-<26} | {:->10} | {:->9} | {:-<7} | {:-<16} | {:-<24} | {:->6} | {:->6} | {:->12} | {:->20} | {:->9} | {:->8} |",
+        "", "", "", "", "", "", "", "", "", "", "", ""
     );
     let kv = model.cache_types();
     // llama-bench's test names: `pp512`, `tg128 @ d4096`.
@@ -444,17 +468,28 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
     } else {
         String::new()
     };
+    let mut tg_rates = Vec::new();
     for r in &results {
-        for (test, speeds) in [
-            (format!("pp{}{at}", args.n_prompt), &r.pp),
-            (format!("tg{}{at}", args.n_gen), &r.tg),
+        for (test, speeds, is_tg) in [
+            (format!("pp{}{at}", args.n_prompt), &r.pp, false),
+            (format!("tg{}{at}", args.n_gen), &r.tg, true),
         ] {
             if speeds.is_empty() {
                 continue;
             }
             let (mean, sd) = mean_sd(speeds);
+            // A prompt reads its weights once for all its tokens: no per-token figure.
+            let (per_token, rate) = if is_tg {
+                tg_rates.push((r.label.clone(), mean * token_bytes / 1e9));
+                (
+                    format!("{:.2}", token_bytes / MIB),
+                    format!("{:.2}", mean * token_bytes / 1e9),
+                )
+            } else {
+                ("-".into(), "-".into())
+            };
             println!(
-                "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<24} | {:>6} | {:>6} | {:>12} | {:>20} |",
+                "| {:<26} | {:>10} | {:>9} | {:<7} | {:<16} | {:<24} | {:>6} | {:>6} | {:>12} | {:>20} | {:>9} | {:>8} |",
                 label,
                 size,
                 params,
@@ -464,7 +499,27 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
                 kv.k.name(),
                 kv.v.name(),
                 test,
-                format!("{mean:.2} ± {sd:.2}")
+                format!("{mean:.2} ± {sd:.2}"),
+                per_token,
+                rate
+            );
+        }
+    }
+    println!(
+        "a generated token reads {:.2} MiB: weights {:.2} MiB, cache {:.2} MiB at {tg_kv} \
+         positions (the tg test's mean)",
+        token_bytes / MIB,
+        w_bytes as f64 / MIB,
+        kv_bytes as f64 / MIB
+    );
+    if let Some((bw, threads)) = read_bw {
+        for (mode, rate) in &tg_rates {
+            println!(
+                "{mode}: tg at {rate:.2} GB/s, {:.2} of the read bandwidth ({:.2} GB/s, {} at \
+                 {threads} thread(s))",
+                rate / bw.gb_s,
+                bw.gb_s,
+                bw.name
             );
         }
     }

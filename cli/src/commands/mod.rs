@@ -4,6 +4,7 @@ pub mod args;
 pub mod batched_bench;
 pub mod bench;
 pub mod bench_allreduce;
+pub mod bench_mem;
 pub mod bench_ops;
 pub mod devices;
 pub mod dist;
