@@ -35,6 +35,7 @@ struct Loop {
 
 /// The loops this CPU can run, plainest first.
 fn loops() -> Vec<Loop> {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut v = vec![Loop {
         name: "scalar x8",
         read: read_portable,
