@@ -141,7 +141,7 @@ class Table:
                     self.add(step, f"{step}: crashed or timed out", self.device, None, "cases", None, None, None)
                 continue
             passed, failed, ignored = int(m.group(2)), int(m.group(3)), int(m.group(4))
-            self.add(step, f"{step}: passed of run (ignored {ignored})", self.device, passed, "cases",
+            self.add(step, f"{step}: cases passed of those run ({ignored} ignored)", self.device, passed, "cases",
                      passed + failed, passed / (passed + failed) if passed + failed else None, 1.0)
 
     # --- ceilings ----------------------------------------------------------------------------

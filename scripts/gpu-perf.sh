@@ -242,8 +242,8 @@ conformance_ops() {
     sed -E 's#^([^(]*/)?([A-Z0-9_]+).*#\2#' | sort -u
 }
 if [ -z "$CONF_BIN" ] || [ ! -x "$CONF_BIN" ]; then
-  echo "gpu-perf: no conformance binary (${CONF_BIN:-none given}): conformance not run" >&2
-  printf 'conformance\t2\t0\t0\n' >>"$LOGS/steps.tsv"
+  # A step that fails with the reason in its log, so that perf.md's Problems names it.
+  step conformance 5 sh -c 'echo "no conformance binary ($1): conformance not run"; exit 2' _ "${CONF_BIN:-none given}"
 else
   OPS_LIST="${GPU_PERF_OPS:-all}"
   [ "$OPS_LIST" = all ] && OPS_LIST="$(conformance_ops | tr '\n' ' ')"
@@ -281,7 +281,7 @@ if [ "$SELFTEST" = 0 ] && [ -x "$PREBUILT/bin/tessera-model-unit" ]; then
     TESSERA_REFERENCE_DIR="$ROOT/tests/reference/synthetic" \
     "$PREBUILT/bin/tessera-model-unit" tests_reference::synthetic --nocapture
 else
-  step reference 1 false
+  step reference 5 sh -c 'echo "no tessera-model-unit in the bundle: the reference suite did not run"; exit 2'
 fi
 
 # --- ceilings --------------------------------------------------------------------------------

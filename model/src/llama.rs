@@ -767,7 +767,7 @@ impl LlamaModel {
                 // attends to its window's.
                 let positions = ne[1].max(1);
                 let seen = match place {
-                    Placement::Layer(il) if c.n_swa > 0 && c.is_swa(il) => n_kv.min(c.n_swa),
+                    Placement::Layer(il) if c.is_swa(il) => n_kv.min(c.n_swa),
                     _ => n_kv,
                 };
                 cache += bytes / positions as u64 * seen.min(positions) as u64;

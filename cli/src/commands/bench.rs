@@ -480,11 +480,9 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
             let (mean, sd) = mean_sd(speeds);
             // A prompt reads its weights once for all its tokens: no per-token figure.
             let (per_token, rate) = if is_tg {
-                tg_rates.push((r.label.clone(), mean * token_bytes / 1e9));
-                (
-                    format!("{:.2}", token_bytes / MIB),
-                    format!("{:.2}", mean * token_bytes / 1e9),
-                )
+                let gb_s = mean * token_bytes / 1e9;
+                tg_rates.push((r.label.clone(), gb_s));
+                (format!("{:.2}", token_bytes / MIB), format!("{gb_s:.2}"))
             } else {
                 ("-".into(), "-".into())
             };
@@ -505,13 +503,15 @@ fn run_job(args: &BenchArgs, job: &super::dist::Job) -> anyhow::Result<()> {
             );
         }
     }
-    println!(
-        "a generated token reads {:.2} MiB: weights {:.2} MiB, cache {:.2} MiB at {tg_kv} \
-         positions (the tg test's mean)",
-        token_bytes / MIB,
-        w_bytes as f64 / MIB,
-        kv_bytes as f64 / MIB
-    );
+    if !tg_rates.is_empty() {
+        println!(
+            "a generated token reads {:.2} MiB: weights {:.2} MiB, cache {:.2} MiB at {tg_kv} \
+             positions (the tg test's mean)",
+            token_bytes / MIB,
+            w_bytes as f64 / MIB,
+            kv_bytes as f64 / MIB
+        );
+    }
     if let Some((bw, threads)) = read_bw {
         for (mode, rate) in &tg_rates {
             println!(
